@@ -1,0 +1,41 @@
+"""Open-loop load: Poisson arrivals at a set rate, with real prompts of a set token length.
+
+Prompts are windows of a shipped public-domain text (`data/corpus.txt`), cut to the
+requested number of tokens and decoded back to text, so the tokenizer and prefill both
+do real work. Open loop: arrivals do not wait for earlier requests to finish.
+"""
+from pathlib import Path
+import random
+
+CORPUS = Path(__file__).with_name("data") / "corpus.txt"
+
+
+class LoadGenerator:
+    def __init__(self, tokenizer, seed=0):
+        self.tokenizer = tokenizer
+        self.ids = tokenizer(CORPUS.read_text(), add_special_tokens=False)["input_ids"]
+        self.rng = random.Random(seed)
+        self.next_arrival = None
+
+    def prompt(self, n_tokens):
+        """Text of about `n_tokens` tokens, starting at a random place (the corpus wraps round)."""
+        start = self.rng.randrange(len(self.ids))
+        window = [self.ids[(start + i) % len(self.ids)] for i in range(n_tokens)]
+        return self.tokenizer.decode(window)
+
+    def due(self, now, on, rate):
+        """How many arrivals are due by `now` (exponential gaps at `rate`/s while on)."""
+        if not on:
+            self.next_arrival = None
+            return 0
+        if self.next_arrival is None:
+            self.next_arrival = now + self.rng.expovariate(rate)
+        n = 0
+        while self.next_arrival <= now:
+            n += 1
+            self.next_arrival += self.rng.expovariate(rate)
+        return n
+
+    def restart(self):
+        """Forget the scheduled arrival (the rate changed)."""
+        self.next_arrival = None

