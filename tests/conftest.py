@@ -6,6 +6,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"   # screenshots and server logs from a test run (git-ignored)
 sys.path.insert(0, str(ROOT))
 
 from engine import model as model_mod  # noqa: E402
@@ -54,3 +55,61 @@ def tiny():
 def real():
     """The bundled SmolLM2-135M-Instruct (dequantised once, then loaded from the disk cache)."""
     return model_mod.load()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python app.py` in a subprocess on a free loopback port, waited on until /healthz is ok."""
+
+    def __init__(self, *args, timeout=180):
+        import subprocess
+        import time
+        import requests
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = list(args)
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.log = open(ARTIFACTS / f"server-{self.port}.log", "w")
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if requests.get(self.url + "/healthz", timeout=2).json().get("status") == "ok":
+                    return
+            except (requests.RequestException, ValueError):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout} s; see {self.log.name}")
+
+    @property
+    def ws_url(self):
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """One shared app on the real model for HTTP/websocket/browser tests.
+
+    Tests that change settings must restore them (or use their own `Server`)."""
+    s = Server()
+    yield s
+    s.stop()
