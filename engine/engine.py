@@ -29,7 +29,7 @@ class RequestHandle:
     """What `submit` returns: the request id, and (when asked for) a stream of its outputs.
 
     `outputs` yields ("token", text, token_id) items, then one ("finished", event) or
-    ("rejected", reason) item."""
+    ("rejected", reason, code) item."""
 
     def __init__(self, rid, sink):
         self.id = rid
@@ -255,18 +255,21 @@ class Engine:
                        "end": seq.tokenize_end, "n": n, "ids": shown,
                        "pieces": [self.tokenizer.decode([i]) for i in shown], "truncated": n > len(shown)})
         need = n + seq.params.max_new_tokens
-        reason = None
+        reason = code = None   # code: a stable name for API clients (the reason is prose)
         if need > self.max_context:
             reason = (f"prompt ({n} tokens) + max_new_tokens ({seq.params.max_new_tokens}) exceeds the "
                       f"context of {self.max_context} tokens")
+            code = "context_length_exceeded"
         elif self.account.blocks_for(need) > self.account.capacity:
             reason = f"needs {need} tokens of KV cache; the cache holds {self.account.capacity * self.account.block_size}"
+            code = "exceeds_cache"
         elif len(self.scheduler.waiting) >= self.scheduler.max_waiting:
-            reason = f"queue full ({self.scheduler.max_waiting} waiting)"
+            reason, code = f"queue full ({self.scheduler.max_waiting} waiting)", "queue_full"
         if reason:
-            self._publish({"type": "rejected", "t": self.clock.now(), "id": seq.id, "reason": reason})
+            self._publish({"type": "rejected", "t": self.clock.now(), "id": seq.id, "reason": reason,
+                           "code": code})
             if seq.sink is not None:
-                seq.sink.put(("rejected", reason))
+                seq.sink.put(("rejected", reason, code))
             return
         if seq.params.seed is not None:
             seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)
