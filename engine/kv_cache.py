@@ -63,12 +63,23 @@ class SlotKVStore(Cache):
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n)]
         self.max_context = max_context
         self._mode = None
+        # Positions < clean_upto hold finite values in every row. Attention reads a whole
+        # [rows, :kv_len] window and masks the unused part, but a mask cannot hide NaN/inf
+        # that uninitialised memory may hold, so the window is zeroed the first time it grows.
+        self.clean_upto = 0
+
+    def _ensure_clean(self, kv_len):
+        if kv_len > self.clean_upto:
+            for t in (*self.k, *self.v):
+                t[:, :, self.clean_upto:kv_len].zero_()
+            self.clean_upto = kv_len
 
     def __len__(self):
         return len(self.k)
 
     def bind_prefill(self, row, start, length):
         """The next forward writes positions start..start+length-1 of `row` and reads 0..start+length-1."""
+        self._ensure_clean(start + length)
         self._mode = ("prefill", row, start, length)
 
     def bind_decode(self, rows, positions):
@@ -77,6 +88,7 @@ class SlotKVStore(Cache):
         Running requests sit in rows 0..B-1, so attention reads a view. Only while a chunked
         prefill holds a row in between do the rows have gaps; then they are gathered (a copy)."""
         kv_len = int(positions.max()) + 1
+        self._ensure_clean(kv_len)
         contiguous = bool(rows[0] == 0 and rows[-1] == len(rows) - 1)
         self._mode = ("decode", rows, positions, kv_len, contiguous)
 
