@@ -44,6 +44,8 @@ class RequestHandle:
 
 
 class Engine:
+    mode = "engine"   # as in `hello`; observe mode's Observer offers the same interface with "observe"
+
     def __init__(self, bundle, slots=16, kv_tokens=None, block_size=16, max_context=4096,
                  history=2000):
         self.bundle = bundle
@@ -397,7 +399,9 @@ class Engine:
         sched = self.scheduler
         ev = {"type": "stats", "t": now, "queue": len(sched.waiting), "running": len(sched.running),
               "waiting_ids": [s.id for s in list(sched.waiting)[:50]],
-              "slots": [s.id if s else None for s in sched.slots[: sched.slot_limit]],
+              # every slot up to the limit, plus any still busy above a lowered limit
+              "slots": [s.id if s else None for s in sched.slots[: max(
+                  [sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])]],
               "cache_blocks_used": self.account.used, "cache_blocks": self.account.budget,
               "cache_tokens": sched.cache_tokens, "subscribers": self.events.subscribers}
         ev.update(self.stats.snapshot(now))
