@@ -23,6 +23,7 @@ from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
 MAX_PROMPT_CHARS = 200_000
+CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
 
 
 class RequestHandle:
@@ -252,10 +253,12 @@ class Engine:
         self._publish({"type": "request", "t": seq.arrival, "id": seq.id, "source": seq.source,
                        "prompt_tokens": n, "max_new_tokens": seq.params.max_new_tokens,
                        "preview": seq.prompt[:80]})
-        shown = seq.prompt_ids[:128]
+        # Token chips: a person's own prompt in full (up to 512), a generated one abridged, to
+        # keep the stream small under heavy load.
+        shown = seq.prompt_ids[:CHIPS_LOAD if seq.source == "load" else CHIPS_OWN]
         self._publish({"type": "tokenized", "t": seq.tokenize_end, "id": seq.id, "start": seq.arrival,
                        "end": seq.tokenize_end, "n": n, "ids": shown,
-                       "pieces": [self.tokenizer.decode([i]) for i in shown], "truncated": n > len(shown)})
+                       "pieces": self.tokenizer.batch_decode([[i] for i in shown]), "truncated": n > len(shown)})
         need = n + seq.params.max_new_tokens
         reason = code = None   # code: a stable name for API clients (the reason is prose)
         if need > self.max_context:
