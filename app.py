@@ -13,6 +13,8 @@ from pathlib import Path
 from flask import Flask, abort, jsonify, render_template, send_file
 from flask_sock import Sock
 
+import routes_api
+
 SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
 
 
@@ -24,12 +26,22 @@ class State:
         self.progress = {"status": "loading", "message": "starting", "progress": 0.0}
         self.error = None
         self.ready = threading.Event()
+        self._on_engine = []   # callbacks wanting the engine as soon as it exists (e.g. /metrics)
+
+    def on_engine(self, fn):
+        """Call `fn(engine)` once the engine exists (at once if it already does)."""
+        if self.engine is not None:
+            fn(self.engine)
+        else:
+            self._on_engine.append(fn)
 
     def set_progress(self, message, frac):
         self.progress = {"status": "loading", "message": message, "progress": round(frac, 3)}
 
     def set_engine(self, engine):
         self.engine = engine
+        for fn in self._on_engine:
+            fn(engine)
         self.ready.set()
 
 
@@ -44,6 +56,7 @@ def create_app(config=None):
     app.config.update(config or {})
     state = app.config.setdefault("STATE", State())
     sock = Sock(app)
+    app.register_blueprint(routes_api.blueprint(state))   # /v1/... (OpenAI-compatible) and /metrics
 
     @app.get("/")
     def index():
@@ -60,6 +73,9 @@ def create_app(config=None):
         eng = state.engine
         if eng is None:
             return jsonify(state.progress), 503
+        if eng.mode == "observe":   # no local model: healthy once the observed server answers
+            body, status = eng.health()
+            return jsonify(body), status
         b = eng.bundle
         return jsonify({"status": "ok", "model": b.name, "device": b.device,
                         "dtype": str(b.dtype).replace("torch.", ""), "load_s": round(b.load_s, 3),
@@ -99,6 +115,14 @@ def positive_int(name):
     return parse
 
 
+def observe_url(text):
+    from engine.observe import parse_target
+    try:
+        return parse_target(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="app.py", description="First Token: watch an LLM server work.")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -118,6 +142,9 @@ def parse_args(argv=None):
                    help="KV-cache block size in tokens")
     p.add_argument("--max-context", type=positive_int("--max-context"), default=4096,
                    help="longest prompt + output per request, tokens")
+    p.add_argument("--observe", metavar="URL", type=observe_url, default=None,
+                   help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
+                        "instead of loading a model: the page shows what its client measures")
     args = p.parse_args(argv)
     if args.port > 65535:
         p.error("--port must be at most 65535")
@@ -158,7 +185,12 @@ def main(argv=None):
     args = parse_args(argv)
     state = State()
     app = create_app({"STATE": state})
-    threading.Thread(target=load_engine, args=(args, state), daemon=True).start()
+    if args.observe:
+        from engine.observe import Observer
+        state.set_engine(Observer(args.observe).start())
+        print(f"observing {args.observe}", flush=True)
+    else:
+        threading.Thread(target=load_engine, args=(args, state), daemon=True).start()
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
     app.run(host=args.host, port=args.port, threaded=True)
 

@@ -1,0 +1,123 @@
+"""Prometheus metrics under vLLM's names, fed from the engine's own events.
+
+Every figure is one the engine already measured and published on the timeline, so /metrics
+and the page can never disagree. The listener runs in the engine thread on every event:
+it only updates counters and a couple of dicts. Names, meanings and buckets follow vLLM's
+(v1) so existing dashboards work:
+
+    vllm:time_to_first_token_seconds    finished.ttft (arrival -> first token handed out)
+    vllm:inter_token_latency_seconds    each gap between a request's consecutive tokens
+    vllm:time_per_output_token_seconds  the same observations under vLLM's older name
+    vllm:e2e_request_latency_seconds    finished.e2e
+    vllm:request_queue_time_seconds     admitted.queue_s
+    vllm:request_prefill_time_seconds   first scheduled -> first token (ttft - tokenize - queue)
+    vllm:request_decode_time_seconds    first token -> last token
+    vllm:num_requests_running/_waiting  tracked from request/admitted/finished/rejected events
+    vllm:kv_cache_usage_perc            reserved KV blocks / all blocks (0..1), from step and stats
+    vllm:prompt_tokens_total            prompt positions prefilled
+    vllm:generation_tokens_total        tokens generated
+    vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
+                                        string), length, abort (cancelled), error
+"""
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISHED_REASON = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "abort",
+                   "error": "error"}
+
+
+class EngineMetrics:
+    def __init__(self, model_name, cache_blocks):
+        self.registry = CollectorRegistry()
+        self.cache_blocks = cache_blocks
+        label = {"model_name": model_name}
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(**label)
+
+        def gauge(name, doc):
+            return Gauge(name, doc, ["model_name"], registry=self.registry).labels(**label)
+
+        def counter(name, doc):
+            return Counter(name, doc, ["model_name"], registry=self.registry).labels(**label)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens", ITL_BUCKETS)
+        self.tpot = histogram("vllm:time_per_output_token_seconds",
+                              "Time between consecutive tokens (vLLM's older name)", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish", REQUEST_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds", "Time waiting for a batch slot",
+                               REQUEST_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds", "Start of prefill to first token",
+                                 REQUEST_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds", "First token to last token",
+                                REQUEST_BUCKETS)
+        self.running = gauge("vllm:num_requests_running", "Requests in batch slots")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting for a slot")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks reserved (1 = full)")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
+        success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
+                          registry=self.registry)
+        self.success = {r: success.labels(finished_reason=r, **label) for r in sorted(set(FINISHED_REASON.values()))}
+        self._waiting, self._running = set(), set()
+        self._last_token = {}   # request id -> time of its latest token
+
+    @classmethod
+    def attach(cls, engine):
+        """Metrics for `engine`, listening to its events from now on."""
+        m = cls(engine.bundle.name, engine.account.capacity)
+        engine.events.add_listener(m.on_event)
+        return m
+
+    def on_event(self, ev):
+        kind = ev["type"]
+        if kind == "token":
+            self.generation_tokens.inc()
+            last = self._last_token.get(ev["id"])
+            if last is not None:
+                self.itl.observe(ev["t"] - last)
+                self.tpot.observe(ev["t"] - last)
+            self._last_token[ev["id"]] = ev["t"]
+        elif kind == "prefill":
+            self.prompt_tokens.inc(ev["tokens"])
+        elif kind in ("step", "stats"):
+            self.kv_usage.set(ev["cache_blocks_used"] / self.cache_blocks)
+        elif kind == "request":
+            self._waiting.add(ev["id"])
+        elif kind == "admitted":
+            self._waiting.discard(ev["id"])
+            self._running.add(ev["id"])
+            self.queue.observe(ev["queue_s"])
+        elif kind in ("finished", "rejected"):
+            self._waiting.discard(ev["id"])
+            self._running.discard(ev["id"])
+            self._last_token.pop(ev["id"], None)
+            if kind == "finished":
+                self._finished(ev)
+        else:
+            return
+        self.waiting.set(len(self._waiting))
+        self.running.set(len(self._running))
+
+    def _finished(self, ev):
+        self.success[FINISHED_REASON.get(ev["reason"], "error")].inc()
+        self.e2e.observe(ev["e2e"])
+        if ev["ttft"] is None:
+            return          # left before its first token: no TTFT, prefill or decode to report
+        self.ttft.observe(ev["ttft"])
+        stages = ev["stages"]
+        self.prefill.observe(ev["ttft"] - stages["tokenize"] - stages["queue"])
+        later = ev["output_tokens"] - 1
+        self.decode.observe(ev["tpot"] * later if later > 0 else 0.0)
+
+    def render(self):
+        return generate_latest(self.registry)

@@ -1,0 +1,413 @@
+"""Observe mode: the page's picture of an external OpenAI-compatible server (vLLM, SGLang,
+TGI, another First Token), drawn from what a client can measure.
+
+`Observer` offers the duck-typed interface app.py and the websocket use with an Engine
+(`events`, `clock`, `hello`, `update_settings`, `burst`, `reset`, `submit`, `specs`,
+`settings`), so the same page works. Its load generator (engine/loadgen.py's Poisson
+arrivals and corpus prompts) sends streaming requests from worker threads and publishes
+the same event vocabulary, from the client's side only:
+
+* `request` when a request is sent; `token` for each streamed chunk that carries text, at the
+  time it was read (vLLM streams one token per chunk; a server that groups tokens shows
+  fewer, larger ones); `finished` with ttft, every gap between chunks, e2e, and the server's
+  token counts from `usage`; `rejected` for an HTTP error.
+* What happens inside the server (queueing, prefill, sampling) cannot be seen from here:
+  those stages are `null` and the whole TTFT is `other`. Never invented.
+* `stats` carries the server's own gauges (requests running and waiting, KV-cache usage)
+  when its Prometheus `/metrics` is reachable and uses vLLM's names.
+
+Prompt length is approximate. The server's tokenizer is unknown here, so prompts are cut
+from the corpus in whole words; the number of words for a requested token count comes from
+the tokens-per-word ratio measured from the server's own `usage.prompt_tokens` reports
+(one word per token until the first report). `request.prompt_tokens` is that estimate and
+says so (`estimated: true`); `finished.prompt_tokens` is the server's count.
+"""
+import http.client
+import itertools
+import json
+import socket
+import threading
+import time
+import urllib.parse
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .events import Broadcaster, Clock
+from .loadgen import LoadGenerator
+from .settings import SettingError, coerce, make_settings, validate
+from .stats import RollingStats
+
+SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
+STATS_EVERY_S = 0.5
+SCRAPE_EVERY_S = 0.5      # the server's /metrics, for the gauges in `stats`
+PROBE_EVERY_S = 2.0       # the server's /v1/models, for reachability (/healthz) and the model name
+PROBE_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 600.0    # a streamed request silent this long is given up as an error
+MAX_IN_FLIGHT = 256       # each request is a thread; beyond this, new ones are refused
+MAX_PROMPT_CHARS = 200_000
+# The server's gauges, by vLLM's names (kv_cache_usage_perc was gpu_cache_usage_perc before v1).
+GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+          "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "gpu_cache_usage"}
+
+
+def parse_target(text):
+    """The base URL of an OpenAI-compatible API (e.g. http://127.0.0.1:8000/v1), or ValueError."""
+    u = urllib.parse.urlsplit(text)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"--observe needs an http(s) URL such as http://127.0.0.1:8000/v1, not {text!r}")
+    if u.query or u.fragment:
+        raise ValueError(f"--observe URL must not have a query or fragment: {text!r}")
+    try:
+        u.port
+    except ValueError:
+        raise ValueError(f"--observe URL has a bad port: {text!r}") from None
+    return text.rstrip("/")
+
+
+def parse_gauges(text):
+    """Running, waiting and KV-cache usage (0..1) from Prometheus text with vLLM's names.
+
+    Counts are summed over label sets (engines, models); usage is their mean."""
+    seen = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = GAUGES.get(sample.name)
+            if key:
+                seen.setdefault(key, []).append(sample.value)
+    usage = seen.get("kv_cache_usage") or seen.get("gpu_cache_usage")
+    return {"running": sum(seen["running"]) if "running" in seen else None,
+            "waiting": sum(seen["waiting"]) if "waiting" in seen else None,
+            "kv_cache_usage": sum(usage) / len(usage) if usage else None}
+
+
+class WordTokenizer:
+    """Whitespace-separated words as tokens: lets LoadGenerator cut corpus prompts of N words."""
+
+    def __init__(self):
+        self.ids, self.words = {}, []
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self._id(w) for w in text.split()]}
+
+    def _id(self, word):
+        if word not in self.ids:
+            self.ids[word] = len(self.words)
+            self.words.append(word)
+        return self.ids[word]
+
+    def decode(self, ids):
+        return " ".join(self.words[i] for i in ids)
+
+
+class Flight:
+    """One request in flight: its connection, so another thread can cancel it."""
+
+    def __init__(self, source):
+        self.source = source
+        self.conn = None
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+        sock = self.conn.sock if self.conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)   # wakes the worker blocked reading the stream
+            except OSError:
+                pass
+
+
+class Observer:
+    mode = "observe"
+
+    def __init__(self, base_url):
+        self.base_url = parse_target(base_url)
+        u = urllib.parse.urlsplit(self.base_url)
+        self._https = u.scheme == "https"
+        self._host, self._port, self._path = u.hostname, u.port, u.path
+        self.clock = Clock()
+        self.events = Broadcaster()
+        # Only the settings that shape requests apply to an external server; the engine's own
+        # definitions are reused (the slot/cache arguments only bound settings not used here).
+        self.specs = {n: s for n, s in make_settings(1, 16, 16, 4096).items() if n in SETTINGS}
+        self.settings = {n: s.default for n, s in self.specs.items()}
+        self.loadgen = LoadGenerator(WordTokenizer())
+        self.stats = RollingStats()
+        self.model = None
+        self.max_context = None
+        self.reachable = False
+        self.server = None        # the server's gauges, or None when its /metrics is not readable
+        self._lock = threading.Lock()     # settings, loadgen, flights, token ratio
+        self._flights = {}
+        self._ids = itertools.count(1)
+        self._words_sent = 0
+        self._tokens_reported = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self):
+        threading.Thread(target=self._tick_loop, name="observe-ticker", daemon=True).start()
+        threading.Thread(target=self._scrape_loop, name="observe-scraper", daemon=True).start()
+        return self
+
+    def shutdown(self):
+        self._stop.set()
+        self._wake.set()
+        self.reset()
+
+    def health(self):
+        """(/healthz body, HTTP status): ok once the server's /v1/models answers."""
+        server = self.server or {}
+        body = {"status": "ok" if self.reachable else "unreachable", "mode": "observe",
+                "target": self.base_url, "model": self.model, "metrics": self.server is not None,
+                "in_flight": len(self._flights), "running": server.get("running"),
+                "waiting": server.get("waiting")}
+        return body, 200 if self.reachable else 503
+
+    def hello(self):
+        unknown = ("device", "dtype", "params", "layers", "kv_heads", "head_dim", "hidden", "vocab",
+                   "kv_bytes_per_token", "weight_bytes", "block_size", "cache_blocks", "max_slots",
+                   "bench", "bandwidth")
+        with self._lock:
+            settings = dict(self.settings)
+        return {"type": "hello", "t": self.clock.now(), "protocol": 1, "mode": "observe",
+                "server_time": time.time(), "target": self.base_url, "model": self.model,
+                "max_context": self.max_context, "metrics": self.server is not None,
+                "settings": settings, "limits": {n: s.describe() for n, s in self.specs.items()},
+                **{k: None for k in unknown}}
+
+    # ------------------------------------------------------------------ controls
+    def update_settings(self, changes):
+        changes = validate(self.specs, changes)
+        with self._lock:
+            self.settings.update(changes)
+            if "rate" in changes:
+                self.loadgen.restart()
+            settings = dict(self.settings)
+        self.events.publish({"type": "settings", "t": self.clock.now(), "settings": settings,
+                             "changed": sorted(changes)})
+        self._wake.set()
+        return changes
+
+    def burst(self, n):
+        for _ in range(coerce("n", "int", n, 1, 64)):
+            self._start_load()
+
+    def reset(self):
+        with self._lock:
+            flights = list(self._flights.values())
+        for f in flights:
+            f.cancel()
+        self.stats = RollingStats()
+        self.events.publish({"type": "reset", "t": self.clock.now()})
+
+    def submit(self, prompt=None, source="page", chat=True, max_new_tokens=None, temperature=None,
+               top_p=None, seed=None):
+        """Send one prompt to the server (chat template applied there when `chat`); return its id.
+
+        Raises SettingError for invalid values; nothing is sent then."""
+        if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
+            raise SettingError("prompt", f"must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
+        overrides = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("temperature", temperature),
+                                       ("top_p", top_p)) if v is not None}
+        params = self._params(validate(self.specs, overrides) if overrides else {})
+        if seed is not None:
+            params["seed"] = coerce("seed", "int", seed, 0, 2**63 - 1)
+        if chat:
+            path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+        else:
+            path, body = "/completions", {"prompt": prompt}
+        return self._launch(source, path, {**body, **params}, prompt, estimate=None)
+
+    def _params(self, overrides):
+        with self._lock:
+            s = {**self.settings, **overrides}
+        return {"max_tokens": s["max_new_tokens"], "temperature": s["temperature"], "top_p": s["top_p"]}
+
+    def _start_load(self):
+        with self._lock:
+            n_tokens = self.settings["prompt_tokens"]
+            ratio = self._tokens_reported / self._words_sent if self._tokens_reported else 1.0
+            words = max(1, round(n_tokens / ratio))
+            text = self.loadgen.prompt(words)
+        return self._launch("observe", "/completions", {"prompt": text, **self._params({})}, text,
+                            estimate=(words, round(words * ratio)))
+
+    # ------------------------------------------------------------------ requests
+    def _launch(self, source, path, body, prompt, estimate):
+        rid = f"o{next(self._ids)}"
+        flight = Flight(source)
+        with self._lock:
+            full = len(self._flights) >= MAX_IN_FLIGHT
+            if not full and self.model is not None:
+                self._flights[rid] = flight
+        t = self.clock.now()
+        self.events.publish({"type": "request", "t": t, "id": rid, "source": source,
+                             "prompt_tokens": estimate[1] if estimate else None, "estimated": estimate is not None,
+                             "max_new_tokens": body["max_tokens"], "preview": prompt[:80]})
+        refusal = (f"the observer already has {MAX_IN_FLIGHT} requests in flight" if full else
+                   "the server has not answered /v1/models yet" if self.model is None else None)
+        if refusal:
+            self.events.publish({"type": "rejected", "t": t, "id": rid, "reason": refusal,
+                                 "code": "queue_full" if full else "unreachable"})
+            return rid
+        body = {**body, "model": self.model, "stream": True, "stream_options": {"include_usage": True}}
+        threading.Thread(target=self._run, args=(rid, flight, path, body, t, estimate), daemon=True,
+                         name=f"observe-{rid}").start()
+        return rid
+
+    def _connection(self, timeout):
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=timeout)
+
+    def _run(self, rid, flight, path, body, sent, estimate):
+        """Stream one request and publish what the client sees, as it sees it."""
+        chunks, usage, finish, error = [], None, None, None
+        try:
+            flight.conn = self._connection(READ_TIMEOUT_S)
+            if flight.cancelled:
+                raise ConnectionAbortedError("cancelled")
+            flight.conn.request("POST", self._path + path, body=json.dumps(body),
+                                headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            resp = flight.conn.getresponse()
+            if resp.status != 200:
+                self.events.publish({"type": "rejected", "t": self.clock.now(), "id": rid,
+                                     "code": f"http_{resp.status}",
+                                     "reason": f"HTTP {resp.status}: {_error_message(resp.read())}"})
+                return
+            for line in resp:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                now = self.clock.now()
+                msg = json.loads(data)
+                if msg.get("error"):
+                    error = _error_message(data)
+                    break
+                usage = msg.get("usage") or usage
+                for choice in msg.get("choices") or []:
+                    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                    if text:
+                        self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None)
+                        chunks.append(now)
+                    finish = choice.get("finish_reason") or finish
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            error = str(e) or type(e).__name__
+        finally:
+            if flight.conn is not None:
+                flight.conn.close()
+            with self._lock:
+                self._flights.pop(rid, None)
+        if flight.cancelled:
+            reason = "cancelled"
+        elif error is not None:
+            reason = "error"
+        else:
+            reason = finish if finish in ("stop", "length") else (finish or "error")
+        self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)
+
+    def _token(self, rid, index, text, now, previous):
+        self.events.publish({"type": "token", "t": now, "id": rid, "index": index, "token_id": None,
+                             "text": text, "first": index == 0, "sampled": None, "sample_s": None})
+        self.stats.token(now)
+        if previous is not None:
+            self.stats.gap(now - previous)
+
+    def _finished(self, rid, source, reason, sent, chunks, usage, estimate, error):
+        now = self.clock.now()
+        usage = usage or {}
+        output = usage.get("completion_tokens")   # None when the server sent no usage
+        ev = {"type": "finished", "t": now, "id": rid, "reason": reason, "source": source,
+              "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output, "chunks": len(chunks),
+              "e2e": now - sent, "ttft": None, "tpot": None, "gaps": [], "stages": None, "later": None,
+              "client_side": True}
+        if error is not None:
+            ev["error"] = error
+        if chunks:
+            ttft = chunks[0] - sent
+            ev.update(ttft=ttft, gaps=[b - a for a, b in zip(chunks, chunks[1:])],
+                      stages={"tokenize": None, "queue": None, "prefill": None, "first_sample": None,
+                              "delivery": None, "other": ttft})
+            later = (len(chunks) if output is None else output) - 1   # per chunk without usage
+            if later > 0:
+                ev["tpot"] = (chunks[-1] - chunks[0]) / later
+            self.stats.done(ttft)
+        if estimate and usage.get("prompt_tokens"):
+            with self._lock:
+                self._words_sent += estimate[0]
+                self._tokens_reported += usage["prompt_tokens"]
+        self.events.publish(ev)
+
+    # ------------------------------------------------------------------ background
+    def _tick_loop(self):
+        """Load arrivals and `stats`; never touches the network, so arrivals keep their times."""
+        next_stats = 0.0
+        while not self._stop.is_set():
+            now = self.clock.now()
+            with self._lock:
+                due = self.loadgen.due(now, self.settings["load"] and self.reachable, self.settings["rate"])
+                next_arrival = self.loadgen.next_arrival
+            for _ in range(due):
+                self._start_load()
+            if now >= next_stats:
+                next_stats = now + STATS_EVERY_S
+                self._emit_stats(now)
+            wait = next_stats - now if next_arrival is None else min(next_stats, next_arrival) - now
+            self._wake.wait(max(0.0, wait))
+            self._wake.clear()
+
+    def _emit_stats(self, now):
+        server = self.server or {}
+        ev = {"type": "stats", "t": now, "queue": server.get("waiting"), "running": server.get("running"),
+              "in_flight": len(self._flights), "waiting_ids": [], "slots": [], "cache_blocks_used": None,
+              "cache_blocks": None, "cache_tokens": None, "cache_usage": server.get("kv_cache_usage"),
+              "server": self.server, "subscribers": self.events.subscribers}
+        ev.update(self.stats.snapshot(now))
+        self.events.publish(ev)
+
+    def _scrape_loop(self):
+        next_probe = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + PROBE_EVERY_S
+                self._probe()
+            self.server = self._scrape() if self.reachable else None
+            self._stop.wait(SCRAPE_EVERY_S)
+
+    def _get(self, path):
+        conn = self._connection(PROBE_TIMEOUT_S)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def _probe(self):
+        try:
+            status, raw = self._get(self._path + "/models")
+            first = json.loads(raw)["data"][0] if status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
+            first = None
+        if isinstance(first, dict) and isinstance(first.get("id"), str):
+            self.model, self.max_context = first["id"], first.get("max_model_len")
+        self.reachable = self.model is not None and first is not None
+
+    def _scrape(self):
+        """The server's gauges from its /metrics (served at the root, as vLLM does), or None."""
+        try:
+            status, raw = self._get("/metrics")
+            return parse_gauges(raw.decode()) if status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+
+
+def _error_message(raw):
+    """The message of an OpenAI-shaped error body, else the start of the body."""
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")

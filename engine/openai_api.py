@@ -1,0 +1,365 @@
+"""The OpenAI-compatible API, transport-free: JSON bodies in, `Engine.submit` arguments out;
+engine outputs in, OpenAI-shaped responses and server-sent-event chunks out. The Flask
+routes (routes_api.py) only move bytes.
+
+Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
+every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
+goes through the engine's single validation layer (`settings.coerce`, inside
+`Engine.submit`), and its `SettingError` comes back under the OpenAI parameter's name.
+
+Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and max_tokens 16
+for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
+max_tokens there means the engine's `max_new_tokens` setting (the page's slider).
+"""
+from dataclasses import dataclass
+import itertools
+import json
+import queue
+import time
+
+from .settings import SettingError
+
+MAX_BODY_BYTES = 1 << 20
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
+PROBE_S = 1.0   # a stream silent this long gets an SSE comment, so a client that left is noticed
+ROLES = ("system", "developer", "user", "assistant")
+# Parameters that would change the output in ways this engine does not implement: refused
+# unless given their neutral value, rather than silently ignored.
+UNSUPPORTED = ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
+               "tools", "functions", "response_format", "echo", "best_of", "suffix")
+NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape with an HTTP status."""
+
+    def __init__(self, status, message, param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self):
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def parse_body(raw):
+    """The request body as a JSON object, or ApiError (413 too large, 400 not a JSON object)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+@dataclass
+class ApiRequest:
+    kind: str              # "chat" or "completion"
+    submit: dict           # keyword arguments for Engine.submit
+    stream: bool
+    include_usage: bool
+    names: dict            # engine field -> the OpenAI parameter it came from
+
+
+def parse_request(kind, body, model_name):
+    """Validate an OpenAI chat/completions body; return an ApiRequest or raise ApiError."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "you must provide a model parameter (a string)", "model")
+    if model != model_name:
+        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
+                       "model", "model_not_found")
+    for name in UNSUPPORTED:
+        if body.get(name) not in NEUTRAL:
+            raise ApiError(400, f"`{name}` is not supported by this server", name, "unsupported_parameter")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise ApiError(400, "only n=1 is supported", "n")
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "`stream` must be true or false", "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise ApiError(400, "`stream_options` is only allowed when `stream` is true", "stream_options")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise ApiError(400, "`stream_options` must be an object with a boolean `include_usage`",
+                           "stream_options")
+        include_usage = options.get("include_usage", False)
+
+    max_name = "max_tokens"
+    if kind == "chat" and body.get("max_completion_tokens") is not None:
+        max_name = "max_completion_tokens"   # OpenAI's newer name wins when both are given
+    max_tokens = body.get(max_name)
+    if max_tokens is None and kind == "completion":
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    submit = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+                  temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
+                  seed=body.get("seed"))
+    if kind == "chat":
+        submit["messages"] = _messages(body.get("messages"))
+    else:
+        submit.update(prompt=_prompt(body.get("prompt")), chat=False)
+    names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt"}
+    return ApiRequest(kind, submit, stream, include_usage, names)
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _stop(value):
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)   # the engine checks they are up to 4 non-empty strings
+    raise ApiError(400, "`stop` must be a string or a list of strings", "stop")
+
+
+def _messages(value):
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "`messages` must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"`{where}` must be an object", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(m.get("content"), where)})
+    return out
+
+
+def _content(content, where):
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ApiError(400, f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
+
+
+def _prompt(value):
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str):
+        raise ApiError(400, "`prompt` must be a string (or a list of one string; token arrays and "
+                            "batches are not supported)", "prompt")
+    return value
+
+
+def submit(engine, req):
+    """Queue the request in the engine; its SettingError becomes a 400 naming the OpenAI parameter."""
+    try:
+        return engine.submit(**req.submit)
+    except SettingError as e:
+        param = req.names.get(e.field, e.field)
+        raise ApiError(400, f"{param}: {e.message}", param) from None
+
+
+def outputs(handle):
+    """The handle's outputs, with a None whenever PROBE_S passes without one."""
+    while True:
+        try:
+            yield from handle.outputs(timeout=PROBE_S)
+            return
+        except queue.Empty:
+            yield None
+
+
+def first_output(items, prompt_param):
+    """Wait for the request's first output (so a rejection can still be an HTTP error status)."""
+    for item in items:
+        if item is None:
+            continue
+        if item[0] == "rejected":
+            _, reason, code = item
+            if code == "queue_full":
+                raise ApiError(503, f"the engine is overloaded: {reason}", code=code)
+            # exceeds_cache: no cache this server can offer holds the request: its context limit
+            raise ApiError(400, f"This request is too long for this server: {reason}",
+                           prompt_param, "context_length_exceeded")
+        return item
+
+
+class StopTrimmer:
+    """OpenAI's text ends just before the first stop string. The engine stops once a stop string
+    appears, but the token completing it may carry text on either side of it, and text that might
+    be the start of a stop string must be held back until the next token decides."""
+
+    def __init__(self, stops):
+        self.stops = stops
+        self.longest = max((len(s) for s in stops), default=0)
+        self.text = ""
+        self.sent = 0
+        self.cut = None
+
+    def feed(self, piece):
+        """Add decoded text; return what can be sent now."""
+        if self.cut is not None:
+            return ""
+        self.text += piece
+        start = max(0, self.sent - self.longest + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.cut = min(hits)
+            end = self.cut
+        else:
+            end = len(self.text) - self._pending()
+        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        return out
+
+    def _pending(self):
+        """Length of the longest tail of the text that begins some stop string."""
+        return max((k for s in self.stops for k in range(1, len(s))
+                    if self.text.endswith(s[:k])), default=0)
+
+    def rest(self):
+        """What remains to send once the request has finished."""
+        end = len(self.text) if self.cut is None else self.cut
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+
+def finish_reason(event):
+    """OpenAI's finish_reason for the engine's `finished` event (ApiError if it did not complete)."""
+    reason = event["reason"]
+    if reason in ("stop", "stop_string"):
+        return "stop"
+    if reason == "length":
+        return "length"
+    if reason == "cancelled":
+        raise ApiError(503, "the request was cancelled in the engine (reset)", code="cancelled")
+    raise ApiError(500, f"the engine failed on this request ({reason})", code=reason)
+
+
+def usage(event):
+    p, c = event["prompt_tokens"], event["output_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+class Reply:
+    """Shapes one request's text into OpenAI responses or stream chunks."""
+
+    def __init__(self, kind, rid, model, stops=()):
+        self.kind = kind
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + rid
+        self.created = int(time.time())
+        self.model = model
+        self.trim = StopTrimmer(stops)
+
+    def _envelope(self, obj, choices):
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def chunk(self, text=None, finish=None, role=False, usage_field=False):
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            out = self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
+                                                             "finish_reason": finish}])
+        else:
+            out = self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
+                                                       "finish_reason": finish}])
+        if usage_field:
+            out["usage"] = None   # OpenAI sends `usage: null` on every chunk but the last when asked
+        return out
+
+    def usage_chunk(self, counts):
+        out = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
+        out["usage"] = counts
+        return out
+
+    def full(self, text, finish, counts):
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                      "logprobs": None, "finish_reason": finish}
+            out = self._envelope("chat.completion", [choice])
+        else:
+            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                      "finish_reason": finish}])
+        out["usage"] = counts
+        return out
+
+
+def sse(obj):
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def respond(engine, req, model):
+    """Run one non-streaming request to the end; return the response body (or raise ApiError)."""
+    handle = submit(engine, req)
+    items = outputs(handle)
+    first = first_output(items, req.names["prompt"])
+    reply = Reply(req.kind, handle.id, model, req.submit["stop"])
+    text = []
+    for item in itertools.chain([first], items):
+        if item is None:
+            continue
+        if item[0] == "token":
+            text.append(reply.trim.feed(item[1]))
+        else:
+            event = item[1]
+            text.append(reply.trim.rest())
+            return reply.full("".join(text), finish_reason(event), usage(event))
+
+
+def start_stream(engine, req, model):
+    """Submit and wait for the first output (errors are still HTTP statuses up to here); return
+    the generator of SSE text. Closing it early (the client left) cancels the request."""
+    handle = submit(engine, req)
+    items = outputs(handle)
+    first = first_output(items, req.names["prompt"])
+    return _stream(engine, handle, itertools.chain([first], items),
+                   Reply(req.kind, handle.id, model, req.submit["stop"]), req.include_usage)
+
+
+def _stream(engine, handle, items, reply, include_usage):
+    done = False
+    try:
+        if reply.kind == "chat":
+            yield sse(reply.chunk(role=True, usage_field=include_usage))
+        for item in items:
+            if item is None:
+                yield ": waiting\n\n"
+                continue
+            if item[0] == "token":
+                text = reply.trim.feed(item[1])
+                if text:
+                    yield sse(reply.chunk(text, usage_field=include_usage))
+                continue
+            done = True
+            event = item[1]
+            try:
+                finish = finish_reason(event)
+            except ApiError as e:
+                yield sse(e.body())
+                break
+            rest = reply.trim.rest()
+            if rest:
+                yield sse(reply.chunk(rest, usage_field=include_usage))
+            yield sse(reply.chunk(finish=finish, usage_field=include_usage))
+            if include_usage:
+                yield sse(reply.usage_chunk(usage(event)))
+            break
+        yield SSE_DONE
+    finally:
+        if not done:
+            engine.cancel(handle.id)
+
+
+def models_list(model, created, max_context):
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": int(created),
+                                        "owned_by": "first-token", "max_model_len": max_context}]}

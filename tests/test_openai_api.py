@@ -1,0 +1,188 @@
+"""The OpenAI-compatible API, driven by the official `openai` client against the live app."""
+import json
+import time
+
+import openai
+import pytest
+import requests
+import torch
+from simple_websocket import Client
+
+from engine.openai_api import StopTrimmer
+
+PROMPT = "We hold these truths to be self-evident, that all men"
+CHAT = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def greedy(bundle, text, max_new):
+    """`model.generate` greedy continuation of `text`: (token ids, decoded text)."""
+    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    out = bundle.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                do_sample=False)[0, ids.shape[1]:].tolist()
+    return ids.shape[1], out, bundle.tokenizer.decode(out, skip_special_tokens=True)
+
+
+def clean(server):
+    h = requests.get(server.url + "/healthz").json()
+    return h["running"] == 0 and h["waiting"] == 0
+
+
+def test_models_lists_the_served_model(server, client, model):
+    assert model == requests.get(server.url + "/healthz").json()["model"]
+    assert client.models.list().data[0].max_model_len > 0
+
+
+def test_greedy_chat_and_completion_equal_generate(client, model, real):
+    chat_text = real.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    n_prompt, ids, text = greedy(real, chat_text, 10)
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=10, temperature=0)
+    assert r.choices[0].message.content == text
+    assert r.usage.prompt_tokens == n_prompt and r.usage.completion_tokens == len(ids)
+    assert r.choices[0].finish_reason == ("stop" if ids[-1] == real.tokenizer.eos_token_id else "length")
+
+    n_prompt, ids, text = greedy(real, PROMPT, 10)
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == n_prompt
+    assert chunks[-1].usage.completion_tokens == len(ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_streaming_chat_equals_non_streaming(client, model):
+    full = client.chat.completions.create(model=model, messages=CHAT, max_completion_tokens=8, temperature=0)
+    chunks = list(client.chat.completions.create(model=model, messages=CHAT, max_completion_tokens=8,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
+    assert all(c.usage is None for c in chunks[:-1]) and chunks[-1].usage == full.usage
+    no_usage = list(client.chat.completions.create(model=model, messages=CHAT, max_tokens=2, temperature=0,
+                                                   stream=True))
+    assert all(c.usage is None and c.choices for c in no_usage)
+
+
+def test_seed_reproducible(client, model):
+    def sample(seed):
+        return client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0,
+                                         seed=seed).choices[0].text
+    first = sample(7)
+    assert sample(7) == first
+    assert sample(8) != first
+
+
+def test_stop_strings_cut_before_the_stop(client, model):
+    full = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    stop = full[6:10]   # mid-text, so it may begin inside one token and end in another
+    want = full[:full.find(stop)]
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0, stop=stop)
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens < 12
+    streamed = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                              stop=["never-appears", stop], stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == want
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_stop_trimmer_holds_back_a_partial_stop():
+    t = StopTrimmer(("END",))
+    assert [t.feed(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "ENx"]
+    assert t.rest() == ""
+    t = StopTrimmer(("END", "b"))
+    assert [t.feed(p) for p in ("aE", "NDc")] == ["a", ""] and t.rest() == ""
+    t = StopTrimmer(("stop",))
+    assert t.feed("hello st") == "hello " and t.rest() == "st"
+
+
+def error_of(response):
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def test_bad_requests_get_openai_shaped_errors(server, model):
+    chat, comp = server.url + "/v1/chat/completions", server.url + "/v1/completions"
+    user = [{"role": "user", "content": "hi"}]
+    cases = [  # (url, body, status, param, code)
+        (chat, {"model": model}, 400, "messages", None),
+        (chat, {"model": model, "messages": []}, 400, "messages", None),
+        (chat, {"model": model, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role", None),
+        (chat, {"model": model, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", None),
+        (chat, {"model": model, "messages": user, "max_tokens": -1}, 400, "max_tokens", None),
+        (chat, {"model": model, "messages": user, "max_completion_tokens": 0}, 400, "max_completion_tokens", None),
+        (chat, {"model": model, "messages": user, "temperature": "hot"}, 400, "temperature", None),
+        (chat, {"model": model, "messages": user, "top_p": 0}, 400, "top_p", None),
+        (chat, {"model": model, "messages": user, "seed": 1.5}, 400, "seed", None),
+        (chat, {"model": model, "messages": user, "stop": 5}, 400, "stop", None),
+        (chat, {"model": model, "messages": user, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+        (chat, {"model": model, "messages": user, "stream": "yes"}, 400, "stream", None),
+        (chat, {"model": model, "messages": user, "stream_options": {"include_usage": True}}, 400,
+         "stream_options", None),
+        (chat, {"model": model, "messages": user, "n": 2}, 400, "n", None),
+        (chat, {"model": model, "messages": user, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+        (chat, {"messages": user}, 400, "model", None),
+        (chat, {"model": "gpt-9", "messages": user}, 404, "model", "model_not_found"),
+        (comp, {"model": model, "prompt": ""}, 400, "prompt", None),
+        (comp, {"model": model, "prompt": [1, 2, 3]}, 400, "prompt", None),
+        (comp, {"model": model, "prompt": "truths " * 5000, "max_tokens": 4}, 400, "prompt",
+         "context_length_exceeded"),
+        (comp, {"model": model, "prompt": "truths " * 5000, "max_tokens": 4, "stream": True}, 400, "prompt",
+         "context_length_exceeded"),
+        (chat, {"model": model, "messages": user, "max_tokens": 4090}, 400, "messages", "context_length_exceeded"),
+    ]
+    for url, body, status, param, code in cases:
+        r = requests.post(url, json=body, timeout=60)
+        assert r.status_code == status, (body, r.text)
+        err = error_of(r)
+        assert (err["param"], err["code"]) == (param, code), (body, err)
+        assert err["type"] == "invalid_request_error"
+    for raw, status in ((b"{not json", 400), (b"[1, 2]", 400), (b"\xff\xfe", 400), (b" " * (1 << 20) + b"{}", 413)):
+        r = requests.post(chat, data=raw, headers={"Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == status and error_of(r)
+    assert clean(server)
+
+
+def test_openai_client_raises_the_right_exceptions(client, model):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=CHAT)
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="truths " * 5000, max_tokens=4)
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_api_requests_are_on_the_timeline_and_a_dropped_stream_frees_its_slot(server, model):
+    ws = Client.connect(server.ws_url)
+    try:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+        with requests.post(server.url + "/v1/completions", json=body, stream=True, timeout=120) as r:
+            lines = (line for line in r.iter_lines() if line.startswith(b"data:"))
+            first = json.loads(next(lines)[5:])
+            next(lines)
+        rid = first["id"].removeprefix("cmpl-")   # the engine's request id
+        events, deadline = [], time.time() + 120
+        while time.time() < deadline and not any(e["type"] == "finished" and e.get("id") == rid for e in events):
+            raw = ws.receive(timeout=1)
+            if raw:
+                events += json.loads(raw)
+    finally:
+        ws.close()
+    mine = [e for e in events if e.get("id") == rid]
+    assert [e["source"] for e in mine if e["type"] == "request"] == ["api"]
+    finished = [e for e in mine if e["type"] == "finished"]
+    assert finished and finished[0]["reason"] == "cancelled" and finished[0]["output_tokens"] < 400
+    deadline = time.time() + 10
+    while not clean(server) and time.time() < deadline:
+        time.sleep(0.2)
+    assert clean(server)
