@@ -60,7 +60,12 @@ def create_app(config=None):
 
     @app.get("/")
     def index():
-        return render_template("index.html")
+        return render_template("index.html", embed=False)
+
+    @app.get("/embed")
+    def embed():
+        # The same live page, compact: timeline and headline figures only, for iframes.
+        return render_template("index.html", embed=True)
 
     @app.get("/static/plotly.min.js")
     def plotly_js():

@@ -67,11 +67,11 @@ def free_port():
 class Server:
     """`python app.py` in a subprocess on a free loopback port, waited on until /healthz is ok."""
 
-    def __init__(self, *args, timeout=180):
+    def __init__(self, *args, timeout=180, port=None):
         import subprocess
         import time
         import requests
-        self.port = free_port()
+        self.port = port or free_port()   # a fixed port: a restarted server where pages reconnect
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = list(args)
         ARTIFACTS.mkdir(exist_ok=True)

@@ -1,0 +1,195 @@
+// First Token: the page's model of the engine, built from the event stream alone.
+// No DOM here: `ingest` folds protocol events (docs/protocol.md) into bounded
+// histories that the canvas and chart code read. A recorded trace replays through
+// the same function, so everything drawn is something an event said.
+"use strict";
+(function () {
+  const FT = (window.FT = window.FT || {});
+
+  // Bounds keep memory and drawing cost flat however long the page stays open.
+  const KEEP_FINISHED = 300;   // finished/rejected requests kept (running/waiting always kept)
+  const KEEP_STEPS = 4000;     // model forwards kept for the timeline and KV chart
+  const KEEP_STATS = 1200;     // stats samples (~10 min at 2 Hz)
+  const KEEP_POINTS = 1500;    // decode steps kept for the step-time-vs-batch chart
+  const KEEP_DELIVERY = 2000;  // measured server->page delivery samples
+
+  function trim(arr, keep) {
+    // Trim in chunks so a full history costs an occasional splice, not one per event.
+    if (arr.length > keep * 1.25) arr.splice(0, arr.length - keep);
+  }
+
+  function createState() {
+    return {
+      hello: null, settings: {}, limits: {}, loading: null,
+      reqs: new Map(), order: [],   // order: request ids by arrival
+      steps: [],                    // model forwards: {kind, start, end, ids, tokens, kv, cacheTokens, blocksUsed, stack}
+      filled: new Map(),            // running request id -> KV entries filled (from prefill/step events)
+      stats: [], last: null,        // stats samples; the latest stats event
+      slots: [], waiting: [],
+      points: [],                   // decode steps: {batch, ms, kv}
+      delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
+      errors: [],
+      dropped: 0, events: 0, frames: 0, bytes: 0, finishedCount: 0,
+      stepSeq: 0,                   // forwards numbered as they arrive (alternate band shading)
+      latestT: 0,                   // newest engine time seen in any event
+      connectT: null,               // engine time of this connection's hello (older events are replay)
+      version: 0,                   // bumped on every ingest; views redraw only when it moved
+      epoch: 0,                     // bumped on hello/reset so views drop what they cached
+    };
+  }
+
+  function clearRun(s) {
+    s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = [];
+    s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
+    s.finishedCount = 0; s.epoch++;
+  }
+
+  function req(s, id, t) {
+    // Events for a request whose `request` fell out of the replayed history still draw.
+    let r = s.reqs.get(id);
+    if (!r) {
+      r = {id, source: "?", promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
+           tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
+           admitted: null, slot: null, queueS: null, blocks: null, prefills: [],
+           tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
+           stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
+           pageFirstDelivery: null};
+      s.reqs.set(id, r);
+      s.order.push(id);
+      evict(s);
+    }
+    return r;
+  }
+
+  function evict(s) {
+    let done = 0;
+    for (const id of s.order) if (s.reqs.get(id).end !== null) done++;
+    if (done <= KEEP_FINISHED) return;
+    let drop = done - KEEP_FINISHED;
+    s.order = s.order.filter((id) => {
+      const r = s.reqs.get(id);
+      if (drop > 0 && r.end !== null) { drop--; s.reqs.delete(id); return false; }
+      return true;
+    });
+  }
+
+  // `arrivedEngineT`: when the frame carrying `ev` reached this page, on the engine clock
+  // (null until the clock is synced). Used only to measure delivery of live tokens.
+  function ingest(s, ev, arrivedEngineT) {
+    s.events++;
+    s.version++;
+    if (typeof ev.t === "number" && ev.t > s.latestT) s.latestT = ev.t;
+    switch (ev.type) {
+      case "loading":
+        s.loading = ev; break;
+      case "hello":
+        clearRun(s);
+        s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
+        s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
+        s.dropped = 0; s.delivery = [];
+        break;
+      case "settings":
+        s.settings = Object.assign({}, ev.settings); break;
+      case "reset":
+        clearRun(s); break;
+      case "dropped":
+        s.dropped += ev.count; break;
+      case "error":
+        s.errors.push(ev); trim(s.errors, 20); break;
+      case "request": {
+        const r = req(s, ev.id, ev.t);
+        Object.assign(r, {source: ev.source, promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
+                          preview: ev.preview, arrival: ev.t, partial: false});
+        break;
+      }
+      case "tokenized": {
+        const r = req(s, ev.id, ev.start);
+        Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces,
+                          truncated: ev.truncated});
+        if (r.promptTokens === null) r.promptTokens = ev.n;
+        break;
+      }
+      case "admitted": {
+        const r = req(s, ev.id, ev.t);
+        Object.assign(r, {admitted: ev.t, slot: ev.slot, queueS: ev.queue_s, blocks: ev.blocks});
+        if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+        break;
+      }
+      case "prefill": {
+        const r = req(s, ev.id, ev.start);
+        r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done});
+        s.filled.set(ev.id, ev.pos + ev.tokens);
+        break;
+      }
+      case "step": {
+        if (ev.kind === "decode" && ev.per_request) {
+          for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
+          s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
+          trim(s.points, KEEP_POINTS);
+        }
+        // What each running request holds in the KV cache right after this forward.
+        s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids, tokens: ev.tokens,
+                      kv: ev.kv_cache, cacheTokens: ev.cache_tokens, blocksUsed: ev.cache_blocks_used,
+                      stack: Array.from(s.filled)});
+        trim(s.steps, KEEP_STEPS);
+        break;
+      }
+      case "token": {
+        const r = req(s, ev.id, ev.t);
+        r.tokens.push(ev.t);
+        r.text.push(ev.text);
+        if (ev.first) r.first = ev.t;
+        if (arrivedEngineT !== null && s.connectT !== null && ev.t >= s.connectT) {
+          const d = arrivedEngineT - ev.t;
+          s.delivery.push(d);
+          trim(s.delivery, KEEP_DELIVERY);
+          if (ev.first) r.pageFirstDelivery = d;
+        }
+        break;
+      }
+      case "finished": {
+        const r = req(s, ev.id, ev.t);
+        Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
+                          tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens});
+        if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
+        s.filled.delete(ev.id);
+        if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+        s.finishedCount++;
+        evict(s);
+        break;
+      }
+      case "rejected": {
+        const r = req(s, ev.id, ev.t);
+        r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
+        evict(s);
+        break;
+      }
+      case "stats": {
+        s.last = ev;
+        s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocksUsed: ev.cache_blocks_used,
+                      blocks: ev.cache_blocks, cacheTokens: ev.cache_tokens, tps: ev.tokens_per_s});
+        trim(s.stats, KEEP_STATS);
+        if (Array.isArray(ev.slots)) {
+          const slots = new Array(s.slots.length).fill(null);
+          ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
+          s.slots = slots;
+        }
+        s.waiting = ev.waiting_ids || [];
+        break;
+      }
+      default:
+        break;   // `sync` is handled by the connection; unknown types are ignored (forward compatible)
+    }
+  }
+
+  // Percentile of a numeric array (nearest rank), null when empty.
+  function percentile(values, q) {
+    if (!values.length) return null;
+    const s = Float64Array.from(values).sort();
+    return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
+  }
+
+  FT.createState = createState;
+  FT.ingest = ingest;
+  FT.percentile = percentile;
+})();
