@@ -153,6 +153,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.port > 65535:
         p.error("--port must be at most 65535")
+    if args.model is not None and not Path(args.model).exists():
+        p.error(f"--model {args.model}: no such file or directory")
     if args.kv_tokens is not None and args.kv_tokens < args.block_size:
         p.error("--kv-tokens must hold at least one block")
     return args

@@ -21,7 +21,15 @@ Modules, one job each:
 
 No Flask imports here.
 """
-from .engine import Engine, RequestHandle
 from .settings import SettingError
 
 __all__ = ["Engine", "RequestHandle", "SettingError"]
+
+
+def __getattr__(name):
+    # Engine pulls in torch and transformers (seconds to import); observe mode and the CLI's
+    # flag checks never need them, so they load only when Engine is first asked for.
+    if name in ("Engine", "RequestHandle"):
+        from . import engine
+        return getattr(engine, name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
