@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import sampler
+from . import bandwidth, sampler
 from .events import Broadcaster, Clock
 from .kv_cache import BlockAccount, SlotKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
@@ -65,6 +65,11 @@ class Engine:
         self.specs = make_settings(slots, self.account.capacity * block_size, block_size, self.max_context)
         self.settings = {name: spec.default for name, spec in self.specs.items()}
         self.loadgen = LoadGenerator(tok)
+        # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once
+        # per process), and the committed `python -m bench` tables for this model, if any.
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
+        self.bench = bandwidth.bench_results(bundle.name, bundle.device, str(bundle.dtype).replace("torch.", ""))
         self.stats = RollingStats()
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
@@ -93,6 +98,7 @@ class Engine:
             "cache_blocks": self.account.capacity, "max_slots": self.scheduler.max_slots,
             "max_context": self.max_context, "settings": dict(self.settings),
             "limits": {n: s.describe() for n, s in self.specs.items()},
+            "bandwidth": self.bandwidth, "bench": self.bench,
         }
 
     # ------------------------------------------------------- thread-safe API

@@ -1,0 +1,49 @@
+"""The performance pieces: bandwidth floor in hello, the fast output head, and the bench's
+equal-work contenders (on the tiny random model, so this stays quick)."""
+import time
+
+import torch
+
+from bench import contenders, tables
+from engine import Engine, bandwidth
+from engine.runner import OutputHead
+
+
+def test_bandwidth_measurement_is_quick_and_in_hello(tiny):
+    t0 = time.perf_counter()
+    bps = bandwidth.read_bandwidth("cpu", budget_s=0.5)
+    assert time.perf_counter() - t0 < 1.5          # allocation + passes stop at the budget
+    assert 1e8 < bps < 1e13
+    hello = Engine(tiny, slots=2, kv_tokens=256, max_context=128).hello()
+    bw = hello["bandwidth"]
+    assert bw["estimated"] is True and bw["gbs"] > 0
+    assert bw["weight_bytes"] == hello["weight_bytes"]
+    assert abs(bw["floor_s"] - bw["weight_bytes"] / (bw["gbs"] * 1e9)) / bw["floor_s"] < 0.01
+    assert hello["bench"] is None                   # no bench results for the tiny model
+
+
+def test_fast_head_matches_the_model_head(tiny):
+    head = tiny.model.get_output_embeddings()
+    fast = OutputHead(head)
+    assert fast.fast                                # fp32 on CPU with oneDNN: the fast path
+    with torch.inference_mode():
+        for rows in (1, 3):
+            h = torch.randn(rows, head.in_features)
+            torch.testing.assert_close(fast(h), head(h), rtol=1e-5, atol=1e-4)
+
+
+def test_contenders_do_equal_work_and_agree(tiny):
+    batch = contenders.prompts(tiny.tokenizer, 3, 12)
+    assert all(len(ids) == 12 and tiny.tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+               for text, ids in batch)
+    eng = contenders.run_engine(tiny, batch, 6, slots=3, max_context=128)
+    seq = contenders.run_sequential(tiny.model, batch, 6)
+    assert eng.output_tokens == seq.output_tokens == 18
+    assert eng.tokens == seq.tokens
+
+
+def test_tables_have_every_row(tiny):
+    pre = tables.prefill_table(tiny, [4, 16], repeats=1)
+    dec = tables.decode_table(tiny, [1, 3], context=8, repeats=1)
+    assert [r["tokens"] for r in pre] == [4, 16] and all(r["s"] > 0 for r in pre)
+    assert [r["batch"] for r in dec] == [1, 3] and all(r["tokens_per_s"] > 0 for r in dec)
