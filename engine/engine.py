@@ -2,7 +2,9 @@
 
 Other threads talk to it only through thread-safe methods (`submit`, `cancel`,
 `update_settings`, `burst`, `reset`) which queue a command and wake the loop; the loop
-owns all scheduling state, so there are no locks around it.
+owns all scheduling state, so there are no locks around it. The load generator has a
+thread of its own and submits like any client, so its arrivals happen on time even while
+a long forward runs (open loop), and are tokenized where an API request would be.
 """
 import itertools
 import queue
@@ -78,6 +80,8 @@ class Engine:
         self._wake = threading.Event()
         self._stop = False
         self._thread = None
+        self._load_thread = None
+        self._load_wake = threading.Event()
         self._next_stats = 0.0
         self._by_id = {}
 
@@ -105,22 +109,29 @@ class Engine:
     def start(self):
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
+        self._load_thread = threading.Thread(target=self._load_loop, name="load-generator", daemon=True)
+        self._load_thread.start()
         return self
 
     def shutdown(self):
         self._stop = True
         self._wake.set()
-        if self._thread:
-            self._thread.join(timeout=10)
+        self._load_wake.set()
+        for thread in (self._thread, self._load_thread):
+            if thread:
+                thread.join(timeout=10)
 
     def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False):
+               top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None):
         """Tokenize (here, in the caller's thread, measured) and queue one request.
 
+        `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length).
         Raises SettingError for invalid parameters; nothing is queued then."""
         arrival = self.clock.now()
         params = self._params(max_new_tokens, temperature, top_p, seed, stop)
         text, ids = self._tokenize(prompt, messages, chat)
+        if prompt_tokens is not None:
+            ids = ids[:prompt_tokens]
         seq = Sequence(id=f"r{next(self._ids)}", source=source, prompt=text, prompt_ids=ids, params=params,
                        arrival=arrival, tokenize_end=self.clock.now(),
                        sink=queue.Queue() if stream else None)
@@ -139,7 +150,8 @@ class Engine:
 
     def burst(self, n):
         n = coerce("n", "int", n, 1, 64)
-        self._command("burst", n)
+        for _ in range(n):
+            self._submit_load()
 
     def reset(self):
         self._command("reset", None)
@@ -189,17 +201,17 @@ class Engine:
     def _loop(self):
         while not self._stop:
             self._drain_inbox()
-            now = self.clock.now()
-            for _ in range(self.loadgen.due(now, self.settings["load"], self.settings["rate"])):
-                self._add_load_request()
             for seq in self.scheduler.admit(self.settings["kv_cache"]):
                 self._on_admitted(seq)
             work = self.scheduler.next_work(self.settings["prefill_chunk"])
             if work is not None:
-                if work[0] == "prefill":
-                    self._prefill(*work[1:])
-                else:
-                    self._decode(work[1])
+                try:
+                    if work[0] == "prefill":
+                        self._prefill(*work[1:])
+                    else:
+                        self._decode(work[1])
+                except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
+                    self._fail(work, e)
             if self.clock.now() >= self._next_stats:
                 self._emit_stats()
             if work is None:
@@ -207,11 +219,7 @@ class Engine:
                 self._wake.clear()
 
     def _idle_timeout(self):
-        now = self.clock.now()
-        t = self._next_stats - now
-        if self.loadgen.next_arrival is not None:
-            t = min(t, self.loadgen.next_arrival - now)
-        return max(0.0, min(t, STATS_EVERY_S))
+        return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
 
     def _drain_inbox(self):
         while True:
@@ -227,9 +235,6 @@ class Engine:
                     self._finish(seq, "cancelled")
             elif kind == "set":
                 self._apply_settings(arg)
-            elif kind == "burst":
-                for _ in range(arg):
-                    self._add_load_request()
             elif kind == "reset":
                 for seq in list(self._by_id.values()):
                     self._finish(seq, "cancelled")
@@ -240,19 +245,24 @@ class Engine:
         self.settings.update(changes)
         self.scheduler.slot_limit = self.settings["slots"]
         self.account.budget = self.settings["cache_tokens"] // self.account.block_size
-        if "rate" in changes:
-            self.loadgen.restart()
+        self._load_wake.set()   # the generator redraws its next gap under the new rate
         self._publish({"type": "settings", "t": self.clock.now(), "settings": dict(self.settings),
                        "changed": sorted(changes)})
 
-    def _add_load_request(self):
-        arrival = self.clock.now()
-        text = self.loadgen.prompt(self.settings["prompt_tokens"])
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: self.settings["prompt_tokens"]]
-        seq = Sequence(id=f"r{next(self._ids)}", source="load", prompt=text, prompt_ids=ids,
-                       params=self._params(None, None, None, None, ()), arrival=arrival,
-                       tokenize_end=self.clock.now())
-        self._enqueue(seq)
+    def _load_loop(self):
+        """Open-loop Poisson arrivals while `load` is on (its own thread)."""
+        while not self._stop:
+            due = self.loadgen.due(self.clock.now(), self.settings["load"], self.settings["rate"])
+            for _ in range(due):
+                self._submit_load()
+            nxt = self.loadgen.next_arrival
+            if self._load_wake.wait(STATS_EVERY_S if nxt is None else max(0.0, nxt - self.clock.now())):
+                self._load_wake.clear()
+                self.loadgen.restart()   # exponential gaps are memoryless: redrawing is exact
+
+    def _submit_load(self):
+        n = self.settings["prompt_tokens"]
+        self.submit(prompt=self.loadgen.prompt(n), source="load", prompt_tokens=n)
 
     def _enqueue(self, seq):
         n = len(seq.prompt_ids)
@@ -364,6 +374,17 @@ class Engine:
         # which counts this step's token only once it is appended.
         for seq, reason in done:
             self._finish(seq, reason)
+
+    def _fail(self, work, error):
+        """A forward or sampling raised (e.g. out of memory): end the requests it touched with
+        reason "error", free their slots and blocks, say so, and keep serving the rest."""
+        seqs = [work[1]] if work[0] == "prefill" else work[1]
+        self._publish({"type": "error", "t": self.clock.now(), "field": None,
+                       "message": f"{work[0]} failed for {', '.join(s.id for s in seqs)}: "
+                                  f"{type(error).__name__}: {error}"})
+        for seq in seqs:
+            if seq.id in self._by_id:
+                self._finish(seq, "error")
 
     def _increment(self, seq):
         """The new text this token adds (held back while it ends in a partial UTF-8 character)."""

@@ -276,3 +276,22 @@ def test_uninitialised_cache_memory_cannot_leak_into_attention(tiny):
             assert got[i][0] == reference(tiny, p, kw["max_new_tokens"])
     finally:
         eng.shutdown()
+
+
+def test_a_failing_forward_fails_its_batch_not_the_engine(engine, monkeypatch):
+    sub = engine.events.subscribe(replay=False)
+    real_decode = engine.runner.decode
+    calls = {"n": 0}
+
+    def flaky(*args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated out of memory")
+        return real_decode(*args)
+    monkeypatch.setattr(engine.runner, "decode", flaky)
+    bad = run(engine, [(PROMPTS[0], {"max_new_tokens": 10})])
+    assert bad[0][1][1]["reason"] == "error"
+    assert any(e["type"] == "error" and "simulated out of memory" in e["message"] for e in sub.get(1))
+    assert_clean(engine)
+    good = run(engine, [(PROMPTS[0], {"max_new_tokens": 3})])   # the engine still serves
+    assert good[0][1][1]["reason"] in ("length", "stop")
