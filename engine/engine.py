@@ -310,23 +310,27 @@ class Engine:
             ev["per_request"] = {s.id: s.length + 1 for s in seqs}
         self._publish(ev)
 
-    def _prefill(self, seq, start, n):
+    def _prefill(self, seqs, start, n):
+        """One prefill forward: a chunk of one request (n given), or whole prompts of several."""
         t0 = self.clock.now()
-        if seq.prefill_start is None:
-            seq.prefill_start = t0
-        if seq.kv_cache:
+        if n is not None:
+            seq = seqs[0]
             logits = self.runner.prefill(seq.row, seq.prompt_ids[start:start + n], start)
         else:
-            logits = self.runner.recompute([seq.prompt_ids])
+            rows = [s.row for s in seqs] if seqs[0].kv_cache else None
+            logits = self.runner.forward_full([s.prompt_ids for s in seqs], rows)
         t1 = self.clock.now()
-        seq.prefill_s += t1 - t0
-        seq.prefilled = start + n
-        done = seq.prefill_done
-        self._publish({"type": "prefill", "t": t1, "id": seq.id, "start": t0, "end": t1, "pos": start,
-                       "tokens": n, "done": done})
-        self._step_event("prefill", t0, t1, [seq], n)
+        for seq in seqs:
+            if seq.prefill_start is None:
+                seq.prefill_start = t0
+            seq.prefill_s += t1 - t0      # the shared forward is each one's prefill time
+            seq.prefilled = start + n if n is not None else len(seq.prompt_ids)
+            self._publish({"type": "prefill", "t": t1, "id": seq.id, "start": t0, "end": t1, "pos": start,
+                           "tokens": seq.prefilled - start, "done": seq.prefill_done})
+        self._step_event("prefill", t0, t1, seqs, sum(s.prefilled - start for s in seqs))
+        done = [i for i, s in enumerate(seqs) if s.prefill_done]
         if done:
-            self._sample_and_deliver([seq], logits, t1 - t0)
+            self._sample_and_deliver([seqs[i] for i in done], logits[done], t1 - t0)
 
     def _decode(self, seqs):
         t0 = self.clock.now()
@@ -335,7 +339,7 @@ class Engine:
                                         [s.length for s in seqs])
             tokens = len(seqs)
         else:
-            logits = self.runner.recompute([s.total_ids for s in seqs])
+            logits = self.runner.forward_full([s.total_ids for s in seqs])
             tokens = sum(len(s.total_ids) for s in seqs)
         t1 = self.clock.now()
         self._step_event("decode", t0, t1, seqs, tokens)
@@ -378,7 +382,7 @@ class Engine:
     def _fail(self, work, error):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
         reason "error", free their slots and blocks, say so, and keep serving the rest."""
-        seqs = [work[1]] if work[0] == "prefill" else work[1]
+        seqs = work[1]
         self._publish({"type": "error", "t": self.clock.now(), "field": None,
                        "message": f"{work[0]} failed for {', '.join(s.id for s in seqs)}: "
                                   f"{type(error).__name__}: {error}"})

@@ -82,6 +82,13 @@ class SlotKVStore(Cache):
         self._ensure_clean(start + length)
         self._mode = ("prefill", row, start, length)
 
+    def bind_fill(self, rows, width):
+        """The next forward computes positions 0..width-1 of `rows` from scratch (batched prefill):
+        store them, and let attention use the fresh keys directly. Padding positions past a
+        row's prompt get finite values that its mask hides and later steps overwrite."""
+        self._ensure_clean(width)
+        self._mode = ("fill", rows, width)
+
     def bind_decode(self, rows, positions):
         """The next forward writes `positions[i]` of `rows[i]` (LongTensors) and reads 0..max(positions).
 
@@ -94,6 +101,11 @@ class SlotKVStore(Cache):
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         k, v = self.k[layer_idx], self.v[layer_idx]
+        if self._mode[0] == "fill":
+            _, rows, width = self._mode
+            k[rows, :, :width] = key_states
+            v[rows, :, :width] = value_states
+            return key_states, value_states
         if self._mode[0] == "prefill":
             _, row, start, length = self._mode
             end = start + length

@@ -78,8 +78,10 @@ class Runner:
         return self.head(out.last_hidden_state[:, -1]).float()
 
     @torch.inference_mode()
-    def recompute(self, sequences):
-        """No KV cache: run every sequence in full (right-padded); logits at each one's last token."""
+    def forward_full(self, sequences, rows=None):
+        """Run whole sequences from position 0 in one right-padded batch; logits at each one's
+        last token. With `rows`, their keys/values are stored in those cache rows (batched
+        prefill); without, nothing is kept (the KV-cache-off mode recomputes this way)."""
         lengths = self._ids([len(s) for s in sequences])
         width = int(lengths.max())
         ids = torch.zeros(len(sequences), width, dtype=torch.long, device=self.device)
@@ -89,7 +91,9 @@ class Runner:
         causal = keys[None, :] <= keys[:, None]                      # [q, k]
         valid = keys[None, :] < lengths[:, None]                     # [b, k]
         mask = self._additive(causal[None, None] & valid[:, None, None, :])
+        if rows is not None:
+            self.store.bind_fill(self._ids(rows), width)
         out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=keys[None].expand(len(sequences), -1),
-                           use_cache=False)
+                           cache=self.store if rows is not None else None, use_cache=rows is not None)
         last = out.last_hidden_state[torch.arange(len(sequences), device=self.device), lengths - 1]
         return self.head(last).float()

@@ -6,11 +6,14 @@ so a big request is not starved by small ones. Requests with the KV cache off an
 never share a batch: after the setting flips, new admissions wait for the running
 ones to drain.
 
-Work order: without chunked prefill, any admitted request's whole-prompt prefill goes
-first, then one decode step for everyone (vLLM v0 style). With chunked prefill, one
-chunk and one decode step alternate, so long prompts do not stall running requests.
+Work order: without chunked prefill, the admitted requests' whole prompts go first, several
+in one right-padded forward (up to PREFILL_BATCH_TOKENS padded positions), then one decode
+step for everyone (vLLM v0 style). With chunked prefill, one request's chunk and one decode
+step alternate, so long prompts do not stall running requests.
 """
 from collections import deque
+
+PREFILL_BATCH_TOKENS = 2048   # padded positions in one batched prefill forward
 
 
 class Scheduler:
@@ -49,15 +52,25 @@ class Scheduler:
         return admitted
 
     def next_work(self, prefill_chunk):
-        """('prefill', seq, start, n) or ('decode', [seqs]) or None."""
+        """('prefill', [seqs], start, n), ('decode', [seqs]) or None.
+
+        n is None for whole prompts from position 0 (one batched forward); otherwise the
+        single request's positions start..start+n-1 (a chunk, or the rest of a chunked one)."""
         pending = [s for s in self.running if not s.prefill_done]
         ready = [s for s in self.running if s.prefill_done]
         if pending and not (prefill_chunk and ready and self._last_was_prefill):
+            self._last_was_prefill = True
             seq = pending[0]
             remaining = len(seq.prompt_ids) - seq.prefilled
-            n = remaining if not prefill_chunk or not seq.kv_cache else min(prefill_chunk, remaining)
-            self._last_was_prefill = True
-            return ("prefill", seq, seq.prefilled, n)
+            if seq.kv_cache and (prefill_chunk or seq.prefilled):
+                return ("prefill", [seq], seq.prefilled, min(prefill_chunk or remaining, remaining))
+            batch = [seq]
+            for other in pending[1:]:
+                width = max(len(s.prompt_ids) for s in batch + [other])
+                if other.prefilled or width * (len(batch) + 1) > PREFILL_BATCH_TOKENS:
+                    break
+                batch.append(other)
+            return ("prefill", batch, 0, None)
         self._last_was_prefill = False
         if ready:
             return ("decode", ready)
