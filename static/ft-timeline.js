@@ -213,15 +213,20 @@
     return {req: r, t, step};
   };
 
+  // The strips under the timeline share its time axis, size and background.
+  function strip(canvas, view) {
+    const {ctx, w, h} = FT.fitCanvas(canvas);
+    const compact = w < 700;
+    const top = 6;
+    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+    return {ctx, w, h, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
+  }
+
   // ------------------------------------------------------------------ KV cache
   // Filled KV entries after every forward, stacked per request in the request's colour,
   // against the reserved blocks, the live budget and the physical capacity.
   FT.drawKV = function (canvas, s, view, now) {
-    const {ctx, w, h} = FT.fitCanvas(canvas);
-    const compact = w < 700;
-    const f = frame(w, view, compact);
-    const top = 6, plotH = h - top - 4;
-    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+    const {ctx, w, h, compact, f, top, plotH} = strip(canvas, view);
     if (!s.hello) return {f};
     const bs = s.hello.block_size;
     const capacity = s.hello.cache_blocks * bs;
@@ -293,11 +298,7 @@
 
   // ------------------------------------------------------------------ queue
   FT.drawQueue = function (canvas, s, view, now) {
-    const {ctx, w, h} = FT.fitCanvas(canvas);
-    const compact = w < 700;
-    const f = frame(w, view, compact);
-    const top = 6, plotH = h - top - 4;
-    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+    const {ctx, w, h, compact, f, top, plotH} = strip(canvas, view);
     timeAxis(ctx, f, top, top + plotH, "", false);
     const pts = s.stats.filter((p) => p.t >= f.left - 2 && p.t <= f.right + 2);
     let ymax = 4;

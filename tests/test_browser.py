@@ -86,7 +86,7 @@ def restore_engine(page):
         firstToken.send({type: 'reset'});
     }""")
     page.wait("() => { const s = firstToken.state; return !s.settings.load && s.last && "
-              "s.last.running === 0 && s.last.queue === 0; }", timeout=30_000)
+              "s.last.running === 0 && s.last.queue === 0; }", timeout=90_000)
 
 
 @pytest.fixture
