@@ -147,6 +147,9 @@ def parse_args(argv=None):
                    help="KV-cache block size in tokens")
     p.add_argument("--max-context", type=positive_int("--max-context"), default=4096,
                    help="longest prompt + output per request, tokens")
+    p.add_argument("--threads", type=positive_int("--threads"), default=None,
+                   help="CPU threads for the model (default: torch's, one per core); fewer keeps the "
+                        "engine steady when a browser on the same small machine needs a core")
     p.add_argument("--observe", metavar="URL", type=observe_url, default=None,
                    help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
                         "instead of loading a model: the page shows what its client measures")
@@ -162,6 +165,9 @@ def parse_args(argv=None):
 
 def load_engine(args, state):
     from engine import Engine, model
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     bar = ProgressBar()
 
     def progress(message, frac):

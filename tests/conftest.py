@@ -110,6 +110,8 @@ def server():
     """One shared app on the real model for HTTP/websocket/browser tests.
 
     Tests that change settings must restore them (or use their own `Server`)."""
-    s = Server()
+    # One model thread: on a 2-core machine the browser under test needs the other core, and
+    # two model threads contending with it stall each other (docs/performance.md).
+    s = Server("--threads", "1")
     yield s
     s.stop()
