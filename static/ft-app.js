@@ -332,7 +332,7 @@
     const st = stepAt(f.t(h.x));
     if (!st) return null;
     const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
-    return [`t = ${f.t(h.x).toFixed(2)} s, after a ${st.kind} step`,
+    return [`t = ${f.t(h.x).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} finished` : `after a ${st.kind} step`}`,
             `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
             `reserved ${st.blocksUsed} blocks = ${st.blocksUsed * bs} tokens (${fmtBytes(st.blocksUsed * bs * bpt)})`];
   }

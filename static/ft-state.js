@@ -127,10 +127,11 @@
           s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
           trim(s.points, KEEP_POINTS);
         }
-        // What each running request holds in the KV cache right after this forward.
+        // What each running request holds in the KV cache right after this forward (nothing
+        // when the cache is off: every step recomputes, no keys/values are kept).
         s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids, tokens: ev.tokens,
                       kv: ev.kv_cache, cacheTokens: ev.cache_tokens, blocksUsed: ev.cache_blocks_used,
-                      stack: Array.from(s.filled)});
+                      stack: ev.kv_cache ? Array.from(s.filled) : []});
         trim(s.steps, KEEP_STEPS);
         break;
       }
@@ -152,7 +153,18 @@
         Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
                           tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens});
         if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
+        // Its cache entries and blocks are free from this moment, not from the next forward:
+        // a "release" point (no forward; the bands skip it) ends its share of the KV chart.
+        const held = s.filled.get(ev.id);
         s.filled.delete(ev.id);
+        const prev = s.steps[s.steps.length - 1];
+        if (held !== undefined && prev) {
+          s.steps.push({n: prev.n, kind: "release", start: ev.t, end: ev.t, ids: [ev.id], tokens: 0, kv: prev.kv,
+                        cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
+                        blocksUsed: Math.max(0, prev.blocksUsed - (r.blocks || 0)),
+                        stack: prev.kv ? Array.from(s.filled) : []});
+          trim(s.steps, KEEP_STEPS);
+        }
         if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
         s.finishedCount++;
         evict(s);

@@ -112,7 +112,7 @@
     const i0 = firstStepFrom(steps, f.left);
     for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
       const st = steps[i];
-      if (st.kind === "decode" && st.n % 2) continue;
+      if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
       ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : C.bandDecode;
       rect(ctx, f, st.start, st.end, top, plotH);
     }
@@ -208,7 +208,7 @@
     let step = null;
     for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
       const st = s.steps[k];
-      if (st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
+      if (st.kind !== "release" && st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
     }
     return {req: r, t, step};
   };

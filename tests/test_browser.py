@@ -112,6 +112,7 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
             return {rows: firstToken.ui.layouts.timeline.shown.length,
                     prompts: ids.map(id => s.reqs.get(id).promptTokens),
                     stacks: s.steps.filter(st => st.stack.length).length,
+                    lastKV: s.steps[s.steps.length - 1],
                     decode: s.points.length,
                     stages: ids.map(id => s.reqs.get(id).stages),
                     ttft: ids.map(id => s.reqs.get(id).ttft),
@@ -122,6 +123,9 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
         assert s["rows"] >= 3
         assert s["prompts"] == [48, 48, 48]
         assert s["stacks"] > 0 and s["decode"] > 0
+        # all finished: the KV chart ends at an empty cache when the last one leaves, not later
+        assert s["lastKV"]["kind"] == "release" and s["lastKV"]["stack"] == []
+        assert s["lastKV"]["cacheTokens"] == 0 and s["lastKV"]["blocksUsed"] == 0
         for stages, ttft in zip(s["stages"], s["ttft"]):
             assert abs(sum(stages.values()) - ttft) <= 0.01 * ttft   # the bar adds up to TTFT; "other" included
         assert all(n >= 3 for n in s["chartStages"]) and s["chartSteps"] > 0
