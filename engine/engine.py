@@ -203,6 +203,9 @@ class Engine:
             self._drain_inbox()
             for seq in self.scheduler.admit(self.settings["kv_cache"]):
                 self._on_admitted(seq)
+            # Right after admission, so whoever still waits really is blocked (stats say on what).
+            if self.clock.now() >= self._next_stats:
+                self._emit_stats()
             work = self.scheduler.next_work(self.settings["prefill_chunk"])
             if work is not None:
                 try:
@@ -212,8 +215,6 @@ class Engine:
                         self._decode(work[1])
                 except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
                     self._fail(work, e)
-            if self.clock.now() >= self._next_stats:
-                self._emit_stats()
             if work is None:
                 self._wake.wait(self._idle_timeout())
                 self._wake.clear()
@@ -437,6 +438,7 @@ class Engine:
               "slots": [s.id if s else None for s in sched.slots[: max(
                   [sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])]],
               "cache_blocks_used": self.account.used, "cache_blocks": self.account.budget,
-              "cache_tokens": sched.cache_tokens, "subscribers": self.events.subscribers}
+              "cache_tokens": sched.cache_tokens, "subscribers": self.events.subscribers,
+              "blocked_on": sched.blocked_on(self.settings["kv_cache"])}
         ev.update(self.stats.snapshot(now))
         self._publish(ev)

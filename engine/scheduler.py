@@ -54,6 +54,19 @@ class Scheduler:
             admitted.append(seq)
         return admitted
 
+    def blocked_on(self, kv_cache_on):
+        """Why the head of the queue is not admitted: "slot", "cache" (not enough free KV
+        blocks), "drain" (the KV-cache mode changed; running requests finish first), or None."""
+        if not self.waiting:
+            return None
+        if len(self.running) >= self.slot_limit:
+            return "slot"
+        if self.running and self.running[0].kv_cache != kv_cache_on:
+            return "drain"
+        if kv_cache_on and not self.account.can_reserve(self.blocks_needed(self.waiting[0])):
+            return "cache"
+        return None
+
     def next_work(self, prefill_chunk):
         """('prefill', [seqs], start, n), ('decode', [seqs]) or None.
 

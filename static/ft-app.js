@@ -418,13 +418,14 @@
       `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} tok = ${fmtBytes(filled * bpt)} · budget ` +
       `${L ? L.cache_blocks * h.block_size : "—"} tok = ${L ? fmtBytes(L.cache_blocks * h.block_size * bpt) : "—"}`;
     const badge = $("kv-full");
-    // Requests wait on the cache when a slot is free but the head of the queue does not fit.
-    const cacheBound = L && L.queue > 0 && L.running < (s.settings.slots || 0);
+    // The engine says what the head of the queue waits for (stats.blocked_on).
+    const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
     badge.hidden = !cacheBound;
     if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} reserved)`;
+    const why = {cache: "for KV-cache blocks", slot: `for a batch slot (${L && L.running}/${s.settings.slots} busy)`,
+                 drain: "for running requests to drain (KV-cache mode changed)"};
     $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" :
-      cacheBound ? `${L.queue} waiting for KV-cache blocks` :
-      `${L.queue} waiting for a batch slot (${L.running}/${s.settings.slots} busy)`) : "";
+      `${L.queue} waiting ${why[L.blocked_on] || ""}`.trim()) : "";
   }
 
   function chip(id) {

@@ -295,3 +295,24 @@ def test_a_failing_forward_fails_its_batch_not_the_engine(engine, monkeypatch):
     assert_clean(engine)
     good = run(engine, [(PROMPTS[0], {"max_new_tokens": 3})])   # the engine still serves
     assert good[0][1][1]["reason"] in ("length", "stop")
+
+
+def test_scheduler_says_what_the_queue_waits_for():
+    from engine.kv_cache import BlockAccount
+    from engine.scheduler import Scheduler
+    from engine.sequence import SamplingParams, Sequence
+
+    def seq(i, prompt=20, new=12):
+        return Sequence(id=f"r{i}", source="load", prompt="x", prompt_ids=[1] * prompt,
+                        params=SamplingParams(max_new_tokens=new))
+    sched = Scheduler(BlockAccount(block_size=16, num_blocks=4), max_slots=2)
+    assert sched.blocked_on(True) is None                  # nobody waiting
+    sched.waiting.extend([seq(1), seq(2), seq(3)])         # 32 tokens = 2 blocks each
+    assert [s.id for s in sched.admit(True)] == ["r1", "r2"]
+    assert sched.blocked_on(True) == "slot"                # 2 slots busy, cache full too
+    sched.slot_limit = 3
+    assert sched.blocked_on(True) == "cache"               # a slot is free, 4/4 blocks reserved
+    sched.remove(sched.running[0])
+    assert sched.blocked_on(False) == "drain"              # cache turned off: r2 must finish first
+    assert sched.blocked_on(True) is None                  # fits now: admitted on the next turn
+    assert [s.id for s in sched.admit(True)] == ["r3"]
