@@ -83,7 +83,7 @@ def create_app(config=None):
             return jsonify(body), status
         b = eng.bundle
         return jsonify({"status": "ok", "model": b.name, "device": b.device,
-                        "dtype": str(b.dtype).replace("torch.", ""), "load_s": round(b.load_s, 3),
+                        "dtype": b.dtype_name, "load_s": round(b.load_s, 3),
                         "weights_from_cache": b.from_cache, "running": len(eng.scheduler.running),
                         "waiting": len(eng.scheduler.waiting)})
 

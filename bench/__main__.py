@@ -119,7 +119,7 @@ def main(argv=None):
         "version": 1,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick,
-        "model": bundle.name, "device": bundle.device, "dtype": str(bundle.dtype).replace("torch.", ""),
+        "model": bundle.name, "device": bundle.device, "dtype": bundle.dtype_name,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "cores": os.cpu_count(), "torch": torch.__version__},
         "workload": {"requests": p["requests"], "prompt_tokens": p["prompt"], "new_tokens": p["new"],

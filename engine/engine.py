@@ -11,8 +11,6 @@ import queue
 import threading
 import time
 
-import torch
-
 from . import bandwidth, sampler
 from .events import Broadcaster, Clock
 from .kv_cache import BlockAccount, SlotKVStore, kv_bytes_per_token
@@ -71,7 +69,7 @@ class Engine:
         # per process), and the committed `python -m bench` tables for this model, if any.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
-        self.bench = bandwidth.bench_results(bundle.name, bundle.device, str(bundle.dtype).replace("torch.", ""))
+        self.bench = bandwidth.bench_results(bundle.name, bundle.device, bundle.dtype_name)
         self.stats = RollingStats()
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
@@ -89,12 +87,11 @@ class Engine:
     def hello(self):
         cfg = self.bundle.model.config
         params = sum(p.numel() for p in self.bundle.model.parameters())
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.bundle.model.parameters())
         return {
             "type": "hello", "t": self.clock.now(), "protocol": 1, "mode": "engine",
             "server_time": time.time(), "model": self.bundle.name, "device": self.bundle.device,
-            "dtype": str(self.bundle.dtype).replace("torch.", ""), "params": params,
-            "weight_bytes": weight_bytes, "layers": cfg.num_hidden_layers,
+            "dtype": self.bundle.dtype_name, "params": params,
+            "weight_bytes": self.weight_bytes, "layers": cfg.num_hidden_layers,
             "kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
             "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,

@@ -64,6 +64,11 @@ class ModelBundle:
     load_s: float
     from_cache: bool
 
+    @property
+    def dtype_name(self):
+        """"float32", "bfloat16", ... as the page, /healthz and the bench name it."""
+        return str(self.dtype).removeprefix("torch.")
+
 
 def _gguf_cache_dir(gguf):
     st = gguf.stat()
