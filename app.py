@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from flask import Flask, abort, jsonify, render_template, send_file
+from flask import Flask, jsonify, render_template, send_file
 from flask_sock import Sock
 
 import routes_api

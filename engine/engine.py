@@ -67,6 +67,7 @@ class Engine:
         self.loadgen = LoadGenerator(tok)
         # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once
         # per process), and the committed `python -m bench` tables for this model, if any.
+        self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
         self.bench = bandwidth.bench_results(bundle.name, bundle.device, bundle.dtype_name)
@@ -86,11 +87,10 @@ class Engine:
     # ------------------------------------------------------------------ facts
     def hello(self):
         cfg = self.bundle.model.config
-        params = sum(p.numel() for p in self.bundle.model.parameters())
         return {
             "type": "hello", "t": self.clock.now(), "protocol": 1, "mode": "engine",
             "server_time": time.time(), "model": self.bundle.name, "device": self.bundle.device,
-            "dtype": self.bundle.dtype_name, "params": params,
+            "dtype": self.bundle.dtype_name, "params": self.params,
             "weight_bytes": self.weight_bytes, "layers": cfg.num_hidden_layers,
             "kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
             "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
@@ -212,7 +212,7 @@ class Engine:
                         self._decode(work[1])
                 except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
                     self._fail(work, e)
-            if work is None:
+            else:
                 self._wake.wait(self._idle_timeout())
                 self._wake.clear()
 

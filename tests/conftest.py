@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny random model (fast unit tests) and the real bundled model."""
+import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,18 @@ def tiny():
 def real():
     """The bundled SmolLM2-135M-Instruct (dequantised once, then loaded from the disk cache)."""
     return model_mod.load()
+
+
+def frames(conn, seconds, until=None):
+    """Events from a websocket for up to `seconds`, or until `until(events)` holds."""
+    events, end = [], time.time() + seconds
+    while time.time() < end:
+        raw = conn.receive(timeout=0.2)
+        if raw:
+            events += json.loads(raw)
+            if until and until(events):
+                break
+    return events
 
 
 def free_port():

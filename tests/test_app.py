@@ -2,11 +2,10 @@
 import json
 import subprocess
 import sys
-import time
 
 from simple_websocket import Client
 
-from conftest import ROOT
+from conftest import ROOT, frames
 
 
 def cli(*args):
@@ -33,17 +32,6 @@ def test_bad_flags_get_one_line_errors():
 def test_missing_model_is_a_clear_error(tmp_path):
     r = cli("--model", str(tmp_path / "nope"), "--port", "1")
     assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
-
-
-def frames(conn, seconds, until=None):
-    events, end = [], time.time() + seconds
-    while time.time() < end:
-        raw = conn.receive(timeout=0.2)
-        if raw:
-            events += json.loads(raw)
-            if until and until(events):
-                break
-    return events
 
 
 def test_healthz_ok(server):

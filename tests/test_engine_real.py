@@ -1,18 +1,9 @@
 """Integration: the engine on the real bundled SmolLM2-135M-Instruct."""
-import torch
-
 from engine import Engine
-from test_engine import assert_clean, run
+from test_engine import assert_clean, reference, run
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,",
            "Explain in one sentence why a KV cache speeds up decoding."]
-
-
-def reference(bundle, text, max_new):
-    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    out = bundle.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                do_sample=False)
-    return out[0, ids.shape[1]:].tolist()
 
 
 def test_real_model_greedy_equals_generate_in_a_changing_batch(real):

@@ -5,13 +5,12 @@ vLLM-named /metrics); the observe-mode app under test is started on its own."""
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 from simple_websocket import Client
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, frames
 from engine.observe import parse_gauges
 
 BURST = 3
@@ -29,7 +28,13 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
     health = requests.get(observer.url + "/healthz").json()
     assert health["mode"] == "observe" and health["model"] == requests.get(server.url + "/healthz").json()["model"]
     conn = Client.connect(observer.ws_url)
-    events = []
+
+    def settled(events):
+        """Every request finished, and a later stats event shows the server idle again."""
+        done = [e for e in events if e["type"] == "finished"]
+        return len(done) == BURST and any(
+            e["type"] == "stats" and e["t"] > max(d["t"] for d in done) and e["server"] and e["running"] == 0
+            for e in events)
     try:
         hello = json.loads(conn.receive(timeout=10))[0]
         assert hello["type"] == "hello" and hello["mode"] == "observe" and hello["model"] == health["model"]
@@ -37,16 +42,7 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
         conn.send(json.dumps({"type": "set", "settings": {"slots": 2}}))   # an engine-only setting
         conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": MAX_NEW, "prompt_tokens": 32}}))
         conn.send(json.dumps({"type": "burst", "n": BURST}))
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            raw = conn.receive(timeout=1)
-            if raw:
-                events += json.loads(raw)
-            done = [e for e in events if e["type"] == "finished"]
-            idle = [e for e in events if e["type"] == "stats" and done and e["t"] > max(d["t"] for d in done)
-                    and e["server"] and e["running"] == 0]
-            if len(done) == BURST and idle:
-                break
+        events = frames(conn, 240, until=settled)
     finally:
         conn.close()
 
