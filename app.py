@@ -1,111 +1,13 @@
-"""First Token: entry point.
+"""First Token: the entry point. `python app.py --help` lists the flags.
 
-`python app.py` parses the flags, starts serving at once (so `/healthz` can report
-loading progress), loads the model in the background, then starts the engine thread.
-`create_app(config)` is the Flask app factory the tests use with a test config.
+Parses the flags, builds the app (`server.create_app`), starts serving at once so /healthz
+reports loading progress, and loads the model in the background (server/loader.py); or, with
+`--observe URL`, serves the picture of an external OpenAI-compatible server instead.
 """
 import argparse
-import json
-import sys
-import threading
 from pathlib import Path
 
-from flask import Flask, jsonify, render_template, send_file
-from flask_sock import Sock
-
-import routes_api
-
-SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
-
-
-class State:
-    """What the app serves from: loading progress until the engine exists."""
-
-    def __init__(self):
-        self.engine = None
-        self.progress = {"status": "loading", "message": "starting", "progress": 0.0}
-        self.error = None
-        self.ready = threading.Event()
-        self._on_engine = []   # callbacks wanting the engine as soon as it exists (e.g. /metrics)
-
-    def on_engine(self, fn):
-        """Call `fn(engine)` once the engine exists (at once if it already does)."""
-        if self.engine is not None:
-            fn(self.engine)
-        else:
-            self._on_engine.append(fn)
-
-    def set_progress(self, message, frac):
-        self.progress = {"status": "loading", "message": message, "progress": round(frac, 3)}
-
-    def set_engine(self, engine):
-        self.engine = engine
-        for fn in self._on_engine:
-            fn(engine)
-        self.ready.set()
-
-
-def plotly_js_path():
-    import plotly
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-
-
-def create_app(config=None):
-    """Build the Flask app. `config["STATE"]` is a State (its engine may arrive later)."""
-    app = Flask(__name__)
-    app.config.update(config or {})
-    state = app.config.setdefault("STATE", State())
-    sock = Sock(app)
-    app.register_blueprint(routes_api.blueprint(state))   # /v1/... (OpenAI-compatible) and /metrics
-
-    @app.get("/")
-    def index():
-        return render_template("index.html", embed=False)
-
-    @app.get("/embed")
-    def embed():
-        # The same live page, compact: timeline and headline figures only, for iframes.
-        return render_template("index.html", embed=True)
-
-    @app.get("/static/plotly.min.js")
-    def plotly_js():
-        return send_file(plotly_js_path(), mimetype="application/javascript", max_age=86400)
-
-    @app.get("/healthz")
-    def healthz():
-        if state.error:
-            return jsonify({"status": "error", "message": state.error}), 500
-        eng = state.engine
-        if eng is None:
-            return jsonify(state.progress), 503
-        if eng.mode == "observe":   # no local model: healthy once the observed server answers
-            body, status = eng.health()
-            return jsonify(body), status
-        b = eng.bundle
-        return jsonify({"status": "ok", "model": b.name, "device": b.device,
-                        "dtype": b.dtype_name, "load_s": round(b.load_s, 3),
-                        "weights_from_cache": b.from_cache, "running": len(eng.scheduler.running),
-                        "waiting": len(eng.scheduler.waiting)})
-
-    @sock.route("/ws")
-    def ws(conn):
-        from engine import control
-        while not state.ready.wait(0.5):
-            conn.send(json.dumps([{"type": "loading", "t": 0.0, **state.progress}]))
-        eng = state.engine
-        sub = eng.events.subscribe()
-        try:
-            conn.send(json.dumps([eng.hello()]))
-            while True:
-                raw = conn.receive(timeout=SEND_EVERY_S)
-                out = control.handle(eng, raw) if raw is not None else []
-                out += sub.get(timeout=0)
-                if out:
-                    conn.send(json.dumps(out, separators=(",", ":")))
-        finally:
-            eng.events.unsubscribe(sub)
-
-    return app
+from server import create_app, loader
 
 
 def positive_int(name):
@@ -121,7 +23,7 @@ def positive_int(name):
 
 
 def observe_url(text):
-    from engine.observe import parse_target
+    from server.observe import parse_target
     try:
         return parse_target(text)
     except ValueError as e:
@@ -163,47 +65,16 @@ def parse_args(argv=None):
     return args
 
 
-def load_engine(args, state):
-    from engine import Engine, model
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    bar = ProgressBar()
-
-    def progress(message, frac):
-        state.set_progress(message, frac)
-        bar.show(message, frac)
-    try:
-        bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
-        engine = Engine(bundle, slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
-                        max_context=args.max_context).start()
-    except (OSError, ValueError) as e:
-        state.error = str(e)
-        print(f"\nerror: {e}", file=sys.stderr)
-        return
-    state.set_engine(engine)
-    print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"
-          f"{', weights from cache' if bundle.from_cache else ''})", flush=True)
-
-
-class ProgressBar:
-    def show(self, message, frac):
-        width = 30
-        fill = int(frac * width)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {message:<50}")
-        sys.stderr.flush()
-
-
 def main(argv=None):
     args = parse_args(argv)
-    state = State()
-    app = create_app({"STATE": state})
+    app = create_app()
+    state = app.extensions["first_token"]
     if args.observe:
-        from engine.observe import Observer
-        state.set_engine(Observer(args.observe).start())
+        from server.observe import Observer
+        state.set_backend(Observer(args.observe).start())
         print(f"observing {args.observe}", flush=True)
     else:
-        threading.Thread(target=load_engine, args=(args, state), daemon=True).start()
+        loader.start(args, state)
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
     app.run(host=args.host, port=args.port, threaded=True)
 

@@ -15,13 +15,12 @@ import platform
 import sys
 import time
 
+import torch
+
+from bench import coldstart, contenders, tables
+from engine import bandwidth, model as model_mod
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from bench import coldstart, contenders, tables  # noqa: E402
-from engine import bandwidth, model as model_mod  # noqa: E402
 
 TARGETS = {"vs_generate_batch": 1.5, "vs_sequential": 4.0, "floor_ratio": 1.5, "events_cost": 0.03,
            "second_start_s": 10.0}

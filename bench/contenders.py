@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from engine import Engine
+from engine import Engine, EngineConfig, EngineDriver
 from engine.loadgen import CORPUS
 
 
@@ -59,13 +59,15 @@ def prompts(tokenizer, n, length):
 
 
 def run_engine(bundle, batch, new_tokens, slots, events=True, max_context=4096):
-    """Submit every prompt at once to an `Engine` with `slots` batch slots; wait for all.
+    """Submit every prompt at once to an engine with `slots` batch slots; wait for all.
 
     With events on, one subscriber drains and JSON-encodes them on its own thread every 50 ms,
-    as the app's websocket handler does for one connected page, so their cost is counted."""
-    eng = Engine(bundle, slots=slots, max_context=max_context)
-    eng.eos = set()                          # ignore EOS: exactly new_tokens each
-    eng.events.enabled = events
+    as the app's websocket handler does for one connected page, so their cost is counted.
+    With them off they are still built by the engine (they are its return value) but not
+    published, serialised or sent."""
+    eng = EngineDriver(Engine(bundle, EngineConfig(slots=slots, max_context=max_context)))
+    eng.engine.eos = set()                   # ignore EOS: exactly new_tokens each
+    eng.publishing = events
     done = threading.Event()
     cpu = [0.0]                              # CPU seconds spent publishing + draining events
     if events:

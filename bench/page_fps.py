@@ -1,7 +1,7 @@
 """Page frame rate and websocket bytes/s per client, with ~200 requests on the timeline.
 
-    python bench/page_fps.py                    # starts its own server (real model)
-    python bench/page_fps.py --url http://127.0.0.1:5050 --seconds 60 --clients 2
+    python -m bench.page_fps                    # starts its own server (real model)
+    python -m bench.page_fps --url http://127.0.0.1:5050 --seconds 60 --clients 2
 
 Drives the engine at the load slider's maximum with short prompts, waits until the
 timeline holds --rows requests, then counts requestAnimationFrame callbacks in each
@@ -9,11 +9,10 @@ page (headless Chromium, 1920x1080) and the websocket bytes each page received.
 Restores the engine's settings (defaults, load off, reset) at the end.
 """
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.launch import App
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -30,9 +29,7 @@ def main(argv=None):
 
     server = None
     if args.url is None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from conftest import Server   # the test suite's launcher: app.py on a free loopback port
-        server = Server()
+        server = App()
         args.url = server.url
     try:
         with sync_playwright() as p:

@@ -2,34 +2,42 @@
 
 Data flows one way:
 
-    submit() -> tokenizer -> Scheduler (waiting queue, slots, KV blocks)
-             -> Runner (prefill / batched decode forwards) -> sampler
-             -> events.Broadcaster -> every subscriber (websockets, metrics, API streams)
+    EngineDriver.submit() -> Engine.new_sequence (tokenizer, in the caller's thread) -> inbox
+      -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
+         -> Runner (prefill / batched decode forward) -> sampler -> typed events
+      -> Broadcaster -> every subscriber (websockets, metrics, API streams)
 
 Modules, one job each:
-    settings   named, validated controls (one validation layer for every client)
+    config     EngineConfig: capacity fixed at start (slots, KV tokens, block size, context)
+    settings   named, validated live controls (one validation layer for every client)
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
     sequence   one request's state and measured timestamps
     kv_cache   block accounting and the slot-major KV store handed to the model
     scheduler  waiting queue, slot admission by free blocks, chunked prefill
     runner     the forwards (with or without KV cache)
     sampler    greedy / temperature / top-p, seeded
-    events     clock, typed events, bounded per-subscriber buffers
-    loadgen    open-loop Poisson arrivals with real prompts
+    events     the clock and the typed events (the wire protocol; `python -m engine.schema`)
+    broadcast  bounded fan-out of events to pages and listeners
     stats      rolling percentiles and throughput
-    engine     the engine thread that ties it all together
+    loadgen    open-loop Poisson arrivals with real prompts
+    bandwidth  measured memory bandwidth and the decode-step floor it implies
+    engine     Engine: step() = admit, schedule, forward, sample, finish -> events (no threads)
+    driver     EngineDriver: the engine thread, the inbox, the load thread, failure handling
+    backend    the Backend protocol the web layer serves from (the driver, observe mode)
 
-No Flask imports here.
+No Flask, no HTTP, no bench files here: the web layer is the `server` package.
 """
+from .config import EngineConfig
+from .driver import EngineDriver
 from .settings import SettingError
 
-__all__ = ["Engine", "RequestHandle", "SettingError"]
+__all__ = ["Engine", "EngineConfig", "EngineDriver", "SettingError"]
 
 
 def __getattr__(name):
     # Engine pulls in torch and transformers (seconds to import); observe mode and the CLI's
-    # flag checks never need them, so they load only when Engine is first asked for.
-    if name in ("Engine", "RequestHandle"):
-        from . import engine
-        return getattr(engine, name)
+    # flag checks never need them, so it loads only when first asked for.
+    if name == "Engine":
+        from .engine import Engine
+        return Engine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

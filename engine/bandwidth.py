@@ -6,14 +6,11 @@ a reduction over a buffer much larger than any CPU cache (or on the GPU, in its 
 memory), best of several passes, within a fixed time budget so it can run at start-up.
 """
 import functools
-import json
-from pathlib import Path
 import time
 
 import torch
 
 MIB = 2 ** 20
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 
 def read_bandwidth(device="cpu", nbytes=None, budget_s=0.5, passes=8):
@@ -47,20 +44,8 @@ def startup_bandwidth(device):
 
 
 def floor(weight_bytes, device="cpu"):
-    """What `Engine.hello()["bandwidth"]` carries: measured GB/s and the implied step floor."""
+    """What `hello.bandwidth` carries: measured GB/s and the implied step floor."""
     bps = startup_bandwidth(str(device))
     return {"gbs": round(bps / 1e9, 2), "weight_bytes": int(weight_bytes),
             "floor_s": weight_bytes / bps, "estimated": True}
 
-
-def bench_results(model, device, dtype):
-    """The committed `python -m bench` results (bench/results-<device>.json) when they were
-    measured for this model, device and dtype; else None. They describe the machine named in
-    their `machine` field, which may not be this one: the live figure is `floor()`."""
-    try:
-        data = json.loads((BENCH_DIR / f"results-{device}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if (data.get("model"), data.get("device"), data.get("dtype")) != (model, device, dtype):
-        return None
-    return data

@@ -1,24 +1,29 @@
-"""The engine thread: admits, runs forwards, samples, measures, and publishes events.
+"""The engine as a step function: `Engine.step()` admits, schedules, runs one forward,
+samples, finishes, and returns the typed events it produced.
 
-Other threads talk to it only through thread-safe methods (`submit`, `cancel`,
-`update_settings`, `burst`, `reset`) which queue a command and wake the loop; the loop
-owns all scheduling state, so there are no locks around it. The load generator has a
-thread of its own and submits like any client, so its arrivals happen on time even while
-a long forward runs (open loop), and are tokenized where an API request would be.
+It owns no thread and takes no locks: one caller (the driver thread in engine/driver.py,
+or a test) calls `add`, `cancel`, `apply_settings`, `reset` and `step` in turn, and
+publishes what they return. The only method other threads may call is `new_sequence`,
+which validates and tokenizes a request in the caller's thread (measured as the
+request's tokenize stage) and touches no engine state.
+
+An exception in a forward or in sampling fails the requests of that batch (reason
+"error") and the step carries on; any other exception escapes `step()` and the driver
+fails everything in flight.
 """
 import itertools
 import queue
-import threading
-import time
 
 from . import bandwidth, sampler
-from .events import Broadcaster, Clock
+from .config import EngineConfig
+from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Prefill, Rejected, Request, Reset,
+                     Settings, Stats, Step, Token, Tokenized)
 from .kv_cache import BlockAccount, SlotKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
-from .settings import SettingError, coerce, make_settings, validate
+from .settings import SettingError, coerce, make_settings
 from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
@@ -26,136 +31,73 @@ MAX_PROMPT_CHARS = 200_000
 CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
 
 
-class RequestHandle:
-    """What `submit` returns: the request id, and (when asked for) a stream of its outputs.
-
-    `outputs` yields ("token", text, token_id) items, then one ("finished", event) or
-    ("rejected", reason, code) item."""
-
-    def __init__(self, rid, sink):
-        self.id = rid
-        self._sink = sink
-
-    def outputs(self, timeout=None):
-        while True:
-            item = self._sink.get(timeout=timeout)
-            yield item
-            if item[0] in ("finished", "rejected"):
-                return
-
-
 class Engine:
-    mode = "engine"   # as in `hello`; observe mode's Observer offers the same interface with "observe"
-
-    def __init__(self, bundle, slots=16, kv_tokens=None, block_size=16, max_context=4096,
-                 history=2000):
+    def __init__(self, bundle, config=None, bench=None):
+        """`bench`: the committed `python -m bench` results for this model, carried in `hello`."""
+        self.config = config = config or EngineConfig()
         self.bundle = bundle
         model, tok = bundle.model, bundle.tokenizer
         cfg = model.config
         self.tokenizer = tok
         self.clock = Clock()
-        self.events = Broadcaster(history=history)
-        self.max_context = min(max_context, getattr(cfg, "max_position_embeddings", max_context))
+        self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
-        kv_tokens = kv_tokens or slots * 1024
-        self.account = BlockAccount(block_size, kv_tokens // block_size)
-        self.scheduler = Scheduler(self.account, slots)
-        self.store = SlotKVStore(cfg, slots, self.max_context, bundle.dtype, bundle.device)
+        self.account = BlockAccount(config.block_size, config.cache_tokens // config.block_size)
+        self.scheduler = Scheduler(self.account, config.slots)
+        self.store = SlotKVStore(cfg, config.slots, self.max_context, bundle.dtype, bundle.device)
         self.runner = Runner(model, self.store)
-        self.specs = make_settings(slots, self.account.capacity * block_size, block_size, self.max_context)
+        self.specs = make_settings(config.slots, self.account.capacity * config.block_size,
+                                   config.block_size, self.max_context)
         self.settings = {name: spec.default for name, spec in self.specs.items()}
         self.loadgen = LoadGenerator(tok)
-        # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once
-        # per process), and the committed `python -m bench` tables for this model, if any.
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once per process).
         self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
-        self.bench = bandwidth.bench_results(bundle.name, bundle.device, bundle.dtype_name)
+        self.bench = bench
         self.stats = RollingStats()
+        self.subscribers = lambda: 0   # how many pages listen (the driver knows; stats report it)
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._ids = itertools.count(1)
-        self._inbox = queue.Queue()
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread = None
-        self._load_thread = None
-        self._load_wake = threading.Event()
-        self._next_stats = 0.0
         self._by_id = {}
+        self._next_stats = 0.0
+        self._out = []
 
     # ------------------------------------------------------------------ facts
     def hello(self):
         cfg = self.bundle.model.config
-        return {
-            "type": "hello", "t": self.clock.now(), "protocol": 1, "mode": "engine",
-            "server_time": time.time(), "model": self.bundle.name, "device": self.bundle.device,
-            "dtype": self.bundle.dtype_name, "params": self.params,
-            "weight_bytes": self.weight_bytes, "layers": cfg.num_hidden_layers,
-            "kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-            "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-            "hidden": cfg.hidden_size, "vocab": cfg.vocab_size,
-            "kv_bytes_per_token": self.bytes_per_token, "block_size": self.account.block_size,
-            "cache_blocks": self.account.capacity, "max_slots": self.scheduler.max_slots,
-            "max_context": self.max_context, "settings": dict(self.settings),
-            "limits": {n: s.describe() for n, s in self.specs.items()},
-            "bandwidth": self.bandwidth, "bench": self.bench,
-        }
+        b = self.bundle
+        return Hello(
+            t=self.clock.now(), protocol=PROTOCOL, mode="engine", server_time=self.clock.wall0 + self.clock.now(),
+            model=b.name, device=b.device, dtype=b.dtype_name, params=self.params,
+            weight_bytes=self.weight_bytes, layers=cfg.num_hidden_layers,
+            kv_heads=getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            hidden=cfg.hidden_size, vocab=cfg.vocab_size, kv_bytes_per_token=self.bytes_per_token,
+            block_size=self.account.block_size, cache_blocks=self.account.capacity,
+            max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
+            limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench)
 
-    # ------------------------------------------------------- thread-safe API
-    def start(self):
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
-        self._thread.start()
-        self._load_thread = threading.Thread(target=self._load_loop, name="load-generator", daemon=True)
-        self._load_thread.start()
-        return self
+    @property
+    def in_flight(self):
+        return len(self._by_id)
 
-    def shutdown(self):
-        self._stop = True
-        self._wake.set()
-        self._load_wake.set()
-        for thread in (self._thread, self._load_thread):
-            if thread:
-                thread.join(timeout=10)
-
-    def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None):
-        """Tokenize (here, in the caller's thread, measured) and queue one request.
+    # ------------------------------------------- any thread: validate + tokenize
+    def new_sequence(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
+                     top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None):
+        """A validated, tokenized request, not yet known to the engine (hand it to `add`).
 
         `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length).
-        Raises SettingError for invalid parameters; nothing is queued then."""
+        Raises SettingError for invalid parameters."""
         arrival = self.clock.now()
         params = self._params(max_new_tokens, temperature, top_p, seed, stop)
         text, ids = self._tokenize(prompt, messages, chat)
         if prompt_tokens is not None:
             ids = ids[:prompt_tokens]
-        seq = Sequence(id=f"r{next(self._ids)}", source=source, prompt=text, prompt_ids=ids, params=params,
-                       arrival=arrival, tokenize_end=self.clock.now(),
-                       sink=queue.Queue() if stream else None)
-        self._inbox.put(("add", seq))
-        self._wake.set()
-        return RequestHandle(seq.id, seq.sink)
-
-    def cancel(self, rid):
-        self._command("cancel", rid)
-
-    def update_settings(self, changes):
-        """Validate all changes (SettingError on any bad one, nothing applied), then apply."""
-        changes = validate(self.specs, changes)
-        self._command("set", changes)
-        return changes
-
-    def burst(self, n):
-        n = coerce("n", "int", n, 1, 64)
-        for _ in range(n):
-            self._submit_load()
-
-    def reset(self):
-        self._command("reset", None)
-
-    def _command(self, kind, arg):
-        self._inbox.put((kind, arg))
-        self._wake.set()
+        return Sequence(id=f"r{next(self._ids)}", source=source, prompt=text, prompt_ids=ids, params=params,
+                        arrival=arrival, tokenize_end=self.clock.now(),
+                        sink=queue.Queue() if stream else None)
 
     def _params(self, max_new_tokens, temperature, top_p, seed, stop):
         s = self.settings
@@ -190,123 +132,116 @@ class Engine:
             raise SettingError("prompt", "tokenizes to nothing")
         return text, ids
 
-    # ------------------------------------------------------------ the loop
-    def _publish(self, event):
-        if self.events.enabled:
-            self.events.publish(event)
+    # ------------------------------------------------ commands (the caller's turn)
+    def _emit(self, event):
+        self._out.append(event)
 
-    def _loop(self):
-        while not self._stop:
-            self._drain_inbox()
-            for seq in self.scheduler.admit(self.settings["kv_cache"]):
-                self._on_admitted(seq)
-            # Right after admission, so whoever still waits really is blocked (stats say on what).
-            if self.clock.now() >= self._next_stats:
-                self._emit_stats()
-            work = self.scheduler.next_work(self.settings["prefill_chunk"])
-            if work is not None:
-                try:
-                    if work[0] == "prefill":
-                        self._prefill(*work[1:])
-                    else:
-                        self._decode(work[1])
-                except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
-                    self._fail(work, e)
-            else:
-                self._wake.wait(self._idle_timeout())
-                self._wake.clear()
+    def _take(self):
+        out, self._out = self._out, []
+        return out
 
-    def _idle_timeout(self):
-        return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
-
-    def _drain_inbox(self):
-        while True:
-            try:
-                kind, arg = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add":
-                self._enqueue(arg)
-            elif kind == "cancel":
-                seq = self._by_id.get(arg)
-                if seq is not None:
-                    self._finish(seq, "cancelled")
-            elif kind == "set":
-                self._apply_settings(arg)
-            elif kind == "reset":
-                for seq in list(self._by_id.values()):
-                    self._finish(seq, "cancelled")
-                self.stats = RollingStats()
-                self._publish({"type": "reset", "t": self.clock.now()})
-
-    def _apply_settings(self, changes):
-        self.settings.update(changes)
-        self.scheduler.slot_limit = self.settings["slots"]
-        self.account.budget = self.settings["cache_tokens"] // self.account.block_size
-        self._load_wake.set()   # the generator redraws its next gap under the new rate
-        self._publish({"type": "settings", "t": self.clock.now(), "settings": dict(self.settings),
-                       "changed": sorted(changes)})
-
-    def _load_loop(self):
-        """Open-loop Poisson arrivals while `load` is on (its own thread)."""
-        while not self._stop:
-            due = self.loadgen.due(self.clock.now(), self.settings["load"], self.settings["rate"])
-            for _ in range(due):
-                self._submit_load()
-            nxt = self.loadgen.next_arrival
-            if self._load_wake.wait(STATS_EVERY_S if nxt is None else max(0.0, nxt - self.clock.now())):
-                self._load_wake.clear()
-                self.loadgen.restart()   # exponential gaps are memoryless: redrawing is exact
-
-    def _submit_load(self):
-        n = self.settings["prompt_tokens"]
-        self.submit(prompt=self.loadgen.prompt(n), source="load", prompt_tokens=n)
-
-    def _enqueue(self, seq):
+    def add(self, seq):
+        """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
         n = len(seq.prompt_ids)
-        self._publish({"type": "request", "t": seq.arrival, "id": seq.id, "source": seq.source,
-                       "prompt_tokens": n, "max_new_tokens": seq.params.max_new_tokens,
-                       "preview": seq.prompt[:80]})
+        self._emit(Request(t=seq.arrival, id=seq.id, source=seq.source, prompt_tokens=n,
+                           max_new_tokens=seq.params.max_new_tokens, preview=seq.prompt[:80]))
         # Token chips: a person's own prompt in full (up to 512), a generated one abridged, to
         # keep the stream small under heavy load.
         shown = seq.prompt_ids[:CHIPS_LOAD if seq.source == "load" else CHIPS_OWN]
-        self._publish({"type": "tokenized", "t": seq.tokenize_end, "id": seq.id, "start": seq.arrival,
-                       "end": seq.tokenize_end, "n": n, "ids": shown,
-                       "pieces": self.tokenizer.batch_decode([[i] for i in shown]), "truncated": n > len(shown)})
-        need = n + seq.params.max_new_tokens
-        reason = code = None   # code: a stable name for API clients (the reason is prose)
-        if need > self.max_context:
-            reason = (f"prompt ({n} tokens) + max_new_tokens ({seq.params.max_new_tokens}) exceeds the "
-                      f"context of {self.max_context} tokens")
-            code = "context_length_exceeded"
-        elif self.account.blocks_for(need) > self.account.capacity:
-            reason = f"needs {need} tokens of KV cache; the cache holds {self.account.capacity * self.account.block_size}"
-            code = "exceeds_cache"
-        elif len(self.scheduler.waiting) >= self.scheduler.max_waiting:
-            reason, code = f"queue full ({self.scheduler.max_waiting} waiting)", "queue_full"
-        if reason:
-            self._publish({"type": "rejected", "t": self.clock.now(), "id": seq.id, "reason": reason,
-                           "code": code})
+        self._emit(Tokenized(t=seq.tokenize_end, id=seq.id, start=seq.arrival, end=seq.tokenize_end, n=n,
+                             ids=shown, pieces=self.tokenizer.batch_decode([[i] for i in shown]),
+                             truncated=n > len(shown)))
+        refusal = self._refusal(seq)
+        if refusal:
+            reason, code = refusal
+            self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
             if seq.sink is not None:
                 seq.sink.put(("rejected", reason, code))
-            return
+            return self._take()
         if seq.params.seed is not None:
             seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)
         self._by_id[seq.id] = seq
         self.scheduler.waiting.append(seq)
+        return self._take()
 
-    def _on_admitted(self, seq):
-        seq.admitted = self.clock.now()
-        self._publish({"type": "admitted", "t": seq.admitted, "id": seq.id, "slot": seq.slot,
-                       "queue_s": seq.admitted - seq.arrival, "blocks": seq.blocks})
+    def _refusal(self, seq):
+        """(reason, code) when the request can never run here, else None. The code is a stable
+        name for API clients; the reason is prose."""
+        n, new = len(seq.prompt_ids), seq.params.max_new_tokens
+        need = n + new
+        if need > self.max_context:
+            return (f"prompt ({n} tokens) + max_new_tokens ({new}) exceeds the context of "
+                    f"{self.max_context} tokens", "context_length_exceeded")
+        if self.account.blocks_for(need) > self.account.capacity:
+            return (f"needs {need} tokens of KV cache; the cache holds "
+                    f"{self.account.capacity * self.account.block_size}", "exceeds_cache")
+        if len(self.scheduler.waiting) >= self.scheduler.max_waiting:
+            return f"queue full ({self.scheduler.max_waiting} waiting)", "queue_full"
+        return None
+
+    def cancel(self, rid):
+        seq = self._by_id.get(rid)
+        if seq is not None:
+            self._finish(seq, "cancelled")
+        return self._take()
+
+    def apply_settings(self, changes):
+        """Apply validated changes (`settings.validate`); return the `settings` event."""
+        self.settings.update(changes)
+        self.scheduler.slot_limit = self.settings["slots"]
+        self.account.budget = self.settings["cache_tokens"] // self.account.block_size
+        self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
+        return self._take()
+
+    def reset(self):
+        for seq in list(self._by_id.values()):
+            self._finish(seq, "cancelled")
+        self.stats = RollingStats()
+        self._emit(Reset(t=self.clock.now()))
+        return self._take()
+
+    def fail_all(self, message):
+        """End every request in flight with reason "error" (the driver's answer to a fault
+        outside any forward), best effort: their clients must hear of it."""
+        for seq in list(self._by_id.values()):
+            self._finish(seq, "error", message)
+        return self._take()
+
+    # ------------------------------------------------------------------ the step
+    @property
+    def busy(self):
+        """Whether the next `step()` will run a forward (someone holds a slot)."""
+        return bool(self.scheduler.running)
+
+    def idle_timeout(self):
+        """How long the caller may wait for news before the next `step()` is due (stats)."""
+        return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
+
+    def step(self):
+        """Admit, emit stats when due, run one forward (if there is work), sample, finish."""
+        for seq in self.scheduler.admit(self.settings["kv_cache"]):
+            seq.admitted = self.clock.now()
+            self._emit(Admitted(t=seq.admitted, id=seq.id, slot=seq.slot, queue_s=seq.admitted - seq.arrival,
+                                blocks=seq.blocks))
+        # Right after admission, so whoever still waits really is blocked (stats say on what).
+        if self.clock.now() >= self._next_stats:
+            self._emit_stats()
+        work = self.scheduler.next_work(self.settings["prefill_chunk"])
+        if work is not None:
+            try:
+                if work[0] == "prefill":
+                    self._prefill(*work[1:])
+                else:
+                    self._decode(work[1])
+            except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
+                self._fail(work, e)
+        return self._take()
 
     def _step_event(self, kind, start, end, seqs, tokens):
-        ev = {"type": "step", "t": end, "kind": kind, "start": start, "end": end,
-              "ids": [s.id for s in seqs], "tokens": tokens, "kv_cache": seqs[0].kv_cache,
-              "cache_tokens": self.scheduler.cache_tokens, "cache_blocks_used": self.account.used}
-        if kind == "decode":
-            ev["per_request"] = {s.id: s.length + 1 for s in seqs}
-        self._publish(ev)
+        self._emit(Step(t=end, kind=kind, start=start, end=end, ids=[s.id for s in seqs], tokens=tokens,
+                        kv_cache=seqs[0].kv_cache, cache_tokens=self.scheduler.cache_tokens,
+                        cache_blocks_used=self.account.used,
+                        per_request={s.id: s.length + 1 for s in seqs} if kind == "decode" else None))
 
     def _prefill(self, seqs, start, n):
         """One prefill forward: a chunk of one request (n given), or whole prompts of several."""
@@ -323,8 +258,8 @@ class Engine:
                 seq.prefill_start = t0
             seq.prefill_s += t1 - t0      # the shared forward is each one's prefill time
             seq.prefilled = start + n if n is not None else len(seq.prompt_ids)
-            self._publish({"type": "prefill", "t": t1, "id": seq.id, "start": t0, "end": t1, "pos": start,
-                           "tokens": seq.prefilled - start, "done": seq.prefill_done})
+            self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=start, tokens=seq.prefilled - start,
+                               done=seq.prefill_done))
         self._step_event("prefill", t0, t1, seqs, sum(s.prefilled - start for s in seqs))
         done = [i for i, s in enumerate(seqs) if s.prefill_done]
         if done:
@@ -354,9 +289,8 @@ class Engine:
             seq.output_ids.append(tid)
             text = self._increment(seq)
             handed = self.clock.now()
-            self._publish({"type": "token", "t": handed, "id": seq.id, "index": len(seq.output_ids) - 1,
-                           "token_id": tid, "text": text, "first": first, "sampled": sampled,
-                           "sample_s": sample_s})
+            self._emit(Token(t=handed, id=seq.id, index=len(seq.output_ids) - 1, token_id=tid, text=text,
+                             first=first, sampled=sampled, sample_s=sample_s))
             if seq.sink is not None:
                 seq.sink.put(("token", text, tid))
             delivered = self.clock.now()
@@ -381,12 +315,11 @@ class Engine:
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
         reason "error", free their slots and blocks, say so, and keep serving the rest."""
         seqs = work[1]
-        self._publish({"type": "error", "t": self.clock.now(), "field": None,
-                       "message": f"{work[0]} failed for {', '.join(s.id for s in seqs)}: "
-                                  f"{type(error).__name__}: {error}"})
+        message = f"{work[0]} failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
+        self._emit(Error(t=self.clock.now(), message=message))
         for seq in seqs:
             if seq.id in self._by_id:
-                self._finish(seq, "error")
+                self._finish(seq, "error", message)
 
     def _increment(self, seq):
         """The new text this token adds (held back while it ends in a partial UTF-8 character)."""
@@ -405,7 +338,7 @@ class Engine:
             return "length"
         return None
 
-    def _finish(self, seq, reason):
+    def _finish(self, seq, reason, error=None):
         self._by_id.pop(seq.id, None)
         moved = self.scheduler.remove(seq)
         if moved is not None and seq.kv_cache:
@@ -413,15 +346,13 @@ class Engine:
             mover = self.scheduler.running[dst]
             self.store.move_row(src, dst, mover.length)
         now = self.clock.now()
-        ev = {"type": "finished", "t": now, "id": seq.id, "reason": reason, "source": seq.source,
-              "prompt_tokens": len(seq.prompt_ids), "output_tokens": len(seq.output_ids),
-              "e2e": now - seq.arrival, "ttft": None, "tpot": None, "stages": None, "later": None}
+        ev = Finished(t=now, id=seq.id, reason=reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
+                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error)
         if seq.first_delivered is not None:
-            ttft, tpot, stages, later = seq.stage_summary()
-            ev.update(ttft=ttft, tpot=tpot, stages=stages, later=later)
-            self.stats.done(ttft)
+            ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
+            self.stats.done(ev.ttft)
         seq.finish_reason = reason
-        self._publish(ev)
+        self._emit(ev)
         if seq.sink is not None:
             seq.sink.put(("finished", ev))
 
@@ -429,13 +360,12 @@ class Engine:
         now = self.clock.now()
         self._next_stats = now + STATS_EVERY_S
         sched = self.scheduler
-        ev = {"type": "stats", "t": now, "queue": len(sched.waiting), "running": len(sched.running),
-              "waiting_ids": [s.id for s in list(sched.waiting)[:50]],
-              # every slot up to the limit, plus any still busy above a lowered limit
-              "slots": [s.id if s else None for s in sched.slots[: max(
-                  [sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])]],
-              "cache_blocks_used": self.account.used, "cache_blocks": self.account.budget,
-              "cache_tokens": sched.cache_tokens, "subscribers": self.events.subscribers,
-              "blocked_on": sched.blocked_on(self.settings["kv_cache"])}
-        ev.update(self.stats.snapshot(now))
-        self._publish(ev)
+        busy = max([sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])
+        self._emit(Stats(
+            t=now, queue=len(sched.waiting), running=len(sched.running),
+            waiting_ids=[s.id for s in list(sched.waiting)[:50]],
+            # every slot up to the limit, plus any still busy above a lowered limit
+            slots=[s.id if s else None for s in sched.slots[:busy]],
+            cache_blocks_used=self.account.used, cache_blocks=self.account.budget,
+            cache_tokens=sched.cache_tokens, subscribers=self.subscribers(),
+            blocked_on=sched.blocked_on(self.settings["kv_cache"]), **self.stats.snapshot(now)))

@@ -1,12 +1,22 @@
-"""The engine clock, and the broadcaster that hands events to any number of subscribers.
+"""Every event the engine (and observe mode) publishes: one dataclass per type.
 
-The engine never waits on a subscriber: each one has a bounded buffer; when it is full
-the oldest events are dropped for that subscriber alone and counted, and the next batch
-it reads starts with a `dropped` event saying how many.
+These types are the wire protocol. The engine's `step()` returns them, the broadcaster
+serialises each one once (`Event.to_dict`) for pages, traces and history, and in-process
+listeners (metrics) read their attributes. `docs/events.schema.json` is generated from these
+classes (`python -m engine.schema`) and `docs/protocol.md` documents the same fields; tests
+check both. Times are seconds on the engine clock (`t = 0` at engine start).
+
+Observe mode builds the same types from a client's point of view: what a client cannot
+know is `None` (null on the wire), never invented.
 """
-from collections import deque
-import threading
+from dataclasses import dataclass, fields
 import time
+from typing import Any, ClassVar, Literal, TypedDict
+
+PROTOCOL = 2   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+
+Source = Literal["page", "load", "api", "observe"]
+FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
 
 
 class Clock:
@@ -20,79 +30,236 @@ class Clock:
         return time.perf_counter() - self._t0
 
 
-class Subscription:
-    def __init__(self, maxlen, replay=()):
-        self._buf = deque(replay, maxlen=maxlen)
-        self._cond = threading.Condition()
-        self.dropped = 0
-        self._unreported = 0
-        self.closed = False
-
-    def push(self, event):
-        with self._cond:
-            if len(self._buf) == self._buf.maxlen:
-                self.dropped += 1
-                self._unreported += 1
-            self._buf.append(event)
-            self._cond.notify()
-
-    def get(self, timeout=None):
-        """Every pending event (possibly none after `timeout` seconds), oldest first."""
-        with self._cond:
-            if not self._buf and not self.closed:
-                self._cond.wait(timeout)
-            out = list(self._buf)
-            self._buf.clear()
-            if self._unreported:
-                out.insert(0, {"type": "dropped", "t": out[0]["t"] if out else 0.0, "count": self._unreported})
-                self._unreported = 0
-            return out
-
-    def close(self):
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+class Stages(TypedDict):
+    """Where the time to first token went (seconds); the six add up to `ttft`."""
+    tokenize: float | None
+    queue: float | None
+    prefill: float | None
+    first_sample: float | None
+    delivery: float | None
+    other: float | None
 
 
-class Broadcaster:
-    """Fan-out of event dicts to subscriptions and cheap in-process listeners."""
+class Later(TypedDict):
+    """Mean seconds per later token, by what the request was doing."""
+    decode: float
+    sample: float
+    delivery: float
 
-    def __init__(self, history=2000, per_client=5000):
-        self._subs = set()
-        self._listeners = []
-        self._history = deque(maxlen=history)
-        self._per_client = per_client
-        self._lock = threading.Lock()
-        self.enabled = True   # off = instrumentation off (benchmark): nothing is built or sent
 
-    def subscribe(self, replay=True):
-        with self._lock:
-            sub = Subscription(self._per_client, self._history if replay else ())
-            self._subs.add(sub)
-        return sub
+class Percentiles(TypedDict):
+    p50: float | None
+    p90: float | None
+    p99: float | None
 
-    def unsubscribe(self, sub):
-        with self._lock:
-            self._subs.discard(sub)
-        sub.close()
 
-    def add_listener(self, fn):
-        """`fn(event)` is called in the engine thread: it must be quick and never block."""
-        self._listeners.append(fn)
+_FIELDS = {}
 
-    @property
-    def subscribers(self):
-        return len(self._subs)
 
-    def publish(self, event):
-        with self._lock:
-            self._history.append(event)
-            subs = list(self._subs)
-        for sub in subs:
-            sub.push(event)
-        for fn in self._listeners:
-            fn(event)
+@dataclass(slots=True)
+class Event:
+    """Base: every event has a `type` (the class's name on the wire) and a time `t`."""
+    type: ClassVar[str] = ""
+    t: float
 
-    def clear_history(self):
-        with self._lock:
-            self._history.clear()
+    def to_dict(self):
+        """The JSON object sent on the wire (the one place events are serialised)."""
+        cls = type(self)
+        names = _FIELDS.get(cls)
+        if names is None:
+            names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+        out = {"type": cls.type}
+        for name in names:
+            out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(slots=True)
+class Hello(Event):
+    type: ClassVar[str] = "hello"
+    protocol: int
+    mode: Literal["engine", "observe"]
+    server_time: float
+    model: str | None
+    device: str | None
+    dtype: str | None
+    params: int | None
+    weight_bytes: int | None
+    layers: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    hidden: int | None
+    vocab: int | None
+    kv_bytes_per_token: int | None
+    block_size: int | None
+    cache_blocks: int | None
+    max_slots: int | None
+    max_context: int | None
+    settings: dict[str, Any]
+    limits: dict[str, dict[str, Any]]
+    bandwidth: dict[str, Any] | None
+    bench: dict[str, Any] | None
+    target: str | None = None        # observe mode: the observed API's base URL
+    metrics: bool | None = None      # observe mode: its /metrics was readable
+
+
+@dataclass(slots=True)
+class Loading(Event):
+    type: ClassVar[str] = "loading"
+    status: Literal["loading", "error"]
+    message: str
+    progress: float
+
+
+@dataclass(slots=True)
+class Settings(Event):
+    type: ClassVar[str] = "settings"
+    settings: dict[str, Any]
+    changed: list[str]
+
+
+@dataclass(slots=True)
+class Request(Event):
+    type: ClassVar[str] = "request"
+    id: str
+    source: Source
+    prompt_tokens: int | None
+    max_new_tokens: int
+    preview: str
+    estimated: bool = False          # observe mode: prompt_tokens is an estimate
+
+
+@dataclass(slots=True)
+class Tokenized(Event):
+    type: ClassVar[str] = "tokenized"
+    id: str
+    start: float
+    end: float
+    n: int
+    ids: list[int]
+    pieces: list[str]
+    truncated: bool
+
+
+@dataclass(slots=True)
+class Admitted(Event):
+    type: ClassVar[str] = "admitted"
+    id: str
+    slot: int
+    queue_s: float
+    blocks: int
+
+
+@dataclass(slots=True)
+class Prefill(Event):
+    type: ClassVar[str] = "prefill"
+    id: str
+    start: float
+    end: float
+    pos: int
+    tokens: int
+    done: bool
+
+
+@dataclass(slots=True)
+class Step(Event):
+    type: ClassVar[str] = "step"
+    kind: Literal["prefill", "decode"]
+    start: float
+    end: float
+    ids: list[str]
+    tokens: int
+    kv_cache: bool
+    cache_tokens: int
+    cache_blocks_used: int
+    per_request: dict[str, int] | None = None
+
+
+@dataclass(slots=True)
+class Token(Event):
+    type: ClassVar[str] = "token"
+    id: str
+    index: int
+    token_id: int | None
+    text: str
+    first: bool
+    sampled: float | None
+    sample_s: float | None
+
+
+@dataclass(slots=True)
+class Finished(Event):
+    type: ClassVar[str] = "finished"
+    id: str
+    reason: FinishReason
+    source: Source
+    prompt_tokens: int | None
+    output_tokens: int | None
+    e2e: float
+    ttft: float | None = None
+    tpot: float | None = None
+    stages: Stages | None = None
+    later: Later | None = None
+    client_side: bool = False        # observe mode: measured by a client of another server
+    chunks: int | None = None        # observe mode: streamed chunks that carried text
+    gaps: list[float] | None = None  # observe mode: every gap between chunks
+    error: str | None = None         # what went wrong, when reason is "error"
+
+
+@dataclass(slots=True)
+class Rejected(Event):
+    type: ClassVar[str] = "rejected"
+    id: str
+    reason: str
+    code: str
+
+
+@dataclass(slots=True)
+class Stats(Event):
+    type: ClassVar[str] = "stats"
+    queue: int | None
+    running: int | None
+    waiting_ids: list[str]
+    slots: list[str | None]
+    cache_blocks_used: int | None
+    cache_blocks: int | None
+    cache_tokens: int | None
+    subscribers: int
+    tokens_per_s: float
+    ttft: Percentiles
+    itl: Percentiles
+    finished: int
+    blocked_on: Literal["slot", "cache", "drain"] | None = None
+    in_flight: int | None = None            # observe mode: the observer's open requests
+    cache_usage: float | None = None        # observe mode: the server's KV-cache usage, 0..1
+    server: dict[str, float | None] | None = None   # observe mode: the server's raw gauges
+
+
+@dataclass(slots=True)
+class Sync(Event):
+    type: ClassVar[str] = "sync"
+    client_t: float
+    server_time: float
+
+
+@dataclass(slots=True)
+class Reset(Event):
+    type: ClassVar[str] = "reset"
+
+
+@dataclass(slots=True)
+class Dropped(Event):
+    type: ClassVar[str] = "dropped"
+    count: int
+
+
+@dataclass(slots=True)
+class Error(Event):
+    type: ClassVar[str] = "error"
+    message: str
+    field: str | None = None
+    fatal: bool = False     # the engine stopped: every request in flight failed, /healthz is 503
+
+
+EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Prefill, Step, Token, Finished,
+               Rejected, Stats, Sync, Reset, Dropped, Error)

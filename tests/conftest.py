@@ -1,51 +1,10 @@
-"""Shared fixtures: a tiny random model (fast unit tests) and the real bundled model."""
-import json
-import sys
-import time
-from pathlib import Path
+"""Fixtures: the tiny random model (fast unit tests), the real bundled model, the real app."""
+import threading
 
 import pytest
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = ROOT / "test-artifacts"   # screenshots and server logs from a test run (git-ignored)
-sys.path.insert(0, str(ROOT))
-
-from engine import model as model_mod  # noqa: E402
-from engine.loadgen import CORPUS  # noqa: E402
-
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-def tiny_tokenizer():
-    """A byte-level BPE (vocab 400) trained in well under a second on the shipped corpus."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>", "<|user|>", "<|assistant|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator([CORPUS.read_text()], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def tiny_bundle(seed=0, layers=2):
-    """A randomly initialised Llama from a config; init scaled up so logits are well separated."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    tok = tiny_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      initializer_range=0.2, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
-                      bos_token_id=None, tie_word_embeddings=True)
-    torch.manual_seed(seed)
-    m = LlamaForCausalLM(cfg).eval()
-    m.generation_config.eos_token_id = tok.eos_token_id
-    m.generation_config.pad_token_id = tok.eos_token_id
-    return model_mod.ModelBundle(m, tok, "tiny-random-llama", "cpu", torch.float32, 0.0, False)
+from engine import model as model_mod
+from helpers import start_app, tiny_bundle
 
 
 @pytest.fixture(scope="session")
@@ -59,73 +18,42 @@ def real():
     return model_mod.load()
 
 
-def frames(conn, seconds, until=None):
-    """Events from a websocket for up to `seconds`, or until `until(events)` holds."""
-    events, end = [], time.time() + seconds
-    while time.time() < end:
-        raw = conn.receive(timeout=0.2)
-        if raw:
-            events += json.loads(raw)
-            if until and until(events):
-                break
-    return events
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`python app.py` in a subprocess on a free loopback port, waited on until /healthz is ok."""
-
-    def __init__(self, *args, timeout=180, port=None):
-        import subprocess
-        import time
-        import requests
-        self.port = port or free_port()   # a fixed port: a restarted server where pages reconnect
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = list(args)
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.log = open(ARTIFACTS / f"server-{self.port}.log", "w")
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if requests.get(self.url + "/healthz", timeout=2).json().get("status") == "ok":
-                    return
-            except (requests.RequestException, ValueError):
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout} s; see {self.log.name}")
-
-    @property
-    def ws_url(self):
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except Exception:
-                self.proc.kill()
-        self.log.close()
-
-
 @pytest.fixture(scope="session")
 def server():
-    """One shared app on the real model for HTTP/websocket/browser tests.
-
-    Tests that change settings must restore them (or use their own `Server`)."""
+    """One shared app on the real model, in its own process as users start it, for the
+    browser, observe-mode and end-to-end tests. Tests that change settings restore them."""
     # One model thread: on a 2-core machine the browser under test needs the other core, and
     # two model threads contending with it stall each other (docs/performance.md).
-    s = Server("--threads", "1")
-    yield s
-    s.stop()
+    app = start_app("--threads", "1")
+    yield app
+    app.stop()
+
+
+class LiveApp:
+    """The app from `create_app`, served in this process on a free loopback port by Werkzeug's
+    threaded server, with an engine driver on the tiny random model (websocket and HTTP clients
+    can connect; no subprocess, no real model)."""
+
+    def __init__(self, bundle, config):
+        from werkzeug.serving import make_server
+        from engine import Engine, EngineDriver
+        from server import create_app
+        self.driver = EngineDriver(Engine(bundle, config)).start()
+        self.app = create_app({"BACKEND": self.driver, "TESTING": True})
+        self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.http.server_port}"
+        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
+        threading.Thread(target=self.http.serve_forever, name="live-app", daemon=True).start()
+
+    def stop(self):
+        self.http.shutdown()
+        self.driver.shutdown()
+
+
+@pytest.fixture
+def live(tiny):
+    """A fresh in-process app on the tiny model (4 slots) for one test."""
+    from engine import EngineConfig
+    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
+    yield app
+    app.stop()

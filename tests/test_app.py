@@ -5,7 +5,7 @@ import sys
 
 from simple_websocket import Client
 
-from conftest import ROOT, frames
+from helpers import ROOT, frames
 
 
 def cli(*args):

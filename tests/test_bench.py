@@ -5,7 +5,7 @@ import time
 import torch
 
 from bench import contenders, tables
-from engine import Engine, bandwidth
+from engine import Engine, EngineConfig, bandwidth
 from engine.runner import OutputHead
 
 
@@ -14,12 +14,12 @@ def test_bandwidth_measurement_is_quick_and_in_hello(tiny):
     bps = bandwidth.read_bandwidth("cpu", budget_s=0.5)
     assert time.perf_counter() - t0 < 1.5          # allocation + passes stop at the budget
     assert 1e8 < bps < 1e13
-    hello = Engine(tiny, slots=2, kv_tokens=256, max_context=128).hello()
+    hello = Engine(tiny, EngineConfig(slots=2, kv_tokens=256, max_context=128)).hello().to_dict()
     bw = hello["bandwidth"]
     assert bw["estimated"] is True and bw["gbs"] > 0
     assert bw["weight_bytes"] == hello["weight_bytes"]
     assert abs(bw["floor_s"] - bw["weight_bytes"] / (bw["gbs"] * 1e9)) / bw["floor_s"] < 0.01
-    assert hello["bench"] is None                   # no bench results for the tiny model
+    assert hello["bench"] is None                   # none handed in
 
 
 def test_fast_head_matches_the_model_head(tiny):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import ARTIFACTS, Server
+from helpers import ARTIFACTS, start_app
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -233,13 +233,13 @@ def test_second_page_sees_the_same_requests(browser, server, page):
 
 
 def test_reconnects_after_server_restart(browser):
-    srv = Server()
+    srv = start_app()
     try:
         p = Page(browser, srv.url + "/", 1280, 800)
         first_hello = p.js("firstToken.state.hello.server_time")
         srv.stop()
         p.wait("() => document.getElementById('conn').dataset.state === 'down'", timeout=15_000)
-        srv = Server(port=srv.port)
+        srv = start_app(port=srv.port)
         p.wait_live(timeout=90_000)
         p.wait("t => firstToken.state.hello.server_time !== t", first_hello)
         assert p.js("firstToken.state.order.length") == 0   # the view was reset by the new hello

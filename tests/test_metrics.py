@@ -3,7 +3,8 @@ import openai
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.metrics import EngineMetrics
+from engine import events as ev
+from server.metrics import EngineMetrics
 
 
 def scrape(server):
@@ -63,16 +64,17 @@ def test_gauges_follow_request_lifecycle_events():
 
     def value(name, **labels):
         return m.registry.get_sample_value(name, {"model_name": "m", **labels})
-    m.on_event({"type": "request", "id": "a", "t": 0.0})
-    m.on_event({"type": "request", "id": "b", "t": 0.0})
+    for rid in ("a", "b"):
+        m.on_event(ev.Request(t=0.0, id=rid, source="api", prompt_tokens=5, max_new_tokens=4, preview=""))
     assert (value("vllm:num_requests_waiting"), value("vllm:num_requests_running")) == (2, 0)
-    m.on_event({"type": "admitted", "id": "a", "t": 0.1, "queue_s": 0.1})
-    m.on_event({"type": "step", "t": 0.2, "cache_blocks_used": 4})
+    m.on_event(ev.Admitted(t=0.1, id="a", slot=0, queue_s=0.1, blocks=1))
+    m.on_event(ev.Step(t=0.2, kind="decode", start=0.1, end=0.2, ids=["a"], tokens=1, kv_cache=True,
+                       cache_tokens=6, cache_blocks_used=4))
     assert (value("vllm:num_requests_waiting"), value("vllm:num_requests_running")) == (1, 1)
     assert value("vllm:kv_cache_usage_perc") == 0.4
-    m.on_event({"type": "rejected", "id": "b", "t": 0.2})
-    m.on_event({"type": "finished", "id": "a", "t": 0.3, "reason": "cancelled", "e2e": 0.3, "ttft": None,
-                "output_tokens": 0, "prompt_tokens": 5})
+    m.on_event(ev.Rejected(t=0.2, id="b", reason="queue full", code="queue_full"))
+    m.on_event(ev.Finished(t=0.3, id="a", reason="cancelled", source="api", prompt_tokens=5, output_tokens=0,
+                           e2e=0.3))
     assert (value("vllm:num_requests_waiting"), value("vllm:num_requests_running")) == (0, 0)
     assert value("vllm:request_success_total", finished_reason="abort") == 1
     assert value("vllm:e2e_request_latency_seconds_count") == 1

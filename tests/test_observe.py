@@ -10,8 +10,8 @@ import pytest
 import requests
 from simple_websocket import Client
 
-from conftest import ROOT, Server, frames
-from engine.observe import parse_gauges
+from helpers import ROOT, frames, start_app
+from server.observe import parse_gauges
 
 BURST = 3
 MAX_NEW = 24   # long enough that the server's /metrics (scraped every 0.5 s) sees them running
@@ -19,7 +19,7 @@ MAX_NEW = 24   # long enough that the server's /metrics (scraped every 0.5 s) se
 
 @pytest.fixture(scope="module")
 def observer(server):
-    s = Server("--observe", server.url + "/v1")
+    s = start_app("--observe", server.url + "/v1")
     yield s
     s.stop()
 

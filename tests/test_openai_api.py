@@ -8,7 +8,7 @@ import requests
 import torch
 from simple_websocket import Client
 
-from engine.openai_api import StopTrimmer
+from server.openai_api import StopTrimmer
 
 PROMPT = "We hold these truths to be self-evident, that all men"
 CHAT = [{"role": "user", "content": "Name three colours."}]

@@ -1,9 +1,8 @@
 """Observe mode: the page's picture of an external OpenAI-compatible server (vLLM, SGLang,
 TGI, another First Token), drawn from what a client can measure.
 
-`Observer` offers the duck-typed interface app.py and the websocket use with an Engine
-(`events`, `clock`, `hello`, `update_settings`, `burst`, `reset`, `submit`, `specs`,
-`settings`), so the same page works. Its load generator (engine/loadgen.py's Poisson
+`Observer` is a `Backend` (engine/backend.py), as the engine's driver is, so the same page
+works. Its load generator (engine/loadgen.py's Poisson
 arrivals and corpus prompts) sends streaming requests from worker threads and publishes
 the same event vocabulary, from the client's side only:
 
@@ -32,10 +31,12 @@ import urllib.parse
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from .events import Broadcaster, Clock
-from .loadgen import LoadGenerator
-from .settings import SettingError, coerce, make_settings, validate
-from .stats import RollingStats
+from engine.backend import RequestHandle
+from engine.broadcast import Broadcaster
+from engine.events import PROTOCOL, Clock, Finished, Hello, Rejected, Request, Reset, Settings, Stats, Token
+from engine.loadgen import LoadGenerator
+from engine.settings import SettingError, coerce, make_settings, validate
+from engine.stats import RollingStats
 
 SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
 STATS_EVERY_S = 0.5
@@ -118,7 +119,7 @@ class Flight:
 
 
 class Observer:
-    mode = "observe"
+    api_model = None   # no model of its own: /v1 is the observed server's
 
     def __init__(self, base_url):
         self.base_url = parse_target(base_url)
@@ -171,11 +172,10 @@ class Observer:
                    "bench", "bandwidth")
         with self._lock:
             settings = dict(self.settings)
-        return {"type": "hello", "t": self.clock.now(), "protocol": 1, "mode": "observe",
-                "server_time": time.time(), "target": self.base_url, "model": self.model,
-                "max_context": self.max_context, "metrics": self.server is not None,
-                "settings": settings, "limits": {n: s.describe() for n, s in self.specs.items()},
-                **{k: None for k in unknown}}
+        return Hello(t=self.clock.now(), protocol=PROTOCOL, mode="observe", server_time=time.time(),
+                     target=self.base_url, model=self.model, max_context=self.max_context,
+                     metrics=self.server is not None, settings=settings,
+                     limits={n: s.describe() for n, s in self.specs.items()}, **{k: None for k in unknown})
 
     # ------------------------------------------------------------------ controls
     def update_settings(self, changes):
@@ -185,8 +185,7 @@ class Observer:
             if "rate" in changes:
                 self.loadgen.restart()
             settings = dict(self.settings)
-        self.events.publish({"type": "settings", "t": self.clock.now(), "settings": settings,
-                             "changed": sorted(changes)})
+        self.events.publish(Settings(t=self.clock.now(), settings=settings, changed=sorted(changes)))
         self._wake.set()
         return changes
 
@@ -200,11 +199,12 @@ class Observer:
         for f in flights:
             f.cancel()
         self.stats = RollingStats()
-        self.events.publish({"type": "reset", "t": self.clock.now()})
+        self.events.publish(Reset(t=self.clock.now()))
 
     def submit(self, prompt=None, source="page", chat=True, max_new_tokens=None, temperature=None,
                top_p=None, seed=None):
-        """Send one prompt to the server (chat template applied there when `chat`); return its id.
+        """Send one prompt to the server (chat template applied there when `chat`); return its
+        handle (the page follows it through events; nobody reads its outputs here).
 
         Raises SettingError for invalid values; nothing is sent then."""
         if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
@@ -218,7 +218,7 @@ class Observer:
             path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
         else:
             path, body = "/completions", {"prompt": prompt}
-        return self._launch(source, path, {**body, **params}, prompt, estimate=None)
+        return RequestHandle(self._launch(source, path, {**body, **params}, prompt, estimate=None))
 
     def _params(self, overrides):
         with self._lock:
@@ -243,14 +243,13 @@ class Observer:
             if not full and self.model is not None:
                 self._flights[rid] = flight
         t = self.clock.now()
-        self.events.publish({"type": "request", "t": t, "id": rid, "source": source,
-                             "prompt_tokens": estimate[1] if estimate else None, "estimated": estimate is not None,
-                             "max_new_tokens": body["max_tokens"], "preview": prompt[:80]})
+        self.events.publish(Request(t=t, id=rid, source=source, prompt_tokens=estimate[1] if estimate else None,
+                                    estimated=estimate is not None, max_new_tokens=body["max_tokens"],
+                                    preview=prompt[:80]))
         refusal = (f"the observer already has {MAX_IN_FLIGHT} requests in flight" if full else
                    "the server has not answered /v1/models yet" if self.model is None else None)
         if refusal:
-            self.events.publish({"type": "rejected", "t": t, "id": rid, "reason": refusal,
-                                 "code": "queue_full" if full else "unreachable"})
+            self.events.publish(Rejected(t=t, id=rid, reason=refusal, code="queue_full" if full else "unreachable"))
             return rid
         body = {**body, "model": self.model, "stream": True, "stream_options": {"include_usage": True}}
         threading.Thread(target=self._run, args=(rid, flight, path, body, t, estimate), daemon=True,
@@ -272,9 +271,8 @@ class Observer:
                                 headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
             resp = flight.conn.getresponse()
             if resp.status != 200:
-                self.events.publish({"type": "rejected", "t": self.clock.now(), "id": rid,
-                                     "code": f"http_{resp.status}",
-                                     "reason": f"HTTP {resp.status}: {_error_message(resp.read())}"})
+                self.events.publish(Rejected(t=self.clock.now(), id=rid, code=f"http_{resp.status}",
+                                             reason=f"HTTP {resp.status}: {_error_message(resp.read())}"))
                 return
             for line in resp:
                 if not line.startswith(b"data:"):
@@ -310,8 +308,8 @@ class Observer:
         self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)
 
     def _token(self, rid, index, text, now, previous):
-        self.events.publish({"type": "token", "t": now, "id": rid, "index": index, "token_id": None,
-                             "text": text, "first": index == 0, "sampled": None, "sample_s": None})
+        self.events.publish(Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0,
+                                  sampled=None, sample_s=None))
         self.stats.token(now)
         if previous is not None:
             self.stats.gap(now - previous)
@@ -320,20 +318,17 @@ class Observer:
         now = self.clock.now()
         usage = usage or {}
         output = usage.get("completion_tokens")   # None when the server sent no usage
-        ev = {"type": "finished", "t": now, "id": rid, "reason": reason, "source": source,
-              "prompt_tokens": usage.get("prompt_tokens"), "output_tokens": output, "chunks": len(chunks),
-              "e2e": now - sent, "ttft": None, "tpot": None, "gaps": [], "stages": None, "later": None,
-              "client_side": True}
-        if error is not None:
-            ev["error"] = error
+        ev = Finished(t=now, id=rid, reason=reason, source=source, prompt_tokens=usage.get("prompt_tokens"),
+                      output_tokens=output, e2e=now - sent, client_side=True, chunks=len(chunks), gaps=[],
+                      error=error)
         if chunks:
-            ttft = chunks[0] - sent
-            ev.update(ttft=ttft, gaps=[b - a for a, b in zip(chunks, chunks[1:])],
-                      stages={"tokenize": None, "queue": None, "prefill": None, "first_sample": None,
-                              "delivery": None, "other": ttft})
+            ev.ttft = ttft = chunks[0] - sent
+            ev.gaps = [b - a for a, b in zip(chunks, chunks[1:])]
+            ev.stages = {"tokenize": None, "queue": None, "prefill": None, "first_sample": None,
+                         "delivery": None, "other": ttft}
             later = (len(chunks) if output is None else output) - 1   # per chunk without usage
             if later > 0:
-                ev["tpot"] = (chunks[-1] - chunks[0]) / later
+                ev.tpot = (chunks[-1] - chunks[0]) / later
             self.stats.done(ttft)
         if estimate and usage.get("prompt_tokens"):
             with self._lock:
@@ -361,12 +356,12 @@ class Observer:
 
     def _emit_stats(self, now):
         server = self.server or {}
-        ev = {"type": "stats", "t": now, "queue": server.get("waiting"), "running": server.get("running"),
-              "in_flight": len(self._flights), "waiting_ids": [], "slots": [], "cache_blocks_used": None,
-              "cache_blocks": None, "cache_tokens": None, "cache_usage": server.get("kv_cache_usage"),
-              "server": self.server, "subscribers": self.events.subscribers}
-        ev.update(self.stats.snapshot(now))
-        self.events.publish(ev)
+        count = lambda v: None if v is None else int(v)   # noqa: E731 -- gauges are floats
+        self.events.publish(Stats(
+            t=now, queue=count(server.get("waiting")), running=count(server.get("running")),
+            in_flight=len(self._flights), waiting_ids=[], slots=[], cache_blocks_used=None, cache_blocks=None,
+            cache_tokens=None, cache_usage=server.get("kv_cache_usage"), server=self.server,
+            subscribers=self.events.subscribers, **self.stats.snapshot(now)))
 
     def _scrape_loop(self):
         next_probe = 0.0

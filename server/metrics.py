@@ -19,9 +19,10 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
 """
+from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+from engine import events as ev_types
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -72,36 +73,36 @@ class EngineMetrics:
         self._last_token = {}   # request id -> time of its latest token
 
     @classmethod
-    def attach(cls, engine):
-        """Metrics for `engine`, listening to its events from now on."""
-        m = cls(engine.bundle.name, engine.account.capacity)
-        engine.events.add_listener(m.on_event)
+    def attach(cls, backend):
+        """Metrics for `backend`'s model, listening to its events from now on."""
+        hello = backend.hello()
+        m = cls(backend.api_model, hello.cache_blocks)
+        backend.events.add_listener(m.on_event)
         return m
 
     def on_event(self, ev):
-        kind = ev["type"]
-        if kind == "token":
+        if isinstance(ev, ev_types.Token):
             self.generation_tokens.inc()
-            last = self._last_token.get(ev["id"])
+            last = self._last_token.get(ev.id)
             if last is not None:
-                self.itl.observe(ev["t"] - last)
-                self.tpot.observe(ev["t"] - last)
-            self._last_token[ev["id"]] = ev["t"]
-        elif kind == "prefill":
-            self.prompt_tokens.inc(ev["tokens"])
-        elif kind in ("step", "stats"):
-            self.kv_usage.set(ev["cache_blocks_used"] / self.cache_blocks)
-        elif kind == "request":
-            self._waiting.add(ev["id"])
-        elif kind == "admitted":
-            self._waiting.discard(ev["id"])
-            self._running.add(ev["id"])
-            self.queue.observe(ev["queue_s"])
-        elif kind in ("finished", "rejected"):
-            self._waiting.discard(ev["id"])
-            self._running.discard(ev["id"])
-            self._last_token.pop(ev["id"], None)
-            if kind == "finished":
+                self.itl.observe(ev.t - last)
+                self.tpot.observe(ev.t - last)
+            self._last_token[ev.id] = ev.t
+        elif isinstance(ev, ev_types.Prefill):
+            self.prompt_tokens.inc(ev.tokens)
+        elif isinstance(ev, (ev_types.Step, ev_types.Stats)):
+            self.kv_usage.set(ev.cache_blocks_used / self.cache_blocks)
+        elif isinstance(ev, ev_types.Request):
+            self._waiting.add(ev.id)
+        elif isinstance(ev, ev_types.Admitted):
+            self._waiting.discard(ev.id)
+            self._running.add(ev.id)
+            self.queue.observe(ev.queue_s)
+        elif isinstance(ev, (ev_types.Finished, ev_types.Rejected)):
+            self._waiting.discard(ev.id)
+            self._running.discard(ev.id)
+            self._last_token.pop(ev.id, None)
+            if isinstance(ev, ev_types.Finished):
                 self._finished(ev)
         else:
             return
@@ -109,15 +110,28 @@ class EngineMetrics:
         self.running.set(len(self._running))
 
     def _finished(self, ev):
-        self.success[FINISHED_REASON.get(ev["reason"], "error")].inc()
-        self.e2e.observe(ev["e2e"])
-        if ev["ttft"] is None:
+        self.success[FINISHED_REASON.get(ev.reason, "error")].inc()
+        self.e2e.observe(ev.e2e)
+        if ev.ttft is None:
             return          # left before its first token: no TTFT, prefill or decode to report
-        self.ttft.observe(ev["ttft"])
-        stages = ev["stages"]
-        self.prefill.observe(ev["ttft"] - stages["tokenize"] - stages["queue"])
-        later = ev["output_tokens"] - 1
-        self.decode.observe(ev["tpot"] * later if later > 0 else 0.0)
+        self.ttft.observe(ev.ttft)
+        self.prefill.observe(ev.ttft - ev.stages["tokenize"] - ev.stages["queue"])
+        later = ev.output_tokens - 1
+        self.decode.observe(ev.tpot * later if later > 0 else 0.0)
 
     def render(self):
         return generate_latest(self.registry)
+
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def prometheus():
+    state = current_app.extensions["first_token"]   # server/state.py (which imports this module)
+    if state.metrics is None:
+        if state.backend is None:
+            return Response("loading\n", status=503, mimetype="text/plain")
+        return Response("observe mode: scrape the observed server's own /metrics\n", status=404,
+                        mimetype="text/plain")
+    return Response(state.metrics.render(), content_type=CONTENT_TYPE_LATEST)

@@ -1,6 +1,6 @@
-"""The OpenAI-compatible API, transport-free: JSON bodies in, `Engine.submit` arguments out;
+"""The OpenAI-compatible API, transport-free: JSON bodies in, `Backend.submit` arguments out;
 engine outputs in, OpenAI-shaped responses and server-sent-event chunks out. The Flask
-routes (routes_api.py) only move bytes.
+routes (server/api.py) only move bytes.
 
 Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
@@ -17,7 +17,7 @@ import json
 import queue
 import time
 
-from .settings import SettingError
+from engine.settings import SettingError
 
 MAX_BODY_BYTES = 1 << 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
@@ -158,10 +158,10 @@ def _prompt(value):
     return value
 
 
-def submit(engine, req):
-    """Queue the request in the engine; its SettingError becomes a 400 naming the OpenAI parameter."""
+def submit(backend, req):
+    """Queue the request; its SettingError becomes a 400 naming the OpenAI parameter."""
     try:
-        return engine.submit(**req.submit)
+        return backend.submit(**req.submit)
     except SettingError as e:
         param = req.names.get(e.field, e.field)
         raise ApiError(400, f"{param}: {e.message}", param) from None
@@ -186,6 +186,8 @@ def first_output(items, prompt_param):
             _, reason, code = item
             if code == "queue_full":
                 raise ApiError(503, f"the engine is overloaded: {reason}", code=code)
+            if code == "engine_error":
+                raise ApiError(503, reason, code=code)
             # exceeds_cache: no cache this server can offer holds the request: its context limit
             raise ApiError(400, f"This request is too long for this server: {reason}",
                            prompt_param, "context_length_exceeded")
@@ -233,7 +235,7 @@ class StopTrimmer:
 
 def finish_reason(event):
     """OpenAI's finish_reason for the engine's `finished` event (ApiError if it did not complete)."""
-    reason = event["reason"]
+    reason = event.reason
     if reason in ("stop", "stop_string"):
         return "stop"
     if reason == "length":
@@ -244,7 +246,7 @@ def finish_reason(event):
 
 
 def usage(event):
-    p, c = event["prompt_tokens"], event["output_tokens"]
+    p, c = event.prompt_tokens, event.output_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -298,12 +300,12 @@ def sse(obj):
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def respond(engine, req, model):
+def respond(backend, req):
     """Run one non-streaming request to the end; return the response body (or raise ApiError)."""
-    handle = submit(engine, req)
+    handle = submit(backend, req)
     items = outputs(handle)
     first = first_output(items, req.names["prompt"])
-    reply = Reply(req.kind, handle.id, model, req.submit["stop"])
+    reply = Reply(req.kind, handle.id, backend.api_model, req.submit["stop"])
     text = []
     for item in itertools.chain([first], items):
         if item is None:
@@ -316,17 +318,17 @@ def respond(engine, req, model):
             return reply.full("".join(text), finish_reason(event), usage(event))
 
 
-def start_stream(engine, req, model):
+def start_stream(backend, req):
     """Submit and wait for the first output (errors are still HTTP statuses up to here); return
     the generator of SSE text. Closing it early (the client left) cancels the request."""
-    handle = submit(engine, req)
+    handle = submit(backend, req)
     items = outputs(handle)
     first = first_output(items, req.names["prompt"])
-    return _stream(engine, handle, itertools.chain([first], items),
-                   Reply(req.kind, handle.id, model, req.submit["stop"]), req.include_usage)
+    return _stream(backend, handle, itertools.chain([first], items),
+                   Reply(req.kind, handle.id, backend.api_model, req.submit["stop"]), req.include_usage)
 
 
-def _stream(engine, handle, items, reply, include_usage):
+def _stream(backend, handle, items, reply, include_usage):
     done = False
     try:
         if reply.kind == "chat":
@@ -357,7 +359,7 @@ def _stream(engine, handle, items, reply, include_usage):
         yield SSE_DONE
     finally:
         if not done:
-            engine.cancel(handle.id)
+            backend.cancel(handle.id)
 
 
 def models_list(model, created, max_context):

@@ -1,0 +1,68 @@
+"""`python app.py` as users start it: in a subprocess on a free loopback port, waited on until
+/healthz answers ok. Used by the benchmarks (cold start, page frame rate) and by the tests
+that need the real app in its own process (browser, observe mode, restarts)."""
+import json
+import os
+from pathlib import Path
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def healthz(url, timeout=2):
+    """(HTTP status, body) of /healthz; (None, None) while nothing listens."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except OSError:
+        return None, None
+
+
+class App:
+    """One `python app.py` process. `port`: a fixed one (a restarted server pages reconnect to);
+    `log`: a file for its output (default: discarded); `env`: extra environment variables."""
+
+    def __init__(self, *args, port=None, log=None, env=None, timeout=180):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws"
+        self.log = log
+        out = open(log, "w") if log else subprocess.DEVNULL
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
+                                     stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **(env or {})})
+        if log:
+            out.close()
+        self.ready_s, self.health = self._wait(timeout)
+
+    def _wait(self, timeout):
+        while time.perf_counter() - self.started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with {self.proc.returncode}; see {self.log or 'its output'}")
+            status, body = healthz(self.url)
+            if status == 200 and body.get("status") == "ok":
+                return time.perf_counter() - self.started, body
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"app.py not ready in {timeout} s; see {self.log or 'its output'}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

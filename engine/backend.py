@@ -1,0 +1,54 @@
+"""What the web layer serves from: the `Backend` protocol, met by the engine's driver
+(engine/driver.py) and by observe mode (server/observe.py), so no code asks which it is.
+"""
+from typing import Protocol
+
+from .broadcast import Broadcaster
+from .events import Clock, Hello
+
+
+class RequestHandle:
+    """What `submit` returns: the request id, and (when asked for) a stream of its outputs.
+
+    `outputs` yields ("token", text, token_id) items, then one ("finished", Finished event) or
+    ("rejected", reason, code) item."""
+
+    def __init__(self, rid, sink=None):
+        self.id = rid
+        self._sink = sink
+
+    def outputs(self, timeout=None):
+        while True:
+            item = self._sink.get(timeout=timeout)
+            yield item
+            if item[0] in ("finished", "rejected"):
+                return
+
+
+class Backend(Protocol):
+    clock: Clock
+    events: Broadcaster           # every event it publishes; pages subscribe here
+    specs: dict                   # name -> settings.Setting: the controls it accepts
+    settings: dict                # their current values
+    api_model: str | None         # the model /v1 serves here; None when there is none (observe mode)
+    max_context: int | None
+
+    def hello(self) -> Hello: ...
+
+    def health(self) -> tuple[dict, int]:
+        """(/healthz body, HTTP status)."""
+
+    def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
+               top_p=None, seed=None, stop=(), chat=None, stream=False) -> RequestHandle:
+        """Queue one request; SettingError (nothing queued) for a bad parameter."""
+
+    def cancel(self, rid: str) -> None: ...
+
+    def update_settings(self, changes: dict) -> dict:
+        """Validate every change (SettingError, nothing applied, on any bad one), then apply."""
+
+    def burst(self, n: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,84 @@
+"""Fan-out of events to any number of subscribers, without ever waiting on one.
+
+`publish(event)` serialises a typed event once (`Event.to_dict`); the dict goes into a bounded
+replay history and into every subscription's bounded buffer. When a buffer is full its oldest
+events are dropped for that subscriber alone and counted, and the next batch it reads starts
+with a `dropped` event saying how many. In-process listeners (metrics) get the typed event.
+"""
+from collections import deque
+import threading
+
+from .events import Dropped
+
+
+class Subscription:
+    def __init__(self, maxlen, replay=()):
+        self._buf = deque(replay, maxlen=maxlen)
+        self._cond = threading.Condition()
+        self.dropped = 0
+        self._unreported = 0
+        self.closed = False
+
+    def push(self, event):
+        with self._cond:
+            if len(self._buf) == self._buf.maxlen:
+                self.dropped += 1
+                self._unreported += 1
+            self._buf.append(event)
+            self._cond.notify()
+
+    def get(self, timeout=None):
+        """Every pending event dict (possibly none after `timeout` seconds), oldest first."""
+        with self._cond:
+            if not self._buf and not self.closed:
+                self._cond.wait(timeout)
+            out = list(self._buf)
+            self._buf.clear()
+            if self._unreported:
+                first_t = out[0]["t"] if out else 0.0
+                out.insert(0, Dropped(t=first_t, count=self._unreported).to_dict())
+                self._unreported = 0
+            return out
+
+    def close(self):
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class Broadcaster:
+    def __init__(self, history=2000, per_client=5000):
+        self._subs = set()
+        self._listeners = []
+        self._history = deque(maxlen=history)
+        self._per_client = per_client
+        self._lock = threading.Lock()
+
+    def subscribe(self, replay=True):
+        with self._lock:
+            sub = Subscription(self._per_client, self._history if replay else ())
+            self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub):
+        with self._lock:
+            self._subs.discard(sub)
+        sub.close()
+
+    def add_listener(self, fn):
+        """`fn(event)` is called with each typed event in the publishing thread: quick, never blocking."""
+        self._listeners.append(fn)
+
+    @property
+    def subscribers(self):
+        return len(self._subs)
+
+    def publish(self, event):
+        wire = event.to_dict()
+        with self._lock:
+            self._history.append(wire)
+            subs = list(self._subs)
+        for sub in subs:
+            sub.push(wire)
+        for fn in self._listeners:
+            fn(event)

@@ -1,0 +1,19 @@
+"""The engine's start-up configuration: what is fixed for the life of an engine (its capacity).
+
+Live controls (load, rate, slot limit, cache budget, ...) are settings (engine/settings.py)
+and change while it runs; these bound them.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    slots: int = 16              # most requests decoded together (the slots slider's maximum)
+    kv_tokens: int | None = None  # KV-cache capacity in tokens (default: 1024 per slot)
+    block_size: int = 16         # KV-cache block size in tokens
+    max_context: int = 4096      # longest prompt + output per request (capped by the model's)
+    history: int = 2000          # events replayed to a page that connects
+
+    @property
+    def cache_tokens(self):
+        return self.kv_tokens or self.slots * 1024

@@ -1,0 +1,184 @@
+"""The driver: the one thread that calls `Engine.step()`, and the one place that handles failure.
+
+Web threads call the thread-safe methods here (`submit`, `cancel`, `update_settings`,
+`burst`, `reset`); they validate in the caller's thread, then queue a command in the inbox.
+The engine thread drains the inbox, applies the commands, calls `step()` and publishes every
+event they return. The load generator has a thread of its own and submits like any client,
+so its arrivals happen on time even while a long forward runs (open loop).
+
+If anything raises outside a forward (a forward's own failure only fails its batch, inside
+`step()`), the driver fails every request in flight with reason "error", publishes a fatal
+`error` event, answers /healthz with 503 and the reason, and refuses new requests at once.
+"""
+import queue
+import threading
+import traceback
+
+from .backend import RequestHandle
+from .broadcast import Broadcaster
+from .events import Error, Rejected
+from .settings import coerce, validate
+
+STATS_EVERY_S = 0.5
+
+
+class EngineDriver:
+    def __init__(self, engine):
+        self.engine = engine
+        self.clock = engine.clock
+        self.specs = engine.specs
+        self.settings = engine.settings
+        self.api_model = engine.bundle.name
+        self.max_context = engine.max_context
+        self.events = Broadcaster(history=engine.config.history)
+        engine.subscribers = lambda: self.events.subscribers
+        self.publishing = True     # off: events are built but not published (the bench's A/B)
+        self.failure = None        # why the engine stopped, once it has
+        self._inbox = queue.Queue()
+        self._lock = threading.Lock()       # failure vs inbox; the load generator's random state
+        self._wake = threading.Event()
+        self._load_wake = threading.Event()
+        self._stop = False
+        self._threads = []
+
+    # ------------------------------------------------------------------ facts
+    def hello(self):
+        return self.engine.hello()
+
+    def health(self):
+        eng = self.engine
+        if self.failure:
+            return {"status": "error", "message": f"the engine stopped: {self.failure}"}, 503
+        b = eng.bundle
+        return {"status": "ok", "model": b.name, "device": b.device, "dtype": b.dtype_name,
+                "load_s": round(b.load_s, 3), "weights_from_cache": b.from_cache,
+                "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting)}, 200
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self):
+        for target, name in ((self._loop, "engine"), (self._load_loop, "load-generator")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def shutdown(self):
+        self._stop = True
+        self._wake.set()
+        self._load_wake.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    # ------------------------------------------------------------ any thread
+    def submit(self, source="api", **kw):
+        seq = self.engine.new_sequence(source=source, **kw)   # SettingError: nothing queued
+        handle = RequestHandle(seq.id, seq.sink)
+        with self._lock:
+            if self.failure is None:
+                self._inbox.put(("add", seq))
+                self._wake.set()
+                return handle
+        self._refuse(seq)
+        return handle
+
+    def cancel(self, rid):
+        self._command("cancel", rid)
+
+    def update_settings(self, changes):
+        changes = validate(self.specs, changes)
+        self._command("set", changes)
+        return changes
+
+    def burst(self, n):
+        for _ in range(coerce("n", "int", n, 1, 64)):
+            self._submit_load()
+
+    def reset(self):
+        self._command("reset", None)
+
+    def _command(self, kind, arg):
+        self._inbox.put((kind, arg))
+        self._wake.set()
+
+    def _publish(self, events):
+        if self.publishing:
+            for ev in events:
+                self.events.publish(ev)
+
+    def _refuse(self, seq):
+        """A request that arrived after the engine stopped: rejected at once, never left waiting."""
+        reason = f"the engine stopped: {self.failure}"
+        if seq.sink is not None:
+            seq.sink.put(("rejected", reason, "engine_error"))
+        self.events.publish(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code="engine_error"))
+
+    # ------------------------------------------------------------ engine thread
+    def _loop(self):
+        eng = self.engine
+        try:
+            while not self._stop:
+                self._drain_inbox()
+                self._publish(eng.step())
+                if not eng.busy:
+                    self._wake.wait(eng.idle_timeout())
+                    self._wake.clear()
+        except Exception as e:  # noqa: BLE001 -- the one place a fault outside a forward lands
+            self._die(e)
+
+    def _drain_inbox(self):
+        eng = self.engine
+        while True:
+            try:
+                kind, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._publish(eng.add(arg))
+            elif kind == "cancel":
+                self._publish(eng.cancel(arg))
+            elif kind == "set":
+                self._publish(eng.apply_settings(arg))
+                self._load_wake.set()   # the generator redraws its next gap under the new rate
+            elif kind == "reset":
+                self._publish(eng.reset())
+
+    def _die(self, error):
+        message = f"{type(error).__name__}: {error}"
+        traceback.print_exception(error)
+        with self._lock:
+            self.failure = message
+            pending = []
+            while not self._inbox.empty():
+                pending.append(self._inbox.get_nowait())
+        try:
+            events = self.engine.fail_all(message)
+        except Exception as e:  # noqa: BLE001 -- the state is broken; still tell everyone below
+            traceback.print_exception(e)
+            events = []
+        events.append(Error(t=self.clock.now(), message=f"the engine stopped: {message}", fatal=True))
+        for ev in events:
+            self.events.publish(ev)
+        for kind, arg in pending:
+            if kind == "add":
+                self._refuse(arg)
+
+    # ------------------------------------------------------------ load thread
+    def _load_loop(self):
+        """Open-loop Poisson arrivals while `load` is on."""
+        gen = self.engine.loadgen
+        while not self._stop and self.failure is None:
+            with self._lock:
+                due = gen.due(self.clock.now(), self.settings["load"], self.settings["rate"])
+                nxt = gen.next_arrival
+            for _ in range(due):
+                self._submit_load()
+            if self._load_wake.wait(STATS_EVERY_S if nxt is None else max(0.0, nxt - self.clock.now())):
+                self._load_wake.clear()
+                with self._lock:
+                    gen.restart()   # exponential gaps are memoryless: redrawing is exact
+
+    def _submit_load(self):
+        n = self.settings["prompt_tokens"]
+        with self._lock:
+            text = self.engine.loadgen.prompt(n)
+        self.submit(prompt=text, source="load", prompt_tokens=n)

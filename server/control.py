@@ -1,0 +1,56 @@
+"""Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
+`reset`, `sync`): parsed and validated here, transport-free, so every bad message gets
+an `error` reply naming the field and changes nothing."""
+import json
+
+from engine.events import Error, Sync
+from engine.settings import SettingError
+
+MAX_MESSAGE_BYTES = 256 * 1024
+
+
+def _error(backend, message, field=None):
+    return Error(t=backend.clock.now(), message=message, field=field)
+
+
+def handle(backend, raw):
+    """Apply one raw client message; return the events to send back to that client only."""
+    if isinstance(raw, bytes) or raw is None:
+        return [_error(backend, "messages must be JSON text frames", "message")]
+    if len(raw) > MAX_MESSAGE_BYTES:
+        return [_error(backend, f"message larger than {MAX_MESSAGE_BYTES} bytes", "message")]
+    try:
+        msg = json.loads(raw)
+    except ValueError as e:
+        return [_error(backend, f"not valid JSON: {e}", "message")]
+    if not isinstance(msg, dict):
+        return [_error(backend, "message must be a JSON object", "message")]
+    kind = msg.get("type")
+    try:
+        if kind == "set":
+            backend.update_settings(msg.get("settings"))
+        elif kind == "load":
+            backend.update_settings({"load": msg.get("on")})
+        elif kind == "burst":
+            backend.burst(msg.get("n", 8))
+        elif kind == "reset":
+            backend.reset()
+        elif kind == "submit":
+            chat = msg.get("chat", True)
+            if not isinstance(chat, bool):
+                raise SettingError("chat", "must be true or false")
+            backend.submit(prompt=msg.get("prompt"), source="page", chat=chat,
+                           max_new_tokens=msg.get("max_new_tokens"), temperature=msg.get("temperature"),
+                          top_p=msg.get("top_p"), seed=msg.get("seed"))
+        elif kind == "sync":
+            client_t = msg.get("client_t")
+            if isinstance(client_t, bool) or not isinstance(client_t, (int, float)):
+                raise SettingError("client_t", "must be a number")
+            now = backend.clock.now()
+            return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
+        else:
+            return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
+                                    "reset or sync)", "type")]
+    except SettingError as e:
+        return [_error(backend, e.message, e.field)]
+    return []

@@ -1,0 +1,40 @@
+"""The live websocket (/ws): hello, then replayed history, then live events, coalesced into one
+JSON array per tick; the page's control messages are handled between sends (server/control.py)."""
+import json
+
+from flask import Blueprint
+from flask_sock import Sock
+
+from engine.events import Error, Loading
+from . import control
+from .state import current
+
+SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
+bp = Blueprint("live", __name__)
+sock = Sock()
+
+
+def _send(conn, events):
+    conn.send(json.dumps(events, separators=(",", ":")))
+
+
+@sock.route("/ws", bp=bp)
+def ws(conn):
+    state = current()
+    while not state.ready.wait(0.5):
+        if state.error:
+            _send(conn, [Error(t=0.0, message=f"the model failed to load: {state.error}", fatal=True).to_dict()])
+            return
+        _send(conn, [Loading(t=0.0, **state.progress).to_dict()])
+    backend = state.backend
+    sub = backend.events.subscribe()
+    try:
+        _send(conn, [backend.hello().to_dict()])
+        while True:
+            raw = conn.receive(timeout=SEND_EVERY_S)
+            out = [e.to_dict() for e in control.handle(backend, raw)] if raw is not None else []
+            out += sub.get(timeout=0)
+            if out:
+                _send(conn, out)
+    finally:
+        backend.events.unsubscribe(sub)

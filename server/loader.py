@@ -1,0 +1,47 @@
+"""Loading the model in the background while the app already serves /healthz and the page.
+
+Any failure (a bad model file, out of memory while allocating the KV cache, ...) is caught
+here and reported: /healthz answers 503 with the reason and pages get a fatal `error`.
+"""
+import sys
+import threading
+
+from . import bench_results
+
+
+def start(args, state):
+    """Load the model and start the engine on a thread of its own."""
+    threading.Thread(target=_load, args=(args, state), name="loader", daemon=True).start()
+
+
+def _load(args, state):
+    from engine import Engine, EngineConfig, EngineDriver, model
+    bar = ProgressBar()
+
+    def progress(message, frac):
+        state.set_progress(message, frac)
+        bar.show(message, frac)
+    try:
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
+        config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
+                              max_context=args.max_context)
+        bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
+        driver = EngineDriver(Engine(bundle, config, bench=bench)).start()
+    except Exception as e:  # noqa: BLE001 -- whatever it was, say so instead of "loading" forever
+        state.set_error(f"{type(e).__name__}: {e}")
+        print(f"\nerror: {e}", file=sys.stderr, flush=True)
+        return
+    state.set_backend(driver)
+    print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"
+          f"{', weights from cache' if bundle.from_cache else ''})", flush=True)
+
+
+class ProgressBar:
+    def show(self, message, frac):
+        width = 30
+        fill = int(frac * width)
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {frac * 100:5.1f}% {message:<50}")
+        sys.stderr.flush()

@@ -1,0 +1,81 @@
+"""Helpers the tests share: the tiny random model, greedy references, websocket frames."""
+import json
+from pathlib import Path
+import time
+
+import torch
+
+from bench.launch import App, free_port
+from engine import model as model_mod
+from engine.loadgen import CORPUS
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"   # screenshots and server logs from a test run (git-ignored)
+SCHEMA = ROOT / "docs" / "events.schema.json"
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def tiny_tokenizer():
+    """A byte-level BPE (vocab 400) trained in well under a second on the shipped corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>", "<|user|>", "<|assistant|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator([CORPUS.read_text()], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def tiny_bundle(seed=0, layers=2):
+    """A randomly initialised Llama from a config; init scaled up so logits are well separated."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    tok = tiny_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      initializer_range=0.2, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+                      bos_token_id=None, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    m = LlamaForCausalLM(cfg).eval()
+    m.generation_config.eos_token_id = tok.eos_token_id
+    m.generation_config.pad_token_id = tok.eos_token_id
+    return model_mod.ModelBundle(m, tok, "tiny-random-llama", "cpu", torch.float32, 0.0, False)
+
+
+def reference(bundle, text, max_new):
+    """`model.generate`'s greedy continuation of `text` (token ids), run alone."""
+    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    out = bundle.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def frames(conn, seconds, until=None):
+    """Events from a websocket for up to `seconds`, or until `until(events)` holds."""
+    events, end = [], time.time() + seconds
+    while time.time() < end:
+        raw = conn.receive(timeout=0.2)
+        if raw:
+            events += json.loads(raw)
+            if until and until(events):
+                break
+    return events
+
+
+def schema_validator():
+    """A validator for one event against docs/events.schema.json."""
+    import jsonschema
+    defs = json.loads(SCHEMA.read_text())["$defs"]
+    return jsonschema.Draft202012Validator({"$defs": defs, "$ref": "#/$defs/event"})
+
+
+def start_app(*args, port=None):
+    """`python app.py` on the real model, its output in test-artifacts/server-PORT.log."""
+    port = port or free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    return App(*args, port=port, log=ARTIFACTS / f"server-{port}.log")

@@ -1,0 +1,97 @@
+"""The driver: the engine thread, its inbox, the load thread, and what happens when the
+engine itself fails (tiny random model; these tests use the real threads)."""
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, EngineDriver, SettingError
+
+
+def drain(handle, timeout=60):
+    items = list(handle.outputs(timeout=timeout))
+    return [i[2] for i in items if i[0] == "token"], items[-1]
+
+
+def wait_idle(driver, timeout=30):
+    eng, deadline = driver.engine, time.time() + timeout
+    while time.time() < deadline:
+        if not eng.scheduler.running and not eng.scheduler.waiting and driver._inbox.empty():
+            return
+        time.sleep(0.01)
+    raise AssertionError("engine did not go idle")
+
+
+@pytest.fixture
+def driver(tiny):
+    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))).start()
+    yield d
+    d.shutdown()
+
+
+def test_submit_streams_tokens_then_finished(driver):
+    ids, last = drain(driver.submit(prompt="We hold these truths", max_new_tokens=5, stream=True))
+    assert last[0] == "finished" and last[1].output_tokens == len(ids) and 1 <= len(ids) <= 5
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"slots": 0}, "slots"), ({"slots": "4"}, "slots"), ({"slots": 2.5}, "slots"), ({"nope": 1}, "nope"),
+    ({"rate": float("nan")}, "rate"), ({"kv_cache": 1}, "kv_cache"), ({"prefill_chunk": 8}, "prefill_chunk"),
+    ({"rate": 1.0, "slots": 99}, "slots"), ({}, "settings"), ([], "settings")])
+def test_bad_settings_change_nothing(tiny, bad, field):
+    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=256)))   # not started
+    before = dict(d.settings)
+    with pytest.raises(SettingError) as e:
+        d.update_settings(bad)
+    assert e.value.field == field
+    assert d._inbox.empty() and d.settings == before
+
+
+def test_settings_event_broadcast_and_load_generator(driver):
+    sub = driver.events.subscribe(replay=False)
+    driver.update_settings({"prompt_tokens": 48, "max_new_tokens": 2, "rate": 16.0, "load": True})
+    time.sleep(1.0)
+    driver.update_settings({"load": False})
+    wait_idle(driver)
+    evs = sub.get(1)
+    assert any(e["type"] == "settings" and "rate" in e["changed"] for e in evs)
+    reqs = [e for e in evs if e["type"] == "request"]
+    assert 4 <= len(reqs) <= 40                    # Poisson at 16/s for ~1 s
+    assert all(e["source"] == "load" and e["prompt_tokens"] == 48 for e in reqs)
+    assert driver.engine.account.used == 0
+
+
+def test_burst_and_reset(driver):
+    driver.update_settings({"max_new_tokens": 200})
+    sub = driver.events.subscribe(replay=False)
+    driver.burst(10)
+    time.sleep(0.3)
+    driver.reset()
+    wait_idle(driver)
+    evs = sub.get(1)
+    fins = [e for e in evs if e["type"] == "finished"]
+    assert len(fins) == 10 and all(e["reason"] in ("cancelled", "length", "stop") for e in fins)
+    assert any(e["type"] == "reset" for e in evs)
+    assert driver.engine.account.used == 0 and driver.engine.in_flight == 0
+
+
+def test_a_fault_outside_the_forward_fails_everything_and_says_so(driver, monkeypatch):
+    """An exception in the engine's own bookkeeping (here: computing stats) is not a forward's
+    failure: the driver fails every request in flight, tells every subscriber, turns /healthz
+    to 503 naming the fault, and refuses new requests at once instead of letting them hang."""
+    sub = driver.events.subscribe(replay=False)
+    handle = driver.submit(prompt="Four score and seven years ago", max_new_tokens=400, stream=True)
+    for item in handle.outputs(timeout=30):
+        if item[0] == "token":
+            break
+
+    def broken(*a, **kw):
+        raise KeyError("injected bookkeeping fault")
+    monkeypatch.setattr(driver.engine.stats, "snapshot", broken)
+    _, last = drain(handle)
+    assert last[0] == "finished" and last[1].reason == "error" and "injected bookkeeping fault" in last[1].error
+    body, status = driver.health()
+    assert status == 503 and body["status"] == "error" and "injected bookkeeping fault" in body["message"]
+    fatal = [e for e in sub.get(1) if e["type"] == "error" and e["fatal"]]
+    assert fatal and "injected bookkeeping fault" in fatal[0]["message"]
+    late = driver.submit(prompt="anyone there?", max_new_tokens=3, stream=True)
+    assert list(late.outputs(timeout=5))[-1][:1] == ("rejected",)
