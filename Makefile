@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup clean-cache
+.PHONY: run test bench setup chromium schema clean-cache
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,8 +17,22 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python app.py $(ARGS)
 
-test: $(STAMP)
+# Browser tests drive Debian's Chromium (playwright cannot download a browser here).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; \
+	  else \
+	    echo "the browser tests need Chromium: run 'sudo apt-get install chromium fonts-dejavu-core', then make test"; exit 1; \
+	  fi; }
+
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# docs/events.schema.json from the event types (a test fails when it is stale)
+schema: $(STAMP)
+	$(BIN)/python -m engine.schema
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

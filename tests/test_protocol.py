@@ -1,6 +1,7 @@
-"""The wire protocol: the schema is generated from the event types and current, and what a
-live run under load actually sends validates against it."""
+"""The wire protocol: the schema is generated from the event types and current, docs/protocol.md
+lists the same fields, and what a live run under load actually sends validates against it."""
 import json
+import re
 import time
 
 import jsonschema
@@ -50,3 +51,26 @@ def test_a_wrong_event_is_refused_by_the_schema():
     for bad in ({**good, "count": "3"}, {**good, "extra": 1}, {"type": "dropped", "t": 1.0},
                 {**good, "type": "nope"}):
         assert not check.is_valid(bad), bad
+
+
+def documented_fields():
+    """{event type: the field names listed under its `### \\`type\\`` heading in docs/protocol.md}."""
+    doc, out, current = (SCHEMA.parent / "protocol.md").read_text(), {}, None
+    for line in doc.splitlines():
+        heading = re.fullmatch(r"### `(\w+)`", line)
+        if heading:
+            current = out.setdefault(heading.group(1), set())
+        elif line.startswith("## "):
+            current = None
+        elif current is not None and line.startswith("- "):
+            current.update(re.findall(r"`(\w+)`", line[2:].split(" — ")[0]))
+    return out
+
+
+def test_protocol_doc_lists_exactly_the_fields_sent():
+    defs = json.loads(SCHEMA.read_text())["$defs"]
+    documented = documented_fields()
+    assert set(documented) == {cls.type for cls in schema.events.EVENT_TYPES}
+    for cls in schema.events.EVENT_TYPES:
+        sent = set(defs[cls.__name__]["properties"]) - {"type", "t"}
+        assert documented[cls.type] == sent, (cls.type, documented[cls.type] ^ sent)
