@@ -15,10 +15,11 @@ import itertools
 import queue
 
 from . import bandwidth, sampler
+from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Prefill, Rejected, Request, Reset,
-                     Settings, Stats, Step, Token, Tokenized)
-from .kv_cache import BlockAccount, SlotKVStore, kv_bytes_per_token
+from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Preempted, Prefill, Rejected, Request,
+                     Reset, Settings, Stats, Step, Token, Tokenized)
+from .kv_cache import BlockManager, PagedKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .scheduler import Scheduler
@@ -42,13 +43,16 @@ class Engine:
         self.clock = Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
-        self.account = BlockAccount(config.block_size, config.cache_tokens // config.block_size)
-        self.scheduler = Scheduler(self.account, config.slots)
-        self.store = SlotKVStore(cfg, config.slots, self.max_context, bundle.dtype, bundle.device)
+        self.blocks = BlockManager(config.block_size, config.cache_tokens // config.block_size)
+        self.scheduler = Scheduler(self.blocks, config.slots)
+        self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
         self.runner = Runner(model, self.store)
-        self.specs = make_settings(config.slots, self.account.capacity * config.block_size,
+        self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context)
-        self.settings = {name: spec.default for name, spec in self.specs.items()}
+        self.settings = {}
+        self._out = []
+        self.apply_settings({name: spec.default for name, spec in self.specs.items()})
+        self._out = []
         self.loadgen = LoadGenerator(tok)
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -62,7 +66,6 @@ class Engine:
         self._ids = itertools.count(1)
         self._by_id = {}
         self._next_stats = 0.0
-        self._out = []
 
     # ------------------------------------------------------------------ facts
     def hello(self):
@@ -75,7 +78,7 @@ class Engine:
             kv_heads=getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             hidden=cfg.hidden_size, vocab=cfg.vocab_size, kv_bytes_per_token=self.bytes_per_token,
-            block_size=self.account.block_size, cache_blocks=self.account.capacity,
+            block_size=self.blocks.block_size, cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench)
 
@@ -85,13 +88,14 @@ class Engine:
 
     # ------------------------------------------- any thread: validate + tokenize
     def new_sequence(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-                     top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None):
+                     top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None,
+                     ignore_eos=False, min_tokens=0):
         """A validated, tokenized request, not yet known to the engine (hand it to `add`).
 
         `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length).
         Raises SettingError for invalid parameters."""
         arrival = self.clock.now()
-        params = self._params(max_new_tokens, temperature, top_p, seed, stop)
+        params = self._params(max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens)
         text, ids = self._tokenize(prompt, messages, chat)
         if prompt_tokens is not None:
             ids = ids[:prompt_tokens]
@@ -99,7 +103,7 @@ class Engine:
                         arrival=arrival, tokenize_end=self.clock.now(),
                         sink=queue.Queue() if stream else None)
 
-    def _params(self, max_new_tokens, temperature, top_p, seed, stop):
+    def _params(self, max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens):
         s = self.settings
         p = SamplingParams(
             max_new_tokens=coerce("max_new_tokens", "int", s["max_new_tokens"] if max_new_tokens is None
@@ -108,7 +112,10 @@ class Engine:
                                else temperature, 0.0, 2.0),
             top_p=coerce("top_p", "float", s["top_p"] if top_p is None else top_p, 0.0, 1.0),
             seed=None if seed is None else coerce("seed", "int", seed, 0, 2**63 - 1),
-            stop=tuple(stop or ()))
+            stop=tuple(stop or ()), ignore_eos=coerce("ignore_eos", "bool", ignore_eos),
+            min_tokens=coerce("min_tokens", "int", min_tokens, 0, self.max_context))
+        if p.min_tokens > p.max_new_tokens:
+            raise SettingError("min_tokens", f"must be at most max_new_tokens ({p.max_new_tokens})")
         if p.top_p <= 0:
             raise SettingError("top_p", "must be greater than 0")
         if not all(isinstance(x, str) and x for x in p.stop) or len(p.stop) > 4:
@@ -160,6 +167,7 @@ class Engine:
             return self._take()
         if seq.params.seed is not None:
             seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)
+        seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
         self._by_id[seq.id] = seq
         self.scheduler.waiting.append(seq)
         return self._take()
@@ -172,9 +180,9 @@ class Engine:
         if need > self.max_context:
             return (f"prompt ({n} tokens) + max_new_tokens ({new}) exceeds the context of "
                     f"{self.max_context} tokens", "context_length_exceeded")
-        if self.account.blocks_for(need) > self.account.capacity:
-            return (f"needs {need} tokens of KV cache; the cache holds "
-                    f"{self.account.capacity * self.account.block_size}", "exceeds_cache")
+        if self.blocks.blocks_for(need) > self.blocks.budget:
+            return (f"needs {need} tokens of KV cache; the cache budget is "
+                    f"{self.blocks.budget * self.blocks.block_size} tokens", "exceeds_cache")
         if len(self.scheduler.waiting) >= self.scheduler.max_waiting:
             return f"queue full ({self.scheduler.max_waiting} waiting)", "queue_full"
         return None
@@ -188,8 +196,12 @@ class Engine:
     def apply_settings(self, changes):
         """Apply validated changes (`settings.validate`); return the `settings` event."""
         self.settings.update(changes)
-        self.scheduler.slot_limit = self.settings["slots"]
-        self.account.budget = self.settings["cache_tokens"] // self.account.block_size
+        sched, s = self.scheduler, self.settings
+        sched.slot_limit, sched.policy, sched.max_batched_tokens = s["slots"], s["schedule"], s["max_batched_tokens"]
+        if sched.prefix_caching and not s["prefix_caching"]:
+            self.blocks.forget_hashes()
+        sched.prefix_caching = s["prefix_caching"]
+        self.blocks.budget = s["cache_tokens"] // self.blocks.block_size
         self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
         return self._take()
 
@@ -218,65 +230,65 @@ class Engine:
         return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
 
     def step(self):
-        """Admit, emit stats when due, run one forward (if there is work), sample, finish."""
-        for seq in self.scheduler.admit(self.settings["kv_cache"]):
-            seq.admitted = self.clock.now()
-            self._emit(Admitted(t=seq.admitted, id=seq.id, slot=seq.slot, queue_s=seq.admitted - seq.arrival,
-                                blocks=seq.blocks))
+        """Schedule, emit stats when due, run one forward over the scheduled tokens, sample, finish."""
+        plan = self.scheduler.schedule(self.settings["kv_cache"])
+        now = self.clock.now()
+        for seq in plan.preempted:
+            self._emit(Preempted(t=now, id=seq.id, tokens=seq.num_tokens, preemptions=seq.preemptions))
+        for seq, reason in plan.refused:
+            self._refuse_waiting(seq, reason)
+        for seq in plan.admitted:
+            resumed = seq.admitted is not None
+            seq.admitted = seq.admitted or now
+            self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=now - seq.arrival, blocks=len(seq.block_table),
+                                prompt_tokens=seq.num_tokens, cached_tokens=seq.cached_tokens, resumed=resumed))
         # Right after admission, so whoever still waits really is blocked (stats say on what).
         if self.clock.now() >= self._next_stats:
             self._emit_stats()
-        work = self.scheduler.next_work(self.settings["prefill_chunk"])
-        if work is not None:
+        if plan.segments:
             try:
-                if work[0] == "prefill":
-                    self._prefill(*work[1:])
-                else:
-                    self._decode(work[1])
+                self._run(plan.segments)
             except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
-                self._fail(work, e)
+                self._fail([seg.seq for seg in plan.segments], e)
         return self._take()
 
-    def _step_event(self, kind, start, end, seqs, tokens):
-        self._emit(Step(t=end, kind=kind, start=start, end=end, ids=[s.id for s in seqs], tokens=tokens,
-                        kv_cache=seqs[0].kv_cache, cache_tokens=self.scheduler.cache_tokens,
-                        cache_blocks_used=self.account.used,
-                        per_request={s.id: s.length + 1 for s in seqs} if kind == "decode" else None))
+    def _refuse_waiting(self, seq, reason):
+        """A waiting request the lowered cache budget can never hold: rejected (or, if it had
+        started before a preemption, finished with an error) instead of waiting forever."""
+        if seq.output_ids:
+            self._finish(seq, "error", reason)
+            return
+        self._by_id.pop(seq.id, None)
+        self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code="exceeds_cache"))
+        if seq.sink is not None:
+            seq.sink.put(("rejected", reason, "exceeds_cache"))
 
-    def _prefill(self, seqs, start, n):
-        """One prefill forward: a chunk of one request (n given), or whole prompts of several."""
+    def _run(self, segments):
         t0 = self.clock.now()
-        if n is not None:
-            seq = seqs[0]
-            logits = self.runner.prefill(seq.row, seq.prompt_ids[start:start + n], start)
-        else:
-            rows = [s.row for s in seqs] if seqs[0].kv_cache else None
-            logits = self.runner.forward_full([s.prompt_ids for s in seqs], rows)
+        logits = self.runner.forward(segments)
         t1 = self.clock.now()
-        for seq in seqs:
-            if seq.prefill_start is None:
-                seq.prefill_start = t0
-            seq.prefill_s += t1 - t0      # the shared forward is each one's prefill time
-            seq.prefilled = start + n if n is not None else len(seq.prompt_ids)
-            self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=start, tokens=seq.prefilled - start,
-                               done=seq.prefill_done))
-        self._step_event("prefill", t0, t1, seqs, sum(s.prefilled - start for s in seqs))
-        done = [i for i, s in enumerate(seqs) if s.prefill_done]
-        if done:
-            self._sample_and_deliver([seqs[i] for i in done], logits[done], t1 - t0)
-
-    def _decode(self, seqs):
-        t0 = self.clock.now()
-        if seqs[0].kv_cache:
-            logits = self.runner.decode([s.row for s in seqs], [s.output_ids[-1] for s in seqs],
-                                        [s.length for s in seqs])
-            tokens = len(seqs)
-        else:
-            logits = self.runner.forward_full([s.total_ids for s in seqs])
-            tokens = sum(len(s.total_ids) for s in seqs)
-        t1 = self.clock.now()
-        self._step_event("decode", t0, t1, seqs, tokens)
-        self._sample_and_deliver(seqs, logits, t1 - t0)
+        prefill_tokens = decode_tokens = 0
+        for seg in segments:
+            seq = seg.seq
+            decode = bool(seq.output_ids) and seg.logits and (not seg.cached or seg.n == 1)
+            if decode:
+                decode_tokens += 1 if seg.cached else seg.n
+            else:
+                prefill_tokens += seg.n
+                if seq.first_delivered is None:       # the shared forward is each one's prefill time
+                    seq.prefill_start = seq.prefill_start if seq.prefill_start is not None else t0
+                    seq.prefill_s += t1 - t0
+                self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n,
+                                   done=seg.logits))
+            self.scheduler.computed(seg)
+        kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
+        self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
+                        tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
+                        decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache, cache_tokens=self.scheduler.cache_tokens, cache_blocks_used=self.blocks.used,
+                        per_request={g.seq.id: g.start + g.n for g in segments}))
+        sampling = [g.seq for g in segments if g.logits]
+        if sampling:
+            self._sample_and_deliver(sampling, logits, t1 - t0)
 
     def _sample_and_deliver(self, seqs, logits, forward_s):
         t0 = self.clock.now()
@@ -287,7 +299,8 @@ class Engine:
         for seq, tid in zip(seqs, ids):
             first = not seq.output_ids
             seq.output_ids.append(tid)
-            text = self._increment(seq)
+            text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
+            stopped = seq.stops.feed(text)
             handed = self.clock.now()
             self._emit(Token(t=handed, id=seq.id, index=len(seq.output_ids) - 1, token_id=tid, text=text,
                              first=first, sampled=sampled, sample_s=sample_s))
@@ -303,51 +316,39 @@ class Engine:
                 self.stats.gap(delivered - seq.last_delivered)
             seq.last_delivered = delivered
             self.stats.token(delivered)
-            reason = self._stop_reason(seq, tid)
+            reason = self._stop_reason(seq, tid, stopped)
             if reason:
                 done.append((seq, reason))
-        # Finish only after every row has its token: compaction copies `length` positions,
-        # which counts this step's token only once it is appended.
         for seq, reason in done:
             self._finish(seq, reason)
 
-    def _fail(self, work, error):
+    def _fail(self, seqs, error):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
         reason "error", free their slots and blocks, say so, and keep serving the rest."""
-        seqs = work[1]
-        message = f"{work[0]} failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
+        message = f"a step failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
         self._emit(Error(t=self.clock.now(), message=message))
         for seq in seqs:
             if seq.id in self._by_id:
                 self._finish(seq, "error", message)
 
-    def _increment(self, seq):
-        """The new text this token adds (held back while it ends in a partial UTF-8 character)."""
-        full = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        if full.endswith("\ufffd"):
-            return ""
-        new, seq.text = full[len(seq.text):], full
-        return new
-
-    def _stop_reason(self, seq, tid):
-        if tid in self.eos:
-            return "stop"
-        if any(s in seq.text for s in seq.params.stop):
-            return "stop_string"
-        if len(seq.output_ids) >= seq.params.max_new_tokens:
+    def _stop_reason(self, seq, tid, stop_string_seen):
+        p, n = seq.params, len(seq.output_ids)
+        if n >= p.min_tokens:
+            if tid in self.eos and not p.ignore_eos:
+                return "stop"
+            if stop_string_seen:
+                return "stop_string"
+        if n >= p.max_new_tokens:
             return "length"
         return None
 
     def _finish(self, seq, reason, error=None):
         self._by_id.pop(seq.id, None)
-        moved = self.scheduler.remove(seq)
-        if moved is not None and seq.kv_cache:
-            src, dst = moved
-            mover = self.scheduler.running[dst]
-            self.store.move_row(src, dst, mover.length)
+        self.scheduler.remove(seq)
         now = self.clock.now()
         ev = Finished(t=now, id=seq.id, reason=reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
-                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error)
+                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error,
+                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
         if seq.first_delivered is not None:
             ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
             self.stats.done(ev.ttft)
@@ -366,6 +367,10 @@ class Engine:
             waiting_ids=[s.id for s in list(sched.waiting)[:50]],
             # every slot up to the limit, plus any still busy above a lowered limit
             slots=[s.id if s else None for s in sched.slots[:busy]],
-            cache_blocks_used=self.account.used, cache_blocks=self.account.budget,
-            cache_tokens=sched.cache_tokens, subscribers=self.subscribers(),
+            cache_blocks_used=self.blocks.used, cache_blocks=self.blocks.budget,
+            cache_tokens=sched.cache_tokens, cache_blocks_shared=self.blocks.shared,
+            cache_blocks_cached=self.blocks.cached_free,
+            block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
+            prefix_queries=self.blocks.queries, prefix_hits=self.blocks.hits, preemptions=sched.preemptions,
+            subscribers=self.subscribers(),
             blocked_on=sched.blocked_on(self.settings["kv_cache"]), **self.stats.snapshot(now)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 2   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 3   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -93,6 +93,7 @@ class Hello(Event):
     kv_bytes_per_token: int | None
     block_size: int | None
     cache_blocks: int | None
+    kv_store_bytes: int | None
     max_slots: int | None
     max_context: int | None
     settings: dict[str, Any]
@@ -148,6 +149,17 @@ class Admitted(Event):
     slot: int
     queue_s: float
     blocks: int
+    prompt_tokens: int
+    cached_tokens: int
+    resumed: bool
+
+
+@dataclass(slots=True)
+class Preempted(Event):
+    type: ClassVar[str] = "preempted"
+    id: str
+    tokens: int
+    preemptions: int
 
 
 @dataclass(slots=True)
@@ -164,15 +176,17 @@ class Prefill(Event):
 @dataclass(slots=True)
 class Step(Event):
     type: ClassVar[str] = "step"
-    kind: Literal["prefill", "decode"]
+    kind: Literal["prefill", "decode", "mixed"]
     start: float
     end: float
     ids: list[str]
     tokens: int
+    prefill_tokens: int
+    decode_tokens: int
     kv_cache: bool
     cache_tokens: int
     cache_blocks_used: int
-    per_request: dict[str, int] | None = None
+    per_request: dict[str, int]
 
 
 @dataclass(slots=True)
@@ -200,6 +214,8 @@ class Finished(Event):
     tpot: float | None = None
     stages: Stages | None = None
     later: Later | None = None
+    cached_tokens: int | None = None  # prompt tokens reused from the prefix cache
+    preemptions: int | None = None
     client_side: bool = False        # observe mode: measured by a client of another server
     chunks: int | None = None        # observe mode: streamed chunks that carried text
     gaps: list[float] | None = None  # observe mode: every gap between chunks
@@ -229,7 +245,13 @@ class Stats(Event):
     ttft: Percentiles
     itl: Percentiles
     finished: int
-    blocked_on: Literal["slot", "cache", "drain"] | None = None
+    blocked_on: Literal["slot", "cache", "drain", "batch"] | None = None
+    cache_blocks_shared: int | None = None  # blocks used by more than one request (a shared prefix)
+    cache_blocks_cached: int | None = None  # free blocks still holding a reusable prefix
+    block_tables: dict[str, list[int]] | None = None   # running request -> its blocks, in order
+    prefix_queries: int | None = None       # prompt tokens looked up in the prefix cache, so far
+    prefix_hits: int | None = None          # ... of which found
+    preemptions: int | None = None          # so far
     in_flight: int | None = None            # observe mode: the observer's open requests
     cache_usage: float | None = None        # observe mode: the server's KV-cache usage, 0..1
     server: dict[str, float | None] | None = None   # observe mode: the server's raw gauges
@@ -261,5 +283,5 @@ class Error(Event):
     fatal: bool = False     # the engine stopped: every request in flight failed, /healthz is 503
 
 
-EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Prefill, Step, Token, Finished,
-               Rejected, Stats, Sync, Reset, Dropped, Error)
+EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Preempted, Prefill, Step, Token,
+               Finished, Rejected, Stats, Sync, Reset, Dropped, Error)

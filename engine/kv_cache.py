@@ -1,130 +1,153 @@
-"""KV-cache accounting (blocks) and the slot-major KV store handed to the model.
+"""The paged KV cache: blocks of memory, the block manager that hands them out, and prefix caching.
 
-Accounting: the cache budget is counted in blocks of `block_size` tokens, like
-vLLM. A request reserves blocks for its prompt plus `max_new_tokens` when admitted
-(so it can never run out mid-flight and no preemption is needed); the blocks return
-the moment it finishes. Bytes per token come from the model config:
-2 (K and V) x layers x kv-heads x head-dim x dtype size.
+Memory: per layer, one K tensor and one V tensor of `num_blocks * block_size` token slots
+(`[slots, kv_heads, head_dim]`), allocated (zeroed, so resident) at start. A *block* is
+`block_size` consecutive slots; token position p of a request lives in slot
+`block_table[p // block_size] * block_size + p % block_size`. One extra slot past the end
+stays zero: padded reads point there, so a masked-out key is always a finite number.
 
-Storage: one tensor per layer for K and for V, shaped [rows, kv_heads, max_context,
-head_dim]. Running requests occupy rows 0..B-1 (compacted when one leaves), so a
-decode step hands the attention a *view* `k[:B, :, :L]` -- nothing is copied into a
-fresh padded batch each step. It subclasses transformers' `Cache` and is passed to
-the model's forward as its cache; `bind()` says which rows/positions a forward writes.
+Blocks are handed out as tokens are written (never reserved up front for max_new_tokens),
+returned when a request finishes or is preempted, and counted against a live budget
+(`cache_tokens` setting). Bytes per token: 2 (K and V) x layers x kv_heads x head_dim x dtype size.
+
+Prefix caching: a full block of prompt tokens is named by a hash of its tokens chained to the
+previous block's hash, so equal hashes mean equal prefixes. A later request whose prompt
+starts with cached blocks takes them (reference counts) and computes only the rest. A block
+whose last user left keeps its contents and hash in the free list, least recently freed
+first, until it is handed out again (evicted).
 """
-import math
+from collections import OrderedDict
+import hashlib
 
 import torch
-from transformers.cache_utils import Cache
 
 
 def kv_bytes_per_token(config, dtype):
-    layers = config.num_hidden_layers
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * layers * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * kv_heads(config) * head_dim(config) * \
+        torch.tensor([], dtype=dtype).element_size()
 
 
-class BlockAccount:
-    """Free-block bookkeeping for admission. Pure integers; no tensors."""
+def kv_heads(config):
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def head_dim(config):
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def block_hashes(token_ids, block_size):
+    """Chained hashes of every full block of `token_ids` (a prefix's identity, block by block)."""
+    out, prev = [], b""
+    for i in range(len(token_ids) // block_size):
+        chunk = token_ids[i * block_size:(i + 1) * block_size]
+        prev = hashlib.blake2b(prev + b"".join(t.to_bytes(4, "little") for t in chunk), digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+class BlockManager:
+    """Which block holds what: reference counts, the free list (LRU) and the prefix-hash index.
+
+    Pure bookkeeping on integers; the engine asks it before every forward for the blocks the
+    forward will write."""
 
     def __init__(self, block_size, num_blocks):
         self.block_size = block_size
-        self.capacity = num_blocks   # physical budget fixed at start
-        self.budget = num_blocks     # live setting (<= capacity)
-        self.used = 0
+        self.capacity = num_blocks      # physical blocks, fixed at start
+        self.budget = num_blocks        # live setting (<= capacity): most blocks in use at once
+        self.ref = [0] * num_blocks
+        self.hash = [None] * num_blocks
+        self.by_hash = {}               # hash -> block holding that prefix block
+        self.free = OrderedDict((b, None) for b in range(num_blocks))   # oldest freed first
+        self.used = 0                   # blocks with ref > 0
+        self.queries = 0                # prompt tokens looked up in the prefix cache
+        self.hits = 0                   # ... of which found
 
     def blocks_for(self, tokens):
-        return math.ceil(tokens / self.block_size)
+        return -(-tokens // self.block_size)
 
-    def can_reserve(self, n):
-        return self.used + n <= self.budget
+    def can_allocate(self, n):
+        return self.used + n <= self.budget and len(self.free) >= n
 
-    def reserve(self, n):
-        assert self.can_reserve(n)
+    def allocate(self, n):
+        """`n` fresh blocks (evicting the oldest cached contents), or None if they do not fit."""
+        if not self.can_allocate(n):
+            return None
+        out = []
+        for _ in range(n):
+            block, _ = self.free.popitem(last=False)
+            if self.hash[block] is not None:
+                del self.by_hash[self.hash[block]]
+                self.hash[block] = None
+            self.ref[block] = 1
+            out.append(block)
         self.used += n
+        return out
 
-    def release(self, n):
-        self.used -= n
-        assert self.used >= 0, "block accounting went negative"
+    def release(self, blocks):
+        for block in blocks:
+            self.ref[block] -= 1
+            assert self.ref[block] >= 0, "block reference count went negative"
+            if self.ref[block] == 0:
+                self.used -= 1
+                self.free[block] = None
+
+    def peek(self, hashes):
+        """How many of `hashes`, from the start, are cached (nothing is taken)."""
+        n = 0
+        while n < len(hashes) and hashes[n] in self.by_hash:
+            n += 1
+        return n
+
+    def match(self, hashes):
+        """The cached blocks for the longest run of `hashes` from the start, taken (ref + 1);
+        None if taking them would exceed the budget."""
+        found = []
+        for h in hashes:
+            block = self.by_hash.get(h)
+            if block is None:
+                break
+            found.append(block)
+        revived = sum(1 for b in found if self.ref[b] == 0)
+        if self.used + revived > self.budget:
+            return None
+        for block in found:
+            if self.ref[block] == 0:
+                del self.free[block]
+                self.used += 1
+            self.ref[block] += 1
+        return found
+
+    def register(self, block, h):
+        """`block` now holds the full prompt block named `h`; later prompts may share it."""
+        if self.hash[block] is None and h not in self.by_hash:
+            self.hash[block] = h
+            self.by_hash[h] = block
+
+    @property
+    def shared(self):
+        return sum(1 for r in self.ref if r > 1)
+
+    @property
+    def cached_free(self):
+        """Free blocks that still hold a reusable prefix."""
+        return sum(1 for b in self.free if self.hash[b] is not None)
+
+    def forget_hashes(self):
+        """Drop every cached prefix (prefix caching turned off)."""
+        self.by_hash.clear()
+        self.hash = [None] * self.capacity
 
 
-class SlotKVStore(Cache):
-    """Per-layer K/V tensors, rows x kv_heads x max_context x head_dim."""
+class PagedKVStore:
+    """The K/V memory: per layer `[num_blocks * block_size + 1, kv_heads, head_dim]`."""
 
-    def __init__(self, config, rows, max_context, dtype, device):
-        super().__init__(layers=[])
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (rows, heads, max_context, head_dim)
-        n = config.num_hidden_layers
-        # torch.empty: pages are only committed once a row is written.
-        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(n)]
-        self.max_context = max_context
-        self._mode = None
-        # Positions < clean_upto hold finite values in every row. Attention reads a whole
-        # [rows, :kv_len] window and masks the unused part, but a mask cannot hide NaN/inf
-        # that uninitialised memory may hold, so the window is zeroed the first time it grows.
-        self.clean_upto = 0
-
-    def _ensure_clean(self, kv_len):
-        if kv_len > self.clean_upto:
-            for t in (*self.k, *self.v):
-                t[:, :, self.clean_upto:kv_len].zero_()
-            self.clean_upto = kv_len
-
-    def __len__(self):
-        return len(self.k)
-
-    def bind_prefill(self, row, start, length):
-        """The next forward writes positions start..start+length-1 of `row` and reads 0..start+length-1."""
-        self._ensure_clean(start + length)
-        self._mode = ("prefill", row, start, length)
-
-    def bind_fill(self, rows, width):
-        """The next forward computes positions 0..width-1 of `rows` from scratch (batched prefill):
-        store them, and let attention use the fresh keys directly. Padding positions past a
-        row's prompt get finite values that its mask hides and later steps overwrite."""
-        self._ensure_clean(width)
-        self._mode = ("fill", rows, width)
-
-    def bind_decode(self, rows, positions):
-        """The next forward writes `positions[i]` of `rows[i]` (LongTensors) and reads 0..max(positions).
-
-        Running requests sit in rows 0..B-1, so attention reads a view. Only while a chunked
-        prefill holds a row in between do the rows have gaps; then they are gathered (a copy)."""
-        kv_len = int(positions.max()) + 1
-        self._ensure_clean(kv_len)
-        contiguous = bool(rows[0] == 0 and rows[-1] == len(rows) - 1)
-        self._mode = ("decode", rows, positions, kv_len, contiguous)
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        k, v = self.k[layer_idx], self.v[layer_idx]
-        if self._mode[0] == "fill":
-            _, rows, width = self._mode
-            k[rows, :, :width] = key_states
-            v[rows, :, :width] = value_states
-            return key_states, value_states
-        if self._mode[0] == "prefill":
-            _, row, start, length = self._mode
-            end = start + length
-            k[row, :, start:end] = key_states[0]
-            v[row, :, start:end] = value_states[0]
-            return k[row:row + 1, :, :end], v[row:row + 1, :, :end]
-        _, rows, positions, kv_len, contiguous = self._mode
-        k[rows, :, positions] = key_states[:, :, 0]
-        v[rows, :, positions] = value_states[:, :, 0]
-        if contiguous:
-            b = len(rows)
-            return k[:b, :, :kv_len], v[:b, :, :kv_len]
-        return k[rows, :, :kv_len], v[rows, :, :kv_len]
-
-    def move_row(self, src, dst, length):
-        """Compaction: copy the first `length` positions of row src into row dst."""
-        for k, v in zip(self.k, self.v):
-            k[dst, :, :length] = k[src, :, :length]
-            v[dst, :, :length] = v[src, :, :length]
-
-    def get_seq_length(self, layer_idx=0):
-        return 0
+    def __init__(self, config, num_blocks, block_size, dtype, device):
+        slots = num_blocks * block_size
+        shape = (slots + 1, kv_heads(config), head_dim(config))
+        layers = config.num_hidden_layers
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.block_size = block_size
+        self.zero_slot = slots            # always zero: where padded reads point
+        self.nbytes = 2 * layers * self.k[0].numel() * self.k[0].element_size()

@@ -1,115 +1,237 @@
-"""Who runs next: the waiting queue, batch slots, KV-block admission and the work order.
+"""Who runs in the next forward, and how many of their tokens: the waiting queue, batch slots,
+a per-step token budget and the KV blocks each scheduled token needs.
 
-Admission is first-come first-served: the head of the queue is admitted when a slot
-is free and its blocks (prompt + max_new_tokens) fit the budget; nobody overtakes it,
-so a big request is not starved by small ones. Requests with the KV cache off and on
-never share a batch: after the setting flips, new admissions wait for the running
-ones to drain.
+Policies (the `schedule` setting):
+* `mixed` (default, as vLLM V1 and SGLang): every running request gets its next token (one
+  for a decoding request, a chunk for one still prefilling), then waiting requests are
+  admitted first-come first-served, until the step's token budget (`max_batched_tokens`)
+  is spent. Decodes ride along with prefill chunks, so a long prompt never stops others
+  streaming.
+* `prefill-first` (vLLM v0): while any prompt is waiting or unfinished, steps carry whole
+  prompts only and running requests wait; then one decode step for everyone.
+* `static` (before continuous batching): a batch is formed from the queue, run until every
+  request in it has finished, and only then is the next batch admitted.
 
-Work order: without chunked prefill, the admitted requests' whole prompts go first, several
-in one right-padded forward (up to PREFILL_BATCH_TOKENS padded positions), then one decode
-step for everyone (vLLM v0 style). With chunked prefill, one request's chunk and one decode
-step alternate, so long prompts do not stall running requests.
+Blocks are allocated as tokens are written. When a step needs a block and none is free
+(or the budget is spent), the most recently admitted running request is preempted: its
+blocks are freed, its tokens kept, and it goes back to the front of the queue to be
+recomputed (vLLM V1's recompute preemption). With prefix caching on, an admitted request
+first takes the cached blocks that match its prompt and computes only the rest.
+Requests with the KV cache on and off never share a step; after the setting flips, new
+admissions wait for the running ones to drain.
 """
 from collections import deque
+from dataclasses import dataclass, field
 
-# Padded positions in one batched prefill forward: enough to amortise a forward's fixed
-# cost (per-token prefill cost is lowest around 256-512 tokens here), small enough that one
-# forward (~1.5 s on 2 CPU cores) does not stall running requests' decoding for long.
-PREFILL_BATCH_TOKENS = 512
+from .kv_cache import block_hashes
+from .runner import Segment
+
+
+@dataclass
+class Schedule:
+    segments: list = field(default_factory=list)    # this forward's work, decode rows first
+    admitted: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+    refused: list = field(default_factory=list)     # (seq, reason): can never fit the live budget
 
 
 class Scheduler:
-    def __init__(self, account, max_slots, max_waiting=512):
-        self.account = account
+    def __init__(self, blocks, max_slots, max_waiting=512):
+        self.blocks = blocks
         self.max_slots = max_slots
-        self.slot_limit = max_slots     # live setting
+        self.slot_limit = max_slots     # live settings, set by the engine
+        self.max_batched_tokens = 256
+        self.policy = "mixed"
+        self.prefix_caching = True
         self.max_waiting = max_waiting
         self.waiting = deque()
-        self.running = []               # ordered by row
+        self.running = []               # admission order: the last is preempted first
         self.slots = [None] * max_slots
-        self._last_was_prefill = False
+        self.preemptions = 0
 
-    def blocks_needed(self, seq):
-        return self.account.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
+    # ------------------------------------------------------------------ the step's plan
+    def schedule(self, kv_cache_on):
+        out = Schedule()
+        budget = self.max_batched_tokens
+        if self.policy == "prefill-first":
+            if any(not _is_decode(s) for s in self.running) or self._admissible(kv_cache_on):
+                budget = self._schedule_running(out, budget, only="prefill", whole=True)
+                self._admit(out, budget, kv_cache_on, whole=True)
+            else:
+                self._schedule_running(out, budget, only="decode")
+        else:
+            admit = self.policy == "mixed" or not self.running
+            budget = self._schedule_running(out, budget, only="decode")
+            budget = self._schedule_running(out, budget, only="prefill")
+            if admit:
+                self._admit(out, budget, kv_cache_on, whole=False)
+        out.segments.sort(key=lambda s: not s.is_decode_row)
+        return out
 
-    def admit(self, kv_cache_on):
-        """Move waiting requests into free slots while they fit; return the admitted ones."""
-        admitted = []
+    def _schedule_running(self, out, budget, only, whole=False):
+        """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),
+        oldest first, within the budget (`whole`: whole prompts); returns the budget left."""
+        for seq in list(self.running):
+            if seq not in self.running or (only == "decode") != _is_decode(seq):
+                continue
+            if not seq.kv_cache:        # recompute everything; the budget counts the new token(s)
+                out.segments.append(Segment(seq, 0, seq.num_tokens, cached=False, logits=True))
+                budget -= 1 if seq.output_ids else seq.num_tokens
+                continue
+            remaining = seq.num_tokens - seq.num_computed
+            n = remaining if whole else min(remaining, budget)
+            if n <= 0:
+                continue
+            if not self._grow(seq, n, out):
+                continue                # it was preempted itself
+            out.segments.append(Segment(seq, seq.num_computed, n, cached=True,
+                                        logits=seq.num_computed + n == seq.num_tokens))
+            budget -= n
+        return budget
+
+    def _grow(self, seq, n, out):
+        """Blocks for `seq`'s next `n` tokens, preempting the newest running requests if needed."""
+        need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
+        while need > 0 and not self.blocks.can_allocate(need):
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            out.segments = [s for s in out.segments if s.seq is not victim]
+            if victim is seq:
+                return False
+        if need > 0:
+            seq.block_table += self.blocks.allocate(need)
+        return True
+
+    def _admissible(self, kv_cache_on):
+        return bool(self.waiting) and self.blocked_on(kv_cache_on) is None
+
+    def _admit(self, out, budget, kv_cache_on, whole):
+        """First come, first served, while a slot and the blocks allow; nobody overtakes. Mixed
+        steps admit while budget is left; `whole` prompts (prefill-first) fit the budget, or
+        are the step's only work. Static batching admits a whole batch and chunks its prompts
+        over the following steps."""
+        static = self.policy == "static"
         while self.waiting and len(self.running) < self.slot_limit:
             seq = self.waiting[0]
             if self.running and self.running[0].kv_cache != kv_cache_on:
-                break                    # mode change: drain first
-            blocks = self.blocks_needed(seq) if kv_cache_on else 0
-            if not self.account.can_reserve(blocks):
+                break                   # mode change: drain first
+            if not static and budget <= 0:
                 break
+            if kv_cache_on and self.blocks.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens) > self.blocks.budget:
+                self.waiting.popleft()
+                out.refused.append((seq, f"needs {len(seq.prompt_ids) + seq.params.max_new_tokens} tokens of KV "
+                                         f"cache; the budget is {self.blocks.budget * self.blocks.block_size}"))
+                continue
+            if whole and out.segments and seq.num_tokens > budget:
+                break
+            n = self._place(seq, max(budget, 0), kv_cache_on, whole)
+            if n is None:
+                break                   # not enough free blocks: wait
             self.waiting.popleft()
-            self.account.reserve(blocks)
-            seq.blocks = blocks
             seq.kv_cache = kv_cache_on
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
-            seq.row = len(self.running)
             self.running.append(seq)
-            admitted.append(seq)
-        return admitted
+            out.admitted.append(seq)
+            if n:
+                out.segments.append(Segment(seq, seq.num_computed, n, cached=kv_cache_on,
+                                            logits=seq.num_computed + n == seq.num_tokens))
+                budget -= n if kv_cache_on else seq.num_tokens
 
+    def _place(self, seq, budget, kv_cache_on, whole):
+        """Prefix hits and blocks for the admitted request's first chunk; its length, or None."""
+        if not kv_cache_on:
+            return seq.num_tokens
+        cached = []
+        if self.prefix_caching:
+            if not seq.block_hashes:
+                seq.block_hashes = block_hashes(seq.prompt_ids, self.blocks.block_size)
+            usable = (seq.num_tokens - 1) // self.blocks.block_size   # at least one token is computed
+            cached = self.blocks.match(seq.block_hashes[:usable]) or []
+        seq.num_computed = len(cached) * self.blocks.block_size
+        remaining = seq.num_tokens - seq.num_computed
+        n = remaining if whole else min(remaining, budget)
+        need = self.blocks.blocks_for(seq.num_computed + n) - len(cached)
+        fresh = self.blocks.allocate(need) if need > 0 else []
+        if fresh is None:
+            self.blocks.release(cached)
+            seq.num_computed = 0
+            return None
+        seq.block_table = cached + fresh
+        seq.cached_tokens = seq.num_computed
+        self.blocks.queries += seq.num_tokens
+        self.blocks.hits += seq.num_computed
+        return n
+
+    # ------------------------------------------------------------------ after the forward
+    def computed(self, seg):
+        """Record a finished segment: its positions now hold keys/values; full prompt blocks
+        become findable by later requests with the same prefix."""
+        seq = seg.seq
+        if not seg.cached:
+            return
+        before, seq.num_computed = seq.num_computed, seg.start + seg.n
+        if self.prefix_caching:
+            bs = self.blocks.block_size
+            for i in range(before // bs, min(seq.num_computed, len(seq.prompt_ids)) // bs):
+                self.blocks.register(seq.block_table[i], seq.block_hashes[i])
+
+    def preempt(self, seq):
+        """Free the request's blocks and slot; it waits at the front of the queue to be recomputed."""
+        self._release(seq)
+        seq.num_computed = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def remove(self, seq):
+        """The request is done (finished, cancelled, failed): free its slot and blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self._release(seq)
+
+    def _release(self, seq):
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        self.slots[seq.slot] = None
+        seq.slot = None
+        self.running.remove(seq)
+
+    # ------------------------------------------------------------------ views
     def blocked_on(self, kv_cache_on):
         """Why the head of the queue is not admitted: "slot", "cache" (not enough free KV
-        blocks), "drain" (the KV-cache mode changed; running requests finish first), or None."""
+        blocks), "drain" (the KV-cache mode changed), "batch" (static batching: the running
+        batch must finish first), or None."""
         if not self.waiting:
             return None
+        if self.policy == "static" and self.running:
+            return "batch"
         if len(self.running) >= self.slot_limit:
             return "slot"
         if self.running and self.running[0].kv_cache != kv_cache_on:
             return "drain"
-        if kv_cache_on and not self.account.can_reserve(self.blocks_needed(self.waiting[0])):
+        if kv_cache_on and not self.blocks.can_allocate(self._first_chunk_blocks(self.waiting[0])):
             return "cache"
         return None
 
-    def next_work(self, prefill_chunk):
-        """('prefill', [seqs], start, n), ('decode', [seqs]) or None.
-
-        n is None for whole prompts from position 0 (one batched forward); otherwise the
-        single request's positions start..start+n-1 (a chunk, or the rest of a chunked one)."""
-        pending = [s for s in self.running if not s.prefill_done]
-        ready = [s for s in self.running if s.prefill_done]
-        if pending and not (prefill_chunk and ready and self._last_was_prefill):
-            self._last_was_prefill = True
-            seq = pending[0]
-            remaining = len(seq.prompt_ids) - seq.prefilled
-            if seq.kv_cache and (prefill_chunk or seq.prefilled):
-                return ("prefill", [seq], seq.prefilled, min(prefill_chunk or remaining, remaining))
-            batch = [seq]
-            for other in pending[1:]:
-                width = max(len(s.prompt_ids) for s in batch + [other])
-                if other.prefilled or width * (len(batch) + 1) > PREFILL_BATCH_TOKENS:
-                    break
-                batch.append(other)
-            return ("prefill", batch, 0, None)
-        self._last_was_prefill = False
-        if ready:
-            return ("decode", ready)
-        return None
-
-    def remove(self, seq):
-        """Free the request's slot and blocks; compact rows. Returns (src_row, dst_row) moved, or None."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-            return None
-        self.account.release(seq.blocks)
-        seq.blocks = 0
-        self.slots[seq.slot] = None
-        row = seq.row
-        self.running.remove(seq)
-        moved = None
-        if self.running and row < len(self.running):
-            last = self.running.pop()       # the request in the highest row fills the hole
-            moved = (last.row, row)
-            last.row = row
-            self.running.insert(row, last)
-        return moved
+    def _first_chunk_blocks(self, seq):
+        """New blocks the request's first step would need (after any prefix hit)."""
+        bs = self.blocks.block_size
+        if self.prefix_caching and not seq.block_hashes:
+            seq.block_hashes = block_hashes(seq.prompt_ids, bs)
+        cached = self.blocks.peek(seq.block_hashes[:(seq.num_tokens - 1) // bs]) if self.prefix_caching else 0
+        first = min(seq.num_tokens - cached * bs, self.max_batched_tokens)
+        return self.blocks.blocks_for(cached * bs + first) - cached
 
     @property
     def cache_tokens(self):
-        return sum(s.length for s in self.running if s.kv_cache)
+        return sum(s.num_computed for s in self.running if s.kv_cache)
+
+
+def _is_decode(seq):
+    """Whether the request's next step is one decode token (its prompt and any recompute done)."""
+    if not seq.output_ids:
+        return False
+    return not seq.kv_cache or seq.num_tokens - seq.num_computed == 1

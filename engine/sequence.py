@@ -1,4 +1,10 @@
-"""One request's state and its measured timestamps (engine clock, seconds)."""
+"""One request's state and its measured timestamps (engine clock, seconds).
+
+A request is its tokens (prompt, then outputs) and how many of them have keys/values in the
+cache (`num_computed`). Each step computes some of the rest: a prompt chunk, or the one new
+token of a decoding request; whenever a step reaches the last known token, its logits give
+the next token. Prefill, decode and recompute after preemption are all this one rule.
+"""
 from dataclasses import dataclass, field
 import queue
 
@@ -10,6 +16,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple = ()          # stop strings (the API's `stop`)
+    ignore_eos: bool = False  # keep going past end-of-sequence (load tools fix output lengths)
+    min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
 
 
 @dataclass
@@ -22,11 +30,14 @@ class Sequence:
     kv_cache: bool = True     # decided at admission from the engine setting
     # --- scheduling state
     slot: int | None = None   # the UI's batch slot (stable while running)
-    row: int | None = None    # physical row in the KV store (compacted, may move)
-    blocks: int = 0           # KV blocks reserved
-    prefilled: int = 0        # prompt positions already computed
+    block_table: list = field(default_factory=list)   # KV blocks holding positions 0, bs, 2bs, ...
+    num_computed: int = 0     # positions whose keys/values are in the cache
+    block_hashes: list = field(default_factory=list)  # chained hashes of its full prompt blocks
+    cached_tokens: int = 0    # prompt tokens found in the prefix cache (latest admission)
+    preemptions: int = 0
     output_ids: list = field(default_factory=list)
-    text: str = ""            # decoded output so far
+    detok: object = None      # detok.Detokenizer: its text so far, token by token
+    stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
     # --- measured times (engine clock)
@@ -34,7 +45,7 @@ class Sequence:
     tokenize_end: float = 0.0
     admitted: float | None = None
     prefill_start: float | None = None
-    prefill_s: float = 0.0          # sum of prefill chunk forward durations
+    prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
     first_sample_s: float = 0.0
     first_sampled: float | None = None
     first_delivered: float | None = None
@@ -46,17 +57,19 @@ class Sequence:
     sink: queue.Queue | None = None
 
     @property
-    def length(self):
-        """Positions whose keys/values exist (or would) in the cache."""
-        return self.prefilled + max(0, len(self.output_ids) - 1)
+    def num_tokens(self):
+        return len(self.prompt_ids) + len(self.output_ids)
 
-    @property
-    def total_ids(self):
-        return self.prompt_ids + self.output_ids
+    def token_ids(self, start, n):
+        """Tokens start..start+n-1 of prompt + output."""
+        p = len(self.prompt_ids)
+        if start + n <= p:
+            return self.prompt_ids[start:start + n]
+        return (self.prompt_ids + self.output_ids)[start:start + n]
 
     @property
     def prefill_done(self):
-        return self.prefilled >= len(self.prompt_ids)
+        return self.num_computed >= len(self.prompt_ids)
 
     def stage_summary(self):
         """The article's accounting: stages that add up to the measured TTFT, remainder as 'other'."""

@@ -7,6 +7,8 @@ value gets the same clear error everywhere and never half-applies.
 from dataclasses import dataclass
 import math
 
+POLICIES = ("mixed", "prefill-first", "static")   # the scheduler's policies (engine/scheduler.py)
+
 
 class SettingError(ValueError):
     """A client supplied a bad value; `field` names what was wrong."""
@@ -20,17 +22,21 @@ class SettingError(ValueError):
 @dataclass(frozen=True)
 class Setting:
     name: str
-    kind: str            # "int", "float" or "bool"
+    kind: str            # "int", "float", "bool" or "choice"
     default: object
     min: float = 0
     max: float = 0
     step: float = 1
     applies: str = "live"  # "live" or "new requests"
     doc: str = ""
+    choices: tuple = ()    # the allowed values of a "choice"
 
     def describe(self):
-        return {"kind": self.kind, "min": self.min, "max": self.max, "step": self.step,
-                "applies": self.applies, "doc": self.doc, "default": self.default}
+        out = {"kind": self.kind, "min": self.min, "max": self.max, "step": self.step,
+               "applies": self.applies, "doc": self.doc, "default": self.default}
+        if self.kind == "choice":
+            out["choices"] = list(self.choices)
+        return out
 
 
 def coerce(field, kind, value, lo=None, hi=None):
@@ -70,11 +76,16 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context):
         Setting("slots", "int", max_slots, 1, max_slots, 1,
                 doc="batch slots: most requests decoded together (running ones above a lowered limit finish)"),
         Setting("cache_tokens", "int", cache_tokens_max, block_size, cache_tokens_max, block_size,
-                doc="KV-cache budget in tokens (admission; reserved blocks above a lowered budget drain)"),
+                doc="KV-cache budget in tokens: most blocks in use at once (above it the newest request is preempted)"),
         Setting("kv_cache", "bool", True, applies="new requests",
                 doc="off: every decode step recomputes the whole sequence (running requests finish first)"),
-        Setting("prefill_chunk", "int", 0, 0, 2048, 16,
-                doc="chunked prefill: tokens per prefill forward, interleaved with decode steps (0 = off)"),
+        Setting("schedule", "choice", "mixed", applies="next step", choices=POLICIES,
+                doc="mixed: decodes and prompt chunks share each step (vLLM V1); prefill-first: whole "
+                    "prompts first, decodes wait (vLLM v0); static: a batch runs to completion before the next"),
+        Setting("max_batched_tokens", "int", 256, 16, 4096, 16,
+                doc="token budget of one step: decode tokens plus prompt chunks (vLLM's max_num_batched_tokens)"),
+        Setting("prefix_caching", "bool", True,
+                doc="reuse the KV blocks of a prompt prefix seen before (full blocks, chained hashes)"),
     ]
     return {s.name: s for s in specs}
 
@@ -88,9 +99,11 @@ def validate(specs, changes):
         spec = specs.get(name)
         if spec is None:
             raise SettingError(name, f"unknown setting (known: {', '.join(sorted(specs))})")
-        v = coerce(name, spec.kind, value, None if spec.kind == "bool" else spec.min,
-                   None if spec.kind == "bool" else spec.max)
-        if name == "prefill_chunk" and 0 < v < 16:
-            raise SettingError(name, "must be 0 (off) or at least 16")
-        out[name] = v
+        if spec.kind == "choice":
+            if value not in spec.choices:
+                raise SettingError(name, f"must be one of {', '.join(spec.choices)}, got {value!r}")
+            out[name] = value
+            continue
+        bounded = spec.kind != "bool"
+        out[name] = coerce(name, spec.kind, value, spec.min if bounded else None, spec.max if bounded else None)
     return out

@@ -13,7 +13,10 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:request_prefill_time_seconds   first scheduled -> first token (ttft - tokenize - queue)
     vllm:request_decode_time_seconds    first token -> last token
     vllm:num_requests_running/_waiting  tracked from request/admitted/finished/rejected events
-    vllm:kv_cache_usage_perc            reserved KV blocks / all blocks (0..1), from step and stats
+    vllm:kv_cache_usage_perc            KV blocks in use / all blocks (0..1), from step and stats
+    vllm:prefix_cache_queries_total     prompt tokens looked up in the prefix cache (admitted.prompt_tokens)
+    vllm:prefix_cache_hits_total        ... of which found there (admitted.cached_tokens)
+    vllm:num_preemptions_total          preempted events
     vllm:prompt_tokens_total            prompt positions prefilled
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
@@ -66,6 +69,9 @@ class EngineMetrics:
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks reserved (1 = full)")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.preemptions = counter("vllm:num_preemptions", "Requests preempted (blocks freed, recomputed later)")
         success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
                           registry=self.registry)
         self.success = {r: success.labels(finished_reason=r, **label) for r in sorted(set(FINISHED_REASON.values()))}
@@ -97,7 +103,14 @@ class EngineMetrics:
         elif isinstance(ev, ev_types.Admitted):
             self._waiting.discard(ev.id)
             self._running.add(ev.id)
-            self.queue.observe(ev.queue_s)
+            self.prefix_queries.inc(ev.prompt_tokens)
+            self.prefix_hits.inc(ev.cached_tokens)
+            if not ev.resumed:
+                self.queue.observe(ev.queue_s)
+        elif isinstance(ev, ev_types.Preempted):
+            self._running.discard(ev.id)
+            self._waiting.add(ev.id)
+            self.preemptions.inc()
         elif isinstance(ev, (ev_types.Finished, ev_types.Rejected)):
             self._waiting.discard(ev.id)
             self._running.discard(ev.id)

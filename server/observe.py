@@ -168,7 +168,7 @@ class Observer:
 
     def hello(self):
         unknown = ("device", "dtype", "params", "layers", "kv_heads", "head_dim", "hidden", "vocab",
-                   "kv_bytes_per_token", "weight_bytes", "block_size", "cache_blocks", "max_slots",
+                   "kv_bytes_per_token", "weight_bytes", "block_size", "cache_blocks", "kv_store_bytes", "max_slots",
                    "bench", "bandwidth")
         with self._lock:
             settings = dict(self.settings)

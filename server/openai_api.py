@@ -10,6 +10,11 @@ goes through the engine's single validation layer (`settings.coerce`, inside
 Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and max_tokens 16
 for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
 max_tokens there means the engine's `max_new_tokens` setting (the page's slider).
+
+vLLM's extensions that load generators use to fix output lengths are accepted: `ignore_eos`
+(keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
+string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
+reports the prompt tokens found in the prefix cache, as OpenAI's API does.
 """
 from dataclasses import dataclass
 import itertools
@@ -101,7 +106,8 @@ def parse_request(kind, body, model_name):
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     submit = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
-                  seed=body.get("seed"))
+                  seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
+                  min_tokens=_or(body.get("min_tokens"), 0))
     if kind == "chat":
         submit["messages"] = _messages(body.get("messages"))
     else:
@@ -247,7 +253,8 @@ def finish_reason(event):
 
 def usage(event):
     p, c = event.prompt_tokens, event.output_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": event.cached_tokens or 0}}
 
 
 class Reply:

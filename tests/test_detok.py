@@ -4,7 +4,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders
 
-from conftest import tiny_tokenizer
+from helpers import tiny_tokenizer
 from engine import model as model_mod
 from engine.detok import Detokenizer, StopStrings
 from engine.loadgen import CORPUS

@@ -35,7 +35,7 @@ def test_submit_streams_tokens_then_finished(driver):
 
 @pytest.mark.parametrize("bad,field", [
     ({"slots": 0}, "slots"), ({"slots": "4"}, "slots"), ({"slots": 2.5}, "slots"), ({"nope": 1}, "nope"),
-    ({"rate": float("nan")}, "rate"), ({"kv_cache": 1}, "kv_cache"), ({"prefill_chunk": 8}, "prefill_chunk"),
+    ({"rate": float("nan")}, "rate"), ({"kv_cache": 1}, "kv_cache"), ({"schedule": "fifo"}, "schedule"),
     ({"rate": 1.0, "slots": 99}, "slots"), ({}, "settings"), ([], "settings")])
 def test_bad_settings_change_nothing(tiny, bad, field):
     d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=256)))   # not started
@@ -57,7 +57,7 @@ def test_settings_event_broadcast_and_load_generator(driver):
     reqs = [e for e in evs if e["type"] == "request"]
     assert 4 <= len(reqs) <= 40                    # Poisson at 16/s for ~1 s
     assert all(e["source"] == "load" and e["prompt_tokens"] == 48 for e in reqs)
-    assert driver.engine.account.used == 0
+    assert driver.engine.blocks.used == 0
 
 
 def test_burst_and_reset(driver):
@@ -71,22 +71,22 @@ def test_burst_and_reset(driver):
     fins = [e for e in evs if e["type"] == "finished"]
     assert len(fins) == 10 and all(e["reason"] in ("cancelled", "length", "stop") for e in fins)
     assert any(e["type"] == "reset" for e in evs)
-    assert driver.engine.account.used == 0 and driver.engine.in_flight == 0
+    assert driver.engine.blocks.used == 0 and driver.engine.in_flight == 0
 
 
 def test_a_fault_outside_the_forward_fails_everything_and_says_so(driver, monkeypatch):
-    """An exception in the engine's own bookkeeping (here: computing stats) is not a forward's
+    """An exception in the engine's own bookkeeping (here: the scheduler) is not a forward's
     failure: the driver fails every request in flight, tells every subscriber, turns /healthz
     to 503 naming the fault, and refuses new requests at once instead of letting them hang."""
     sub = driver.events.subscribe(replay=False)
-    handle = driver.submit(prompt="Four score and seven years ago", max_new_tokens=400, stream=True)
+    handle = driver.submit(prompt="Four score and seven years ago", max_new_tokens=400, ignore_eos=True, stream=True)
     for item in handle.outputs(timeout=30):
         if item[0] == "token":
             break
 
     def broken(*a, **kw):
         raise KeyError("injected bookkeeping fault")
-    monkeypatch.setattr(driver.engine.stats, "snapshot", broken)
+    monkeypatch.setattr(driver.engine.scheduler, "schedule", broken)
     _, last = drain(handle)
     assert last[0] == "finished" and last[1].reason == "error" and "injected bookkeeping fault" in last[1].error
     body, status = driver.health()

@@ -5,10 +5,8 @@ import pytest
 from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
 from engine.broadcast import Broadcaster
-from engine.kv_cache import BlockAccount
+from engine.kv_cache import BlockManager, block_hashes
 from engine.loadgen import LoadGenerator
-from engine.scheduler import Scheduler
-from engine.sequence import SamplingParams, Sequence
 from engine.settings import make_settings, validate
 from helpers import reference
 
@@ -59,15 +57,18 @@ def engine(tiny):
 
 
 def assert_clean(engine):
-    assert engine.account.used == 0
+    assert engine.blocks.used == 0 and not any(engine.blocks.ref)
+    assert len(engine.blocks.free) == engine.blocks.capacity
     assert engine.scheduler.slots == [None] * engine.scheduler.max_slots
     assert engine.scheduler.cache_tokens == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert engine.in_flight == 0
 
 
-@pytest.mark.parametrize("settings", [{}, {"prefill_chunk": 16}, {"kv_cache": False}],
-                         ids=["kv-cache", "chunked-prefill", "no-kv-cache"])
+@pytest.mark.parametrize("settings", [{}, {"max_batched_tokens": 16}, {"kv_cache": False},
+                                      {"schedule": "prefill-first"}, {"schedule": "static"},
+                                      {"prefix_caching": False}],
+                         ids=["mixed", "small-budget", "no-kv-cache", "prefill-first", "static", "no-prefix-cache"])
 def test_greedy_equals_generate_with_joins_and_leaves(tiny, engine, settings):
     """Six prompts of different lengths through 4 slots, arriving two steps apart, leaving at
     different steps (different max_new_tokens): each equals generate() run alone."""
@@ -96,7 +97,7 @@ def test_step_returns_typed_events_that_serialise(engine):
     assert set(wire["stages"]) == {"tokenize", "queue", "prefill", "first_sample", "delivery", "other"}
 
 
-def test_batches_really_form_and_rows_compact(engine):
+def test_batches_really_form(engine):
     run = Run(engine)
     for i, p in enumerate(PROMPTS[:4]):
         run.add(p, max_new_tokens=4 + 6 * i)
@@ -137,18 +138,98 @@ def test_stage_accounting_sums_to_ttft(engine):
     assert max(f.stages["queue"] for f in fins) > 0
 
 
+LONG = " ".join(PROMPTS * 4)
+
+
 def test_small_cache_budget_makes_requests_wait(engine):
-    need = max(len(engine.tokenizer(p)["input_ids"]) for p in PROMPTS[:3:2]) + 20
-    blocks = -(-need // 16)
-    engine.apply_settings({"cache_tokens": 16 * blocks})   # room for one request at a time
+    """4 blocks of 16: the first request's 40-token prompt takes 3 and grows into the 4th; the
+    second (20 tokens, 2 blocks) cannot be admitted until the first has finished."""
+    engine.apply_settings({"cache_tokens": 64, "prefix_caching": False})   # (the prompts share a prefix)
     run = Run(engine)
-    first, second = run.add(PROMPTS[0], max_new_tokens=20), run.add(PROMPTS[2], max_new_tokens=20)
+    first = run.add(LONG, prompt_tokens=40, max_new_tokens=20)
+    second = run.add(LONG, prompt_tokens=20, max_new_tokens=20)
     run.until_idle()
-    steps = run.of(ev.Step)
-    assert max(e.cache_blocks_used for e in steps) <= blocks
-    assert max(len(e.ids) for e in steps) == 1        # never batched: the cache was full
-    assert run.finished(second).stages["queue"] >= run.finished(first).e2e * 0.5
+    assert max(e.cache_blocks_used for e in run.of(ev.Step)) <= 4
+    assert not run.of(ev.Preempted)
+    (admitted,) = run.of(ev.Admitted, second)
+    assert admitted.t >= run.finished(first).t
+    assert any(s.blocked_on == "cache" for s in run.of(ev.Stats))
     assert_clean(engine)
+
+
+def test_preemption_recomputes_and_the_output_is_unchanged(tiny, engine):
+    """Two requests that both fit when admitted but not once they grow: the newer one is
+    preempted (blocks freed, tokens kept), recomputed later, and still equals generate()."""
+    # ~34-token prompts: 3 blocks each when admitted (6 of 7), 4 each once they pass 48 tokens
+    engine.apply_settings({"cache_tokens": 112})
+    run = Run(engine)
+    a = run.add(PROMPTS[1], max_new_tokens=30)
+    b = run.add(PROMPTS[3], max_new_tokens=30)
+    run.until_idle()
+    pre = run.of(ev.Preempted)
+    assert pre and {p.id for p in pre} <= {a, b}
+    assert run.finished(pre[0].id).preemptions >= 1
+    resumed = [e for e in run.of(ev.Admitted) if e.resumed]
+    assert resumed and resumed[0].prompt_tokens > len(engine.tokenizer(PROMPTS[1])["input_ids"])
+    assert max(e.cache_blocks_used for e in run.of(ev.Step)) <= 7
+    assert run.tokens(a) == reference(tiny, PROMPTS[1], 30)
+    assert run.tokens(b) == reference(tiny, PROMPTS[3], 30)
+    assert_clean(engine)
+
+
+def test_prefix_cache_reuses_full_prompt_blocks(tiny, engine):
+    """Three requests with the same 70-token prefix: the first computes it, the later ones
+    find its 4 full blocks, share them while running, and still equal generate()."""
+    shared = engine.tokenizer.decode(engine.tokenizer(LONG)["input_ids"][:70])
+    prompts = [shared + tail for tail in (" Liberty", " He has refused", " We hold")]
+    run = Run(engine)
+    first = run.add(prompts[0], max_new_tokens=8)
+    run.until_idle()
+    later = [run.add(p, max_new_tokens=8) for p in prompts[1:]]
+    run.step()
+    assert engine.blocks.shared == 4                     # both later requests hold the 4 prefix blocks
+    run.until_idle()
+    hits = {e.id: e.cached_tokens for e in run.of(ev.Admitted)}
+    assert hits[first] == 0 and all(hits[r] == 64 for r in later)
+    assert all(run.finished(r).cached_tokens == 64 for r in later)
+    prefill = {r: sum(e.tokens for e in run.of(ev.Prefill, r)) for r in [first] + later}
+    assert all(prefill[r] == run.finished(r).prompt_tokens - 64 for r in later)
+    for r, p in zip([first] + later, prompts):
+        assert run.tokens(r) == reference(tiny, p, 8)
+    assert engine.blocks.hits >= 128
+    assert_clean(engine)
+
+
+def test_mixed_steps_keep_decodes_flowing_during_a_long_prefill(engine):
+    """A 300-token prompt arrives while another request decodes: under `mixed` its prefill is
+    chunked by the 64-token budget and every step also carries the running decode; under
+    `prefill-first` the decode waits for the whole prompt."""
+    def decode_during_prefill(policy):
+        engine.apply_settings({"schedule": policy, "max_batched_tokens": 64})
+        run = Run(engine)
+        a = run.add(PROMPTS[0], max_new_tokens=40)
+        run.step(3)
+        b = run.add(LONG, prompt_tokens=300, max_new_tokens=2)
+        run.until_idle()
+        steps = [e for e in run.of(ev.Step) if b in e.ids and e.prefill_tokens]
+        return steps, a
+    steps, a = decode_during_prefill("mixed")
+    assert len(steps) >= 5 and all(a in e.ids and e.kind == "mixed" for e in steps)
+    assert all(e.tokens <= 64 for e in steps)
+    steps, a = decode_during_prefill("prefill-first")
+    assert len(steps) == 1 and steps[0].ids == [steps[0].ids[0]] and a not in steps[0].ids
+    assert_clean(engine)
+
+
+def test_static_batching_admits_nobody_while_a_batch_runs(engine):
+    engine.apply_settings({"schedule": "static", "slots": 2})
+    run = Run(engine)
+    ids = [run.add(p, max_new_tokens=4 + 8 * (i % 2)) for i, p in enumerate(PROMPTS[:4])]
+    run.until_idle()
+    admitted = {e.id: e.t for e in run.of(ev.Admitted)}
+    first_batch_done = max(run.finished(r).t for r in ids[:2])
+    assert all(admitted[r] >= first_batch_done for r in ids[2:])
+    assert any(s.blocked_on == "batch" for s in run.of(ev.Stats))
 
 
 def test_too_long_prompt_rejected_and_nothing_leaks(engine):
@@ -167,7 +248,7 @@ def test_cancel_frees_slot_and_blocks(engine):
     rid = run.add(PROMPTS[1], max_new_tokens=400)
     while not run.of(ev.Token, rid):
         run.step()
-    assert engine.account.used > 0
+    assert engine.blocks.used > 0
     run.events += engine.cancel(rid)
     assert run.finished(rid).reason == "cancelled"
     assert_clean(engine)
@@ -195,11 +276,12 @@ def test_stop_string(engine, tiny):
 
 
 def test_uninitialised_cache_memory_cannot_leak_into_attention(tiny):
-    """The store starts as torch.empty; whatever garbage it holds (here NaN) must never reach
-    the logits, although attention reads a masked window wider than a short row."""
+    """Whatever slots a request does not own hold (here NaN: a freed block's old contents could
+    be anything) must never reach its logits, although a batched decode reads a padded window
+    wider than a short request (the padding reads the store's one zero slot)."""
     eng = Engine(tiny, EngineConfig(slots=3, kv_tokens=2048, max_context=256))
     for t in (*eng.store.k, *eng.store.v):
-        t.fill_(float("nan"))
+        t[:eng.store.zero_slot].fill_(float("nan"))
     run = Run(eng)
     a, b = run.add(PROMPTS[3], max_new_tokens=12), run.add(PROMPTS[4], max_new_tokens=12)
     run.until_idle()
@@ -208,7 +290,7 @@ def test_uninitialised_cache_memory_cannot_leak_into_attention(tiny):
 
 
 def test_a_failing_forward_fails_its_batch_not_the_engine(engine, monkeypatch):
-    real_decode = engine.runner.decode
+    real_decode = engine.runner.forward
     calls = {"n": 0}
 
     def flaky(*args):
@@ -216,7 +298,7 @@ def test_a_failing_forward_fails_its_batch_not_the_engine(engine, monkeypatch):
         if calls["n"] == 2:
             raise RuntimeError("simulated out of memory")
         return real_decode(*args)
-    monkeypatch.setattr(engine.runner, "decode", flaky)
+    monkeypatch.setattr(engine.runner, "forward", flaky)
     run = Run(engine)
     bad = run.add(PROMPTS[0], max_new_tokens=10)
     run.until_idle()
@@ -279,18 +361,46 @@ def test_settings_spec_validates_against_limits():
         validate(specs, {"prompt_tokens": 4096})
 
 
-def test_scheduler_says_what_the_queue_waits_for():
-    def seq(i, prompt=20, new=12):
-        return Sequence(id=f"r{i}", source="load", prompt="x", prompt_ids=[1] * prompt,
-                        params=SamplingParams(max_new_tokens=new))
-    sched = Scheduler(BlockAccount(block_size=16, num_blocks=4), max_slots=2)
-    assert sched.blocked_on(True) is None                  # nobody waiting
-    sched.waiting.extend([seq(1), seq(2), seq(3)])         # 32 tokens = 2 blocks each
-    assert [s.id for s in sched.admit(True)] == ["r1", "r2"]
-    assert sched.blocked_on(True) == "slot"                # 2 slots busy, cache full too
-    sched.slot_limit = 3
-    assert sched.blocked_on(True) == "cache"               # a slot is free, 4/4 blocks reserved
-    sched.remove(sched.running[0])
-    assert sched.blocked_on(False) == "drain"              # cache turned off: r2 must finish first
-    assert sched.blocked_on(True) is None                  # fits now: admitted on the next turn
-    assert [s.id for s in sched.admit(True)] == ["r3"]
+def test_block_manager_counts_shares_and_evicts_oldest_first():
+    bm = BlockManager(block_size=4, num_blocks=4)
+    ids = list(range(12))
+    hashes = block_hashes(ids, 4)
+    assert len(hashes) == 3 and len(set(hashes)) == 3
+    assert block_hashes(ids[:8] + [99] * 4, 4)[:2] == hashes[:2]     # chained: same prefix, same names
+    a = bm.allocate(3)
+    for block, h in zip(a, hashes):
+        bm.register(block, h)
+    assert bm.used == 3 and bm.allocate(2) is None                    # only one block free
+    assert bm.match(hashes[:2]) == a[:2] and bm.shared == 2           # a second user of two blocks
+    bm.release(a[:2])
+    bm.release(a)
+    assert bm.used == 0 and bm.cached_free == 3                       # free, contents kept
+    assert bm.match(hashes) == a and bm.used == 3                     # found again after release
+    bm.release(a)
+    fresh = bm.allocate(2)                                            # the never-used block, then the oldest freed
+    assert fresh[0] == 3 and fresh[1] == a[0] and bm.match(hashes) == []   # a[0] evicted: chain broken at the start
+    bm.budget = 2
+    assert not bm.can_allocate(1) and bm.match(hashes[1:2]) is None   # reviving a block would pass the budget
+    bm.release(fresh)
+    assert bm.used == 0
+
+
+def test_ignore_eos_and_min_tokens(tiny, engine):
+    """With the greedy first token declared end-of-sequence: a plain request stops after it;
+    `ignore_eos` runs to max_new_tokens; `min_tokens` lets nothing end it before that many."""
+    ref = reference(tiny, PROMPTS[2], 12)
+    engine.eos = {ref[0]}
+    run = Run(engine)
+    plain = run.add(PROMPTS[2], max_new_tokens=12)
+    ignore = run.add(PROMPTS[2], max_new_tokens=12, ignore_eos=True)
+    least = run.add(PROMPTS[2], max_new_tokens=12, min_tokens=5)
+    run.until_idle()
+    assert run.tokens(plain) == ref[:1] and run.finished(plain).reason == "stop"
+    assert run.tokens(ignore) == ref and run.finished(ignore).reason == "length"
+    got = run.tokens(least)
+    assert len(got) >= 5 and got == ref[:len(got)]
+    stops = [i for i in range(4, 12) if ref[i] == ref[0]]
+    assert len(got) == (stops[0] + 1 if stops else 12)
+    with pytest.raises(SettingError) as e:
+        engine.new_sequence(prompt="x", max_new_tokens=3, min_tokens=4)
+    assert e.value.field == "min_tokens"

@@ -28,7 +28,7 @@ def test_every_event_of_a_live_run_under_load_validates(tiny):
         driver.submit(prompt="We hold these truths", source="page", max_new_tokens=3)
         driver.submit(prompt="truths " * 400, source="page", max_new_tokens=3)   # too long: rejected
         time.sleep(1.5)
-        driver.update_settings({"load": False, "prefill_chunk": 16})
+        driver.update_settings({"load": False, "max_batched_tokens": 16, "schedule": "prefill-first"})
         driver.reset()
         time.sleep(0.6)
         events = sub.get(1)
