@@ -29,12 +29,21 @@
     for (const ev of events) {
       FT.ingest(s, ev, at);
       if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); controls.onHello(); }
+      else if (ev.type === "error" && ev.fatal) stopped(ev);
       else if (ev.type === "error") FT.toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
       else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }
       else if (ev.type === "settings") controls.onSettings();
       else if (ev.type === "dropped") FT.toast(`this page fell behind: the server dropped ${ev.count} events for it`);
     }
     ui.dirtyDom = true;
+  }
+
+  // The engine stopped (or the model failed to load): say so where the connection state is
+  // shown, and keep saying it; /healthz answers 503 with the same reason.
+  function stopped(ev) {
+    app.setConn("failed", "engine stopped");
+    FT.$("conn").title = ev.message;
+    FT.toast(ev.message);
   }
 
   // Frames per second and websocket bytes per second, over windows of about a second.

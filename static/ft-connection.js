@@ -39,6 +39,7 @@
   function opened() {
     retries = 0;
     setConn("connected", "live");
+    FT.$("conn").title = "";
     // A new connection may be a new server whose clock restarted at 0: sync afresh.
     clock.offset = null; clock.best = Infinity;
     // Rounds soon after connect (a busy server or page skews the first), then every 30 s for drift.
