@@ -73,125 +73,112 @@
     });
   }
 
-  // `arrivedEngineT`: when the frame carrying `ev` reached this page, on the engine clock
-  // (null until the clock is synced). Used only to measure delivery of live tokens.
+  // One handler per event type (docs/protocol.md). `at`: when the frame carrying the event
+  // reached this page, on the engine clock (null until the clock is synced).
+  const ON = {
+    loading(s, ev) { s.loading = ev; },
+    hello(s, ev) {
+      clearRun(s);
+      s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
+      s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
+      s.dropped = 0; s.delivery = [];
+    },
+    settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
+    reset(s) { clearRun(s); },
+    dropped(s, ev) { s.dropped += ev.count; },
+    error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
+    request(s, ev) {
+      Object.assign(req(s, ev.id, ev.t), {source: ev.source, promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
+                                          preview: ev.preview, arrival: ev.t, partial: false});
+    },
+    tokenized(s, ev) {
+      const r = req(s, ev.id, ev.start);
+      Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces, truncated: ev.truncated});
+      if (r.promptTokens === null) r.promptTokens = ev.n;
+    },
+    admitted(s, ev) {
+      Object.assign(req(s, ev.id, ev.t), {admitted: ev.t, slot: ev.slot, queueS: ev.queue_s, blocks: ev.blocks});
+      if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+    },
+    prefill(s, ev) {
+      req(s, ev.id, ev.start).prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done});
+      s.filled.set(ev.id, ev.pos + ev.tokens);
+    },
+    step(s, ev) {
+      if (ev.kind === "decode" && ev.per_request) {
+        for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
+        s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
+        trim(s.points, KEEP_POINTS);
+      }
+      // What each running request holds in the KV cache right after this forward (nothing
+      // when the cache is off: every step recomputes, no keys/values are kept).
+      s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids, tokens: ev.tokens,
+                    kv: ev.kv_cache, cacheTokens: ev.cache_tokens, blocksUsed: ev.cache_blocks_used,
+                    stack: ev.kv_cache ? Array.from(s.filled) : []});
+      trim(s.steps, KEEP_STEPS);
+    },
+    token(s, ev, at) {
+      const r = req(s, ev.id, ev.t);
+      r.tokens.push(ev.t);
+      r.text.push(ev.text);
+      if (ev.first) r.first = ev.t;
+      if (at !== null && s.connectT !== null && ev.t >= s.connectT) {
+        const d = at - ev.t;
+        s.delivery.push(d);
+        trim(s.delivery, KEEP_DELIVERY);
+        if (ev.first) r.pageFirstDelivery = d;
+      }
+    },
+    finished(s, ev) {
+      const r = req(s, ev.id, ev.t);
+      Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
+                        tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens});
+      if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
+      release(s, r, ev.t);
+      if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+      s.finishedCount++;
+      evict(s);
+    },
+    rejected(s, ev) {
+      const r = req(s, ev.id, ev.t);
+      r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
+      evict(s);
+    },
+    stats(s, ev) {
+      s.last = ev;
+      s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocksUsed: ev.cache_blocks_used,
+                    blocks: ev.cache_blocks, cacheTokens: ev.cache_tokens, tps: ev.tokens_per_s});
+      trim(s.stats, KEEP_STATS);
+      if (Array.isArray(ev.slots)) {
+        const slots = new Array(s.slots.length).fill(null);
+        ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
+        s.slots = slots;
+      }
+      s.waiting = ev.waiting_ids || [];
+    },
+  };
+
+  // A finished request's cache entries and blocks are free from this moment, not from the next
+  // forward: a "release" point (no forward; the bands skip it) ends its share of the KV chart.
+  function release(s, r, t) {
+    const held = s.filled.get(r.id);
+    s.filled.delete(r.id);
+    const prev = s.steps[s.steps.length - 1];
+    if (held === undefined || !prev) return;
+    s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], tokens: 0, kv: prev.kv,
+                  cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
+                  blocksUsed: Math.max(0, prev.blocksUsed - (r.blocks || 0)),
+                  stack: prev.kv ? Array.from(s.filled) : []});
+    trim(s.steps, KEEP_STEPS);
+  }
+
+  // Fold one event into the state. `arrivedEngineT` is used only to measure delivery of live tokens.
   function ingest(s, ev, arrivedEngineT) {
     s.events++;
     s.version++;
     if (typeof ev.t === "number" && ev.t > s.latestT) s.latestT = ev.t;
-    switch (ev.type) {
-      case "loading":
-        s.loading = ev; break;
-      case "hello":
-        clearRun(s);
-        s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
-        s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
-        s.dropped = 0; s.delivery = [];
-        break;
-      case "settings":
-        s.settings = Object.assign({}, ev.settings); break;
-      case "reset":
-        clearRun(s); break;
-      case "dropped":
-        s.dropped += ev.count; break;
-      case "error":
-        s.errors.push(ev); trim(s.errors, 20); break;
-      case "request": {
-        const r = req(s, ev.id, ev.t);
-        Object.assign(r, {source: ev.source, promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
-                          preview: ev.preview, arrival: ev.t, partial: false});
-        break;
-      }
-      case "tokenized": {
-        const r = req(s, ev.id, ev.start);
-        Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces,
-                          truncated: ev.truncated});
-        if (r.promptTokens === null) r.promptTokens = ev.n;
-        break;
-      }
-      case "admitted": {
-        const r = req(s, ev.id, ev.t);
-        Object.assign(r, {admitted: ev.t, slot: ev.slot, queueS: ev.queue_s, blocks: ev.blocks});
-        if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
-        break;
-      }
-      case "prefill": {
-        const r = req(s, ev.id, ev.start);
-        r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done});
-        s.filled.set(ev.id, ev.pos + ev.tokens);
-        break;
-      }
-      case "step": {
-        if (ev.kind === "decode" && ev.per_request) {
-          for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
-          s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
-          trim(s.points, KEEP_POINTS);
-        }
-        // What each running request holds in the KV cache right after this forward (nothing
-        // when the cache is off: every step recomputes, no keys/values are kept).
-        s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids, tokens: ev.tokens,
-                      kv: ev.kv_cache, cacheTokens: ev.cache_tokens, blocksUsed: ev.cache_blocks_used,
-                      stack: ev.kv_cache ? Array.from(s.filled) : []});
-        trim(s.steps, KEEP_STEPS);
-        break;
-      }
-      case "token": {
-        const r = req(s, ev.id, ev.t);
-        r.tokens.push(ev.t);
-        r.text.push(ev.text);
-        if (ev.first) r.first = ev.t;
-        if (arrivedEngineT !== null && s.connectT !== null && ev.t >= s.connectT) {
-          const d = arrivedEngineT - ev.t;
-          s.delivery.push(d);
-          trim(s.delivery, KEEP_DELIVERY);
-          if (ev.first) r.pageFirstDelivery = d;
-        }
-        break;
-      }
-      case "finished": {
-        const r = req(s, ev.id, ev.t);
-        Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
-                          tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens});
-        if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
-        // Its cache entries and blocks are free from this moment, not from the next forward:
-        // a "release" point (no forward; the bands skip it) ends its share of the KV chart.
-        const held = s.filled.get(ev.id);
-        s.filled.delete(ev.id);
-        const prev = s.steps[s.steps.length - 1];
-        if (held !== undefined && prev) {
-          s.steps.push({n: prev.n, kind: "release", start: ev.t, end: ev.t, ids: [ev.id], tokens: 0, kv: prev.kv,
-                        cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
-                        blocksUsed: Math.max(0, prev.blocksUsed - (r.blocks || 0)),
-                        stack: prev.kv ? Array.from(s.filled) : []});
-          trim(s.steps, KEEP_STEPS);
-        }
-        if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
-        s.finishedCount++;
-        evict(s);
-        break;
-      }
-      case "rejected": {
-        const r = req(s, ev.id, ev.t);
-        r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
-        evict(s);
-        break;
-      }
-      case "stats": {
-        s.last = ev;
-        s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocksUsed: ev.cache_blocks_used,
-                      blocks: ev.cache_blocks, cacheTokens: ev.cache_tokens, tps: ev.tokens_per_s});
-        trim(s.stats, KEEP_STATS);
-        if (Array.isArray(ev.slots)) {
-          const slots = new Array(s.slots.length).fill(null);
-          ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
-          s.slots = slots;
-        }
-        s.waiting = ev.waiting_ids || [];
-        break;
-      }
-      default:
-        break;   // `sync` is handled by the connection; unknown types are ignored (forward compatible)
-    }
+    // `sync` is handled by the connection; unknown types are ignored (forward compatible).
+    if (Object.hasOwn(ON, ev.type)) ON[ev.type](s, ev, arrivedEngineT);
   }
 
   // Percentile of a numeric array (nearest rank), null when empty.
@@ -201,7 +188,13 @@
     return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
   }
 
+  // Seconds a request spent in prefill, over all its chunks.
+  function prefillTime(r) {
+    return r.prefills.reduce((a, p) => a + (p.end - p.start), 0);
+  }
+
   FT.createState = createState;
+  FT.prefillTime = prefillTime;
   FT.ingest = ingest;
   FT.percentile = percentile;
 })();

@@ -6,15 +6,17 @@
 (function () {
   const FT = (window.FT = window.FT || {});
 
+  // Canvas colours: the palette from ft.css (FT.palette), some made translucent.
+  const P = FT.palette, alpha = FT.alpha;
   const C = {
-    bg: "#0e141b", grid: "rgba(255,255,255,0.07)", axis: "#8b98a5", text: "#dbe4ee", muted: "#7d8a97",
-    tokenize: "#b083f0", queue: "#f2a93b", prefill: "#4aa3ff", prefillWait: "rgba(74,163,255,0.28)",
-    firstSample: "#ff6b9a", decodeA: "#27b5a9", decodeB: "#1c8c83", decodeIdle: "rgba(39,181,169,0.16)",
-    tick: "#f4f8fb", rejected: "#ff5a5a", select: "rgba(255,255,255,0.10)", now: "#ffd166",
-    bandDecode: "rgba(255,255,255,0.035)", bandPrefill: "rgba(74,163,255,0.10)",
-    capacity: "#ff5a5a", budget: "#ffd166", reserved: "#e6edf3", running: "#27b5a9",
+    bg: P.panel2, grid: P.grid, muted: P.muted, api: P.api,
+    tokenize: P.tokenize, queue: P.queue, queueFill: alpha(P.queue, 0.55),
+    prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
+    decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
+    tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
+    bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10),
+    capacity: P.bad, budget: P.accent, reserved: P.text, running: P.decode,
   };
-  FT.COLORS = C;
 
   // A request's own colour (KV stack, slots): spread hues by the golden angle on its number.
   // Cached: the KV chart sets it for every stacked rectangle of every frame.
@@ -62,7 +64,7 @@
   function timeAxis(ctx, f, top, bottom, font, labels) {
     const step = niceStep(f.right - f.left, f.pw, 90);
     ctx.strokeStyle = C.grid; ctx.lineWidth = 1;
-    ctx.fillStyle = C.axis; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
+    ctx.fillStyle = C.muted; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
     for (let t = Math.ceil(f.left / step) * step; t <= f.right; t += step) {
       const x = Math.round(f.x(t)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
@@ -83,15 +85,8 @@
   }
 
   // ------------------------------------------------------------------ timeline
-  FT.drawTimeline = function (canvas, s, view, now, opts) {
-    const {ctx, w, h} = FT.fitCanvas(canvas);
-    const compact = w < 700;
-    const f = frame(w, view, compact);
-    const axisH = compact ? 16 : 24;
-    const top = 4, plotH = h - axisH - top;
-    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-
-    // Rows: requests alive somewhere in the window, oldest on top; the newest that fit.
+  // Rows: requests alive somewhere in the window, oldest on top; the newest that fit.
+  function layoutRows(s, f, now, top, plotH, compact) {
     const rows = [];
     for (const id of s.order) {
       const r = s.reqs.get(id);
@@ -104,34 +99,32 @@
     const rowOf = new Map();
     shown.forEach((r, i) => rowOf.set(r.id, i));
     const barH = rowH >= 6 ? rowH * 0.72 : rowH;
-    const barY = (i) => top + i * rowH + (rowH - barH) / 2;
+    return {hidden: rows.length - shown.length, shown, rowH, rowOf, barH, top, plotH,
+            barY: (i) => top + i * rowH + (rowH - barH) / 2};
+  }
 
-    // Background bands: one per model forward, so a batch reads as a column shared by its rows,
-    // and a prefill (blue) visibly stalls everybody's decoding.
-    const steps = s.steps;
-    const i0 = firstStepFrom(steps, f.left);
+  // Background bands: one per model forward, so a batch reads as a column shared by its rows,
+  // and a prefill (blue) visibly stalls everybody's decoding.
+  function drawBands(ctx, f, steps, i0, g) {
     for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
       const st = steps[i];
       if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
       ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : C.bandDecode;
-      rect(ctx, f, st.start, st.end, top, plotH);
+      rect(ctx, f, st.start, st.end, g.top, g.plotH);
     }
-    timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
+  }
 
-    if (opts.selected && rowOf.has(opts.selected)) {
-      ctx.fillStyle = C.select;
-      ctx.fillRect(0, top + rowOf.get(opts.selected) * rowH, w, rowH);
-    }
-
-    // Stage segments, one colour per pass (fewer canvas state changes).
+  // Stage segments up to decoding, one colour per pass (fewer canvas state changes).
+  function drawStages(ctx, f, g, now) {
+    const {shown, barY, barH} = g;
+    const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
     ctx.fillStyle = C.tokenize;
     shown.forEach((r, i) => { if (r.tokStart !== null) rect(ctx, f, r.tokStart, r.tokEnd, barY(i), barH); });
     ctx.fillStyle = C.queue;
     shown.forEach((r, i) => {
       if (r.rejected) return;
       const from = r.tokEnd !== null ? r.tokEnd : r.arrival;
-      const to = r.prefills.length ? r.prefills[0].start : (r.end !== null ? r.end : now);
-      rect(ctx, f, from, to, barY(i), barH);
+      rect(ctx, f, from, endOr(r.prefills.length ? r.prefills[0].start : null, r), barY(i), barH);
     });
     // Admission (got a slot and KV blocks): the queue stage goes on until its prefill starts.
     ctx.fillStyle = C.tick;
@@ -139,29 +132,33 @@
       if (r.admitted !== null && r.admitted >= f.left && r.admitted <= f.right) ctx.fillRect(f.x(r.admitted) - 0.5, barY(i), 1, barH);
     });
     ctx.fillStyle = C.prefillWait;
-    shown.forEach((r, i) => {
-      const p = r.prefills;
-      if (p.length) rect(ctx, f, p[0].start, r.first !== null ? r.first : (r.end !== null ? r.end : now), barY(i), barH);
-    });
+    shown.forEach((r, i) => { if (r.prefills.length) rect(ctx, f, r.prefills[0].start, endOr(r.first, r), barY(i), barH); });
     ctx.fillStyle = C.prefill;
     shown.forEach((r, i) => { for (const p of r.prefills) rect(ctx, f, p.start, p.end, barY(i), barH); });
     ctx.fillStyle = C.decodeIdle;
-    shown.forEach((r, i) => { if (r.first !== null) rect(ctx, f, r.first, r.end !== null ? r.end : now, barY(i), barH); });
+    shown.forEach((r, i) => { if (r.first !== null) rect(ctx, f, r.first, endOr(null, r), barY(i), barH); });
+  }
+
+  // Each decode step on the row of every request in its batch, alternating two shades.
+  function drawDecodeSteps(ctx, f, steps, i0, g) {
     for (const [color, parity] of [[C.decodeA, 0], [C.decodeB, 1]]) {
       ctx.fillStyle = color;
       for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
         const st = steps[i];
         if (st.kind !== "decode" || st.n % 2 !== parity) continue;
         for (const id of st.ids) {
-          const row = rowOf.get(id);
-          if (row !== undefined) rect(ctx, f, st.start, st.end, barY(row), barH);
+          const row = g.rowOf.get(id);
+          if (row !== undefined) rect(ctx, f, st.start, st.end, g.barY(row), g.barH);
         }
       }
     }
+  }
+
+  // Rejections, then a tick per token, the first one taller and in the first-sample colour.
+  function drawOutcomes(ctx, f, g, view) {
+    const {shown, barY, barH, rowH, top} = g;
     ctx.fillStyle = C.rejected;
     shown.forEach((r, i) => { if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(i), barH); });
-
-    // A tick per token, the first one taller and in the first-sample colour.
     const tickW = rowH >= 8 ? 2 : 1;
     ctx.fillStyle = C.tick;
     shown.forEach((r, i) => {
@@ -177,13 +174,16 @@
         ctx.fillRect(f.x(r.first) - tickW, top + i * rowH, tickW * 2, rowH);
       }
     });
+  }
 
-    // Row labels when there is room to read them.
+  // Row labels when there is room to read them, the "now" line, and how many rows did not fit.
+  function drawLabels(ctx, f, g, compact, view, now) {
+    const {shown, rowH, top, plotH} = g;
     if (rowH >= 11) {
       ctx.font = `${Math.min(compact ? 11 : 15, rowH - 2)}px ui-monospace, monospace`;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
       shown.forEach((r, i) => {
-        ctx.fillStyle = r.source === "page" ? C.now : r.source === "api" ? "#7fd3ff" : C.muted;
+        ctx.fillStyle = r.source === "page" ? C.now : r.source === "api" ? C.api : C.muted;
         ctx.fillText(r.id, f.gutter - 6, top + i * rowH + rowH / 2);
       });
     }
@@ -192,12 +192,33 @@
       const x = Math.round(f.x(now)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + plotH); ctx.stroke();
     }
-    if (rows.length > shown.length) {
+    if (g.hidden > 0) {
       ctx.fillStyle = C.muted; ctx.textAlign = "left"; ctx.textBaseline = "top";
       ctx.font = "12px system-ui, sans-serif";
-      ctx.fillText(`+${rows.length - shown.length} older rows`, f.gutter + 4, top + 2);
+      ctx.fillText(`+${g.hidden} older rows`, f.gutter + 4, top + 2);
     }
-    return {f, shown, rowH, top, i0};
+  }
+
+  FT.drawTimeline = function (canvas, s, view, now, opts) {
+    const {ctx, w, h} = FT.fitCanvas(canvas);
+    const compact = w < 700;
+    const f = frame(w, view, compact);
+    const axisH = compact ? 16 : 24;
+    const top = 4, plotH = h - axisH - top;
+    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+    const g = layoutRows(s, f, now, top, plotH, compact);
+    const i0 = firstStepFrom(s.steps, f.left);
+    drawBands(ctx, f, s.steps, i0, g);
+    timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
+    if (opts.selected && g.rowOf.has(opts.selected)) {
+      ctx.fillStyle = C.select;
+      ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
+    }
+    drawStages(ctx, f, g, now);
+    drawDecodeSteps(ctx, f, s.steps, i0, g);
+    drawOutcomes(ctx, f, g, view);
+    drawLabels(ctx, f, g, compact, view, now);
+    return {f, shown: g.shown, rowH: g.rowH, top, i0};
   };
 
   FT.hitTimeline = function (layout, s, x, y) {
@@ -219,86 +240,113 @@
     const compact = w < 700;
     const top = 6;
     ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-    return {ctx, w, h, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
+    return {ctx, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
+  }
+
+  // A strip's scale labels: its maximum at the top, 0 at the bottom.
+  function scaleLabels(st, maxText) {
+    const {ctx, f, top, plotH} = st;
+    ctx.fillStyle = C.muted; ctx.font = `${st.compact ? 10 : 12}px system-ui, sans-serif`;
+    ctx.textAlign = "right"; ctx.textBaseline = "top";
+    ctx.fillText(maxText, f.gutter - 6, top);
+    ctx.textBaseline = "bottom";
+    ctx.fillText("0", f.gutter - 6, top + plotH);
   }
 
   // ------------------------------------------------------------------ KV cache
-  // Filled KV entries after every forward, stacked per request in the request's colour,
-  // against the reserved blocks, the live budget and the physical capacity.
-  FT.drawKV = function (canvas, s, view, now) {
-    const {ctx, w, h, compact, f, top, plotH} = strip(canvas, view);
-    if (!s.hello) return {f};
-    const bs = s.hello.block_size;
-    const capacity = s.hello.cache_blocks * bs;
-    const steps = s.steps;
-    const i0 = firstStepFrom(steps, f.left);
-    // Scale to what is in view (a few requests hold little of a big cache); the budget and
-    // capacity lines are drawn when they fall inside the scale and named when above it.
+  // The forwards a strip draws: from the one before the window (its state carries into view)
+  // to the last that ended inside it; until(i) is when step i's state gave way (next step, or now).
+  function stepsInView(steps, f, now) {
+    const a = Math.max(0, firstStepFrom(steps, f.left) - 1);
+    let b = a;
+    while (b < steps.length && steps[b].end <= f.right) b++;
+    return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
+  }
+
+  // Scale to what is in view (a few requests hold little of a big cache); the budget and
+  // capacity lines are drawn when they fall inside the scale and named when above it.
+  function kvScale(s, f, span, bs, capacity) {
     let peak = 0;
-    for (let i = Math.max(0, i0 - 1); i < steps.length && steps[i].end <= f.right; i++) {
-      peak = Math.max(peak, steps[i].blocksUsed * bs, steps[i].cacheTokens);
-    }
+    for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].blocksUsed * bs, s.steps[i].cacheTokens);
     let budget = s.last ? s.last.cache_blocks * bs : capacity;
     for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
     const want = Math.max(peak * 1.3, 64);
-    const ymax = budget <= want * 2 ? Math.max(want, budget * 1.05) : want;
-    const y = (tok) => top + plotH - (Math.min(tok, ymax) / ymax) * plotH;
-    timeAxis(ctx, f, top, top + plotH, "", false);
-    for (let i = Math.max(0, i0 - 1); i < steps.length && steps[i].end <= f.right; i++) {
-      const st = steps[i];
-      const until = i + 1 < steps.length ? steps[i + 1].end : now;
+    return {budget, ymax: budget <= want * 2 ? Math.max(want, budget * 1.05) : want};
+  }
+
+  // Filled entries after each forward, stacked per request in the request's colour.
+  function drawKVStacks(ctx, f, steps, span, y) {
+    for (let i = span.a; i < span.b; i++) {
       let acc = 0;
-      for (const [id, n] of st.stack) {
+      for (const [id, n] of steps[i].stack) {
         ctx.fillStyle = FT.reqColor(id);
         const y0 = y(acc), y1 = y(acc + n);
-        rect(ctx, f, st.end, until, y1, Math.max(1, y0 - y1));
+        rect(ctx, f, steps[i].end, span.until(i), y1, Math.max(1, y0 - y1));
         acc += n;
       }
     }
-    // Reserved blocks (what admission counts) as a step line.
+  }
+
+  // Reserved blocks (what admission counts) as a dashed step line.
+  function drawReserved(ctx, f, steps, span, y, bs) {
     ctx.strokeStyle = C.reserved; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
     ctx.beginPath();
-    let started = false;
-    for (let i = Math.max(0, i0 - 1); i < steps.length && steps[i].end <= f.right; i++) {
+    for (let i = span.a; i < span.b; i++) {
       const x0 = Math.max(f.gutter, f.x(steps[i].end));
-      const x1 = Math.min(f.gutter + f.pw, f.x(i + 1 < steps.length ? steps[i + 1].end : now));
+      const x1 = Math.min(f.gutter + f.pw, f.x(span.until(i)));
       const yy = y(steps[i].blocksUsed * bs);
-      if (!started) { ctx.moveTo(x0, yy); started = true; } else ctx.lineTo(x0, yy);
+      if (i === span.a) ctx.moveTo(x0, yy); else ctx.lineTo(x0, yy);
       ctx.lineTo(x1, yy);
     }
     ctx.stroke(); ctx.setLineDash([]);
-    // Budget (the cache-budget setting, from stats) and the physical capacity.
+  }
+
+  // The budget (the cache-budget setting, from stats) and the physical capacity.
+  function drawLimits(ctx, f, s, y, scale, bs, capacity) {
     ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
     ctx.beginPath();
-    started = false;
+    let started = false;
     for (const st of s.stats) {
       if (st.t < f.left - 5 || st.t > f.right) continue;
       const xx = Math.max(f.gutter, f.x(st.t)), yy = y(st.blocks * bs);
       if (!started) { ctx.moveTo(xx, yy); started = true; } else ctx.lineTo(xx, yy);
     }
-    if (started && budget <= ymax) { ctx.lineTo(f.gutter + f.pw, y((s.last ? s.last.cache_blocks : 0) * bs)); ctx.stroke(); }
-    if (capacity <= ymax) {
+    if (started && scale.budget <= scale.ymax) { ctx.lineTo(f.gutter + f.pw, y((s.last ? s.last.cache_blocks : 0) * bs)); ctx.stroke(); }
+    if (capacity <= scale.ymax) {
       ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
     }
-    ctx.fillStyle = C.axis; ctx.font = `${compact ? 10 : 12}px system-ui, sans-serif`;
-    ctx.textAlign = "right"; ctx.textBaseline = "top";
-    ctx.fillText(FT.fmtTokens(Math.round(ymax)), f.gutter - 6, top);
+  }
+
+  // Filled KV entries after every forward, stacked per request in the request's colour,
+  // against the reserved blocks, the live budget and the physical capacity.
+  FT.drawKV = function (canvas, s, view, now) {
+    const st = strip(canvas, view);
+    const {ctx, f, top, plotH} = st;
+    if (!s.hello) return {f};
+    const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
+    const span = stepsInView(s.steps, f, now);
+    const scale = kvScale(s, f, span, bs, capacity);
+    const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
+    timeAxis(ctx, f, top, top + plotH, "", false);
+    drawKVStacks(ctx, f, s.steps, span, y);
+    drawReserved(ctx, f, s.steps, span, y, bs);
+    drawLimits(ctx, f, s, y, scale, bs, capacity);
+    scaleLabels(st, FT.fmtTokens(Math.round(scale.ymax)));
     const above = [];
-    if (budget > ymax) above.push(`budget ${FT.fmtTokens(budget)}`);
-    if (capacity > ymax) above.push(`capacity ${FT.fmtTokens(capacity)}`);
+    if (scale.budget > scale.ymax) above.push(`budget ${FT.fmtTokens(scale.budget)}`);
+    if (capacity > scale.ymax) above.push(`capacity ${FT.fmtTokens(capacity)}`);
     if (above.length) {
-      ctx.textAlign = "left"; ctx.fillStyle = C.budget;
+      ctx.textAlign = "left"; ctx.textBaseline = "top"; ctx.fillStyle = C.budget;
       ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top + 2);
     }
-    ctx.textBaseline = "bottom";
-    ctx.fillText("0", f.gutter - 6, top + plotH);
-    return {f, capacity, top, plotH, i0};
+    return {f};
   };
 
   // ------------------------------------------------------------------ queue
   FT.drawQueue = function (canvas, s, view, now) {
-    const {ctx, w, h, compact, f, top, plotH} = strip(canvas, view);
+    const st = strip(canvas, view);
+    const {ctx, f, top, plotH} = st;
     timeAxis(ctx, f, top, top + plotH, "", false);
     const pts = s.stats.filter((p) => p.t >= f.left - 2 && p.t <= f.right + 2);
     let ymax = 4;
@@ -318,17 +366,9 @@
       if (fill) { ctx.lineTo(xe, y(0)); ctx.closePath(); ctx.fillStyle = fill; ctx.fill(); }
       else { ctx.strokeStyle = stroke; ctx.lineWidth = 2; ctx.stroke(); }
     };
-    series("queue", "rgba(242,169,59,0.55)", null);
+    series("queue", C.queueFill, null);
     series("running", null, C.running);
-    ctx.fillStyle = C.axis; ctx.font = `${compact ? 10 : 12}px system-ui, sans-serif`;
-    ctx.textAlign = "right"; ctx.textBaseline = "top";
-    ctx.fillText(String(ymax), f.gutter - 6, top);
-    ctx.textBaseline = "bottom";
-    ctx.fillText("0", f.gutter - 6, top + plotH);
-    return {f, pts};
-  };
-
-  FT.fmtTokens = function (n) {
-    return n >= 10000 ? `${(n / 1000).toFixed(n >= 100000 ? 0 : 1)}k tok` : `${n} tok`;
+    scaleLabels(st, String(ymax));
+    return {f};
   };
 })();

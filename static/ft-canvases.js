@@ -1,0 +1,135 @@
+// First Token: the canvas views on the page. Their shared time window (zoom with the
+// buttons or the wheel, pause with the button or space, drag to pan while paused), the
+// hover read-outs (measured numbers only), click-to-select on the timeline, and drawing
+// the three canvases (ft-timeline.js) once per animation frame.
+"use strict";
+(function () {
+  const FT = window.FT;
+  const {$, fmtS, fmtBytes} = FT;
+  let app, s, view, ui, embed;   // the page's shared objects, from init
+  let hover = null;
+
+  // ------------------------------------------------------------ hover read-outs
+  function describeReq(r) {
+    const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
+    if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
+    if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
+    if (r.queueS !== null) lines.push(`queued ${fmtS(r.queueS)} → slot ${r.slot}, ${r.blocks} KV blocks`);
+    if (r.prefills.length) {
+      lines.push(`prefill ${fmtS(FT.prefillTime(r))} in ${r.prefills.length} chunk${r.prefills.length > 1 ? "s" : ""}`);
+    }
+    if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
+    lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
+    return lines;
+  }
+
+  // The last item of a time-ordered list at or before t (by `key`), or null.
+  function lastAtOrBefore(list, key, t) {
+    let found = null;
+    for (const x of list) { if (x[key] <= t) found = x; else break; }
+    return found;
+  }
+
+  // Each returns the tooltip's lines for the pointer at (h.x, h.y) on its canvas, or null.
+  const HOVER = {
+    timeline(s, layouts, h) {
+      const hit = FT.hitTimeline(layouts.timeline, s, h.x, h.y);
+      if (!hit) return null;
+      const lines = describeReq(hit.req);
+      if (hit.step) lines.push(`decode step ${fmtS(hit.step.end - hit.step.start)} · batch of ${hit.step.ids.length}`);
+      return lines;
+    },
+    kv(s, layouts, h) {
+      const f = layouts.kv && layouts.kv.f;
+      if (!f || !s.hello) return null;
+      const st = lastAtOrBefore(s.steps, "end", f.t(h.x));
+      if (!st) return null;
+      const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
+      return [`t = ${f.t(h.x).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} finished` : `after a ${st.kind} step`}`,
+              `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
+              `reserved ${st.blocksUsed} blocks = ${st.blocksUsed * bs} tokens (${fmtBytes(st.blocksUsed * bs * bpt)})`];
+    },
+    queue(s, layouts, h) {
+      const f = layouts.queue && layouts.queue.f;
+      const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
+      return p ? [`t = ${p.t.toFixed(2)} s`, `${p.queue} waiting · ${p.running} running · ${p.tps.toFixed(1)} tokens/s`] : null;
+    },
+  };
+
+  function showTip(lines, hover) {
+    const tip = $("tip");
+    if (!lines) { tip.hidden = true; return; }
+    tip.textContent = lines.join("\n");
+    tip.hidden = false;
+    const x = Math.min(window.innerWidth - tip.offsetWidth - 8, hover.cx + 14);
+    const y = Math.min(window.innerHeight - tip.offsetHeight - 8, hover.cy + 14);
+    tip.style.left = `${x}px`; tip.style.top = `${y}px`;
+  }
+
+  function setSpan(span, anchorT) {
+    const old = view.span;
+    view.span = Math.min(600, Math.max(1, span));
+    if (view.paused && anchorT !== undefined) view.right = anchorT + (view.right - anchorT) * (view.span / old);
+    $("span-label").textContent = `${+view.span.toFixed(1)} s`;
+  }
+
+  function setPaused(p) {
+    view.paused = p;
+    $("btn-pause").textContent = p ? "Live" : "Pause";
+    $("btn-pause").classList.toggle("primary", p);
+  }
+
+  // While paused, dragging pans the window.
+  function pan(e, f) {
+    if (!view.paused) return;
+    const startX = e.clientX, startRight = view.right;
+    const move = (m) => { view.right = startRight - ((m.clientX - startX) / f.pw) * view.span; };
+    const up = () => { window.removeEventListener("pointermove", move); window.removeEventListener("pointerup", up); };
+    window.addEventListener("pointermove", move);
+    window.addEventListener("pointerup", up);
+  }
+
+  function wireCanvas(id) {
+    const c = $(id);
+    if (!c) return;
+    const frameOf = () => ui.layouts[id] && ui.layouts[id].f;
+    c.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const f = frameOf();
+      setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
+    }, {passive: false});
+    c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
+    c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
+    c.addEventListener("mouseleave", () => { hover = null; $("tip").hidden = true; });
+  }
+
+  function wire() {
+    $("btn-zoom-in").addEventListener("click", () => setSpan(view.span * 0.8));
+    $("btn-zoom-out").addEventListener("click", () => setSpan(view.span * 1.25));
+    $("btn-pause").addEventListener("click", () => setPaused(!view.paused));
+    document.addEventListener("keydown", (e) => {
+      if (e.code === "Space" && !["TEXTAREA", "INPUT", "BUTTON"].includes(document.activeElement.tagName)) {
+        e.preventDefault(); setPaused(!view.paused);
+      }
+    });
+    for (const id of Object.keys(HOVER)) wireCanvas(id);
+    $("timeline").addEventListener("click", (e) => {
+      const layout = ui.layouts.timeline;
+      const h = layout && FT.hitTimeline(layout, s, e.offsetX, e.offsetY);
+      if (h) app.select(h.req.id);
+    });
+  }
+
+  function draw() {
+    const now = app.engineNow();
+    if (!view.paused) view.right = now + view.span * 0.03;
+    ui.layouts.timeline = FT.drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
+    if (!embed) {
+      ui.layouts.kv = FT.drawKV($("kv"), s, view, now);
+      ui.layouts.queue = FT.drawQueue($("queue"), s, view, now);
+    }
+    if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
+  }
+
+  FT.canvases = {init(a) { app = a; ({s, view, ui, embed} = a); }, wire, draw};
+})();

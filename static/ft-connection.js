@@ -1,0 +1,80 @@
+// First Token: the connection. One websocket to /ws that reconnects with backoff, an
+// NTP-style clock sync over it (page seconds = engine t + offset; the round trip with the
+// smallest RTT wins), and `send` for control messages (docs/protocol.md).
+"use strict";
+(function () {
+  const FT = window.FT;
+  const pageNow = () => performance.now() / 1000;
+
+  // From init: the page state, its perf counters, and `onEvents(events, at)`, which gets each
+  // frame's events except `sync`, with `at` the frame's arrival on the engine clock (null until synced).
+  let s, perf, onEvents;
+  const clock = {offset: null, rtt: null, best: Infinity, timer: null};
+  let ws = null, retries = 0;
+
+  function send(msg) {
+    if (ws && ws.readyState === WebSocket.OPEN) { ws.send(JSON.stringify(msg)); return true; }
+    FT.toast("not connected: the message was not sent");
+    return false;
+  }
+
+  function setConn(state, text) {
+    const c = FT.$("conn");
+    c.dataset.state = state;
+    c.textContent = text;
+  }
+
+  function syncRound() {
+    for (let i = 0; i < 5; i++) setTimeout(() => send({type: "sync", client_t: performance.now()}), i * 60);
+  }
+
+  function onSync(ev, arrived) {
+    const sent = ev.client_t / 1000;
+    const rtt = arrived - sent;
+    if (rtt < 0 || rtt > clock.best * 4 + 0.05) return;
+    const offset = (sent + arrived) / 2 - ev.t;
+    if (rtt <= clock.best || clock.offset === null) { clock.best = rtt; clock.rtt = rtt; clock.offset = offset; }
+  }
+
+  function opened() {
+    retries = 0;
+    setConn("connected", "live");
+    FT.$("conn").title = "";
+    // A new connection may be a new server whose clock restarted at 0: sync afresh.
+    clock.offset = null; clock.best = Infinity;
+    // Rounds soon after connect (a busy server or page skews the first), then every 30 s for drift.
+    for (const delay of [0, 2000, 8000]) setTimeout(syncRound, delay);
+    clearInterval(clock.timer);
+    clock.timer = setInterval(syncRound, 30000);
+  }
+
+  function received(e) {
+    const arrived = pageNow();
+    s.frames++; s.bytes += e.data.length; perf.bytesInWindow += e.data.length;
+    let events;
+    try { events = JSON.parse(e.data); } catch (err) { FT.toast(`bad frame from server: ${err}`); return; }
+    const at = clock.offset === null ? null : arrived - clock.offset;
+    for (const ev of events) if (ev.type === "sync") onSync(ev, arrived);
+    onEvents(events.filter((ev) => ev.type !== "sync"), at);
+  }
+
+  function closed() {
+    clearInterval(clock.timer);
+    const wait = Math.min(5000, 300 * 2 ** retries++);
+    setConn("down", `reconnecting in ${(wait / 1000).toFixed(1)} s`);
+    setTimeout(connect, wait);
+  }
+
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss://" : "ws://";
+    ws = new WebSocket(proto + location.host + "/ws");
+    ws.onopen = opened;
+    ws.onmessage = received;
+    ws.onclose = closed;
+  }
+
+  // Engine time now: from the synced clock, else the newest time any event carried.
+  const engineNow = () => (clock.offset === null ? s.latestT : pageNow() - clock.offset);
+
+  FT.connection = {init(app, handler) { ({s, perf} = app); onEvents = handler; }, clock, send, setConn, connect, engineNow};
+})();

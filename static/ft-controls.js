@@ -1,0 +1,150 @@
+// First Token: the controls and the URL. Sliders and toggles are built from hello.limits,
+// each a named setting sent as `set`; the address bar carries the settings that differ
+// from their defaults, and URL parameters on arrival become one `set`. Also the load,
+// burst and reset buttons and the prompt box.
+"use strict";
+(function () {
+  const FT = window.FT;
+  const {$, el} = FT;
+  let app, s, ui, embed;   // the page's shared objects, from init
+  let built = null;        // the limits (as JSON) the controls were built from
+  let urlApplied = false;  // the page's URL parameters are sent once, after the first hello
+  let dragging = null;     // the slider being dragged: arriving settings leave it alone
+
+  const LABELS = {
+    load: ["Load generator", ""], rate: ["Load (arrival rate)", "req/s"],
+    prompt_tokens: ["Prompt length", "tokens"], max_new_tokens: ["Max new tokens", "tokens"],
+    slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
+    kv_cache: ["KV cache", ""], prefill_chunk: ["Chunked prefill", "tok/chunk"],
+    temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
+  };
+  const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "slots", "cache_tokens", "kv_cache",
+                 "prefill_chunk", "temperature", "top_p"];
+
+  function valueText(name, v) {
+    if (name === "cache_tokens" && s.hello) return `${v} tok · ${FT.fmtBytes(v * s.hello.kv_bytes_per_token)}`;
+    if (name === "prefill_chunk" && v === 0) return "off";
+    return String(v);
+  }
+
+  function toggleInput(name, head) {
+    const input = el("input");
+    input.type = "checkbox";
+    input.className = "toggle";
+    input.addEventListener("change", () => app.send({type: "set", settings: {[name]: input.checked}}));
+    head.prepend(input);
+    return input;
+  }
+
+  // A slider shows its value while dragged (settings arriving meanwhile leave it alone) and sends on release.
+  function rangeInput(name, lim, head, row) {
+    const input = el("input");
+    input.type = "range";
+    input.min = lim.min; input.max = lim.max; input.step = lim.step;
+    input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(name, +input.value); });
+    input.addEventListener("pointerdown", () => { dragging = name; });
+    input.addEventListener("pointerup", () => { dragging = null; });
+    input.addEventListener("change", () => {
+      const v = lim.kind === "int" ? parseInt(input.value, 10) : parseFloat(input.value);
+      app.send({type: "set", settings: {[name]: v}});
+    });
+    row.append(input);
+    return input;
+  }
+
+  function controlRow(name, lim) {
+    const [label, unit] = LABELS[name] || [name, ""];
+    const row = el("div", "ctl");
+    row.dataset.name = name;
+    row.title = lim.doc || "";
+    const head = el("label", "ctl-head");
+    head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
+    row.append(head);
+    const input = lim.kind === "bool" ? toggleInput(name, head) : rangeInput(name, lim, head, row);
+    input.id = `set-${name}`;
+    input.name = name;
+    if (lim.applies && lim.applies !== "live") {
+      const tag = el("span", "applies", lim.applies);
+      tag.title = `a change applies to ${lim.applies} only`;
+      head.querySelector(".ctl-name").after(tag);
+    }
+    return row;
+  }
+
+  // Rebuilt only when the limits changed (a new server may offer other settings).
+  function buildControls() {
+    const key = JSON.stringify(s.limits);
+    if (built === key) { applySettings(); return; }
+    built = key;
+    const names = ORDER.filter((n) => n in s.limits).concat(
+      Object.keys(s.limits).filter((n) => !ORDER.includes(n) && n !== "load"));
+    $("settings").replaceChildren(...names.map((name) => controlRow(name, s.limits[name])));
+    applySettings();
+  }
+
+  function applySettings() {
+    if (embed) return;
+    for (const [name, v] of Object.entries(s.settings)) {
+      const input = $(`set-${name}`);
+      if (input && dragging !== name) {
+        if (input.type === "checkbox") input.checked = !!v;
+        else input.value = v;
+        input.closest(".ctl").querySelector("output").textContent =
+          input.type === "checkbox" ? (v ? "on" : "off") : valueText(name, v);
+      }
+    }
+    const btn = $("btn-load");
+    btn.dataset.on = String(!!s.settings.load);
+    btn.textContent = s.settings.load ? "Stop load" : "Start load";
+  }
+
+  // After any settings change the address bar carries the settings that differ from their defaults.
+  function writeUrl() {
+    const q = new URLSearchParams();
+    for (const [name, v] of Object.entries(s.settings)) {
+      const lim = s.limits[name];
+      if (lim && v !== lim.default) q.set(name, String(v));
+    }
+    const qs = q.toString();
+    history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
+  }
+
+  function applyUrl() {
+    const changes = {}, ignored = [];
+    for (const [name, raw] of new URLSearchParams(location.search)) {
+      const lim = s.limits[name];
+      if (!lim) { ignored.push(name); continue; }
+      if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
+      else changes[name] = Number(raw);   // the server validates and names a bad field
+    }
+    if (ignored.length) FT.toast(`ignored unknown URL parameter(s): ${ignored.join(", ")}`);
+    if (Object.keys(changes).length) app.send({type: "set", settings: changes});
+  }
+
+  function wire() {
+    if (embed) return;
+    $("btn-load").addEventListener("click", () => app.send({type: "load", on: !s.settings.load}));
+    $("btn-burst").addEventListener("click", () => app.send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
+    $("btn-reset").addEventListener("click", () => app.send({type: "reset"}));
+    const form = $("prompt-form"), box = $("prompt");
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      const prompt = box.value.trim();
+      if (!prompt) return;
+      if (app.send({type: "submit", prompt})) { ui.awaitOwn = true; box.value = ""; }
+    });
+    box.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
+    });
+  }
+
+  // The first hello applies the page's URL; every hello (re)builds the controls.
+  function onHello() {
+    if (!urlApplied) { urlApplied = true; applyUrl(); }
+    if (!embed) buildControls();
+  }
+
+  function onSettings() { applySettings(); writeUrl(); }
+
+  FT.controls = {init(a) { app = a; ({s, ui, embed} = a); }, wire, onHello, onSettings};
+})();

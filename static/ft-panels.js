@@ -1,0 +1,194 @@
+// First Token: the DOM panels, refreshed at 4 Hz. Headline figures and footer, the model
+// line, KV-cache and queue read-outs, batch slots and the waiting list, and the request
+// detail: state, TTFT and later-token stacked bars, prompt token chips and the output.
+// Text from the model or users is only ever set with textContent.
+"use strict";
+(function () {
+  const FT = window.FT;
+  const {$, el, fmtS, fmtBytes} = FT;
+  let app, s, ui, perf, embed;   // the page's shared objects, from init
+  let detailKey = "";
+
+  // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
+  const LATER = [["decode", "decode step"], ["sample", "sample"], ["delivery", "delivery (server)"]];
+  const SHOW_WAITING = 40;
+
+  // One stacked bar with its legend: parts [{cls, name, v}] in seconds.
+  function stackedBar(parts, total, label) {
+    const wrap = el("div", "acc");
+    wrap.append(el("div", "acc-label", label));
+    const bar = el("div", "bar");
+    const legend = el("div", "acc-legend");
+    const sum = parts.reduce((a, p) => a + Math.max(0, p.v), 0) || 1;
+    for (const p of parts) {
+      const seg = el("span", `seg ${p.cls}`);
+      seg.style.flexGrow = String(Math.max(0, p.v) / sum);
+      seg.title = `${p.name}: ${fmtS(p.v)}`;
+      bar.append(seg);
+      const item = el("span", "li");
+      item.append(el("i", `sw ${p.cls}`), el("span", "", `${p.name} ${fmtS(p.v)}`));
+      legend.append(item);
+    }
+    wrap.append(bar, legend);
+    if (total !== null) wrap.append(el("div", "acc-total", total));
+    return wrap;
+  }
+
+  // A finished request's accounting: TTFT by stage, then the mean later token by part.
+  function accountingBars(r) {
+    const out = [];
+    const here = r.pageFirstDelivery;
+    out.push(stackedBar(FT.STAGES.map(([k, name]) => ({cls: k, name, v: r.stages[k]})),
+                        `= TTFT ${fmtS(r.ttft)} measured by the server` +
+                        (here !== null ? ` · + ${fmtS(here)} to reach this page` : ""), "time to first token"));
+    if (r.later) {
+      const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
+      lp.push({cls: "other", name: "other", v: r.tpot - (r.later.decode + r.later.sample + r.later.delivery)});
+      out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token (mean of ${r.outputTokens - 1})`, "each later token"));
+    }
+    return out;
+  }
+
+  function accounting(r) {
+    if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
+    if (r.stages) return accountingBars(r);
+    const bits = [];
+    if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
+    if (r.prefills.length) bits.push(`prefill ${fmtS(FT.prefillTime(r))}`);
+    if (r.first !== null) bits.push(`first token at +${fmtS(r.first - r.arrival)}`);
+    return [el("div", "acc-total", `${bits.join(" · ") || "waiting"} — the full accounting arrives when it finishes`)];
+  }
+
+  // The prompt as token chips (piece and id), then as plain text.
+  function promptChips(r) {
+    const list = (r.pieces || []).map((p, i) => {
+      const c = el("span", "tok");
+      c.append(el("span", "piece", p.replace(/ /g, "·").replace(/\n/g, "⏎") || "∅"), el("span", "tid", String(r.ids[i])));
+      return c;
+    });
+    if (r.truncated) list.push(el("span", "muted", ` … ${r.promptTokens - r.pieces.length} more`));
+    list.push(el("div", "prompt-text", (r.pieces || []).join("")));
+    return list;
+  }
+
+  function showModel(h) {
+    $("model").textContent = `${h.model} · ${h.device} · ${h.dtype} · ${(h.params / 1e6).toFixed(0)} M params · ` +
+      `${h.layers} layers · ${h.max_slots} slots`;
+  }
+
+  function headline() {
+    const L = s.last;
+    const pct = (o, k) => (o && o[k] !== undefined ? o[k] : null);
+    $("h-ttft50").textContent = fmtS(pct(L && L.ttft, "p50"));
+    $("h-ttft99").textContent = `${fmtS(pct(L && L.ttft, "p90"))} · ${fmtS(pct(L && L.ttft, "p99"))}`;
+    $("h-itl50").textContent = fmtS(pct(L && L.itl, "p50"));
+    $("h-itl99").textContent = `${fmtS(pct(L && L.itl, "p90"))} · ${fmtS(pct(L && L.itl, "p99"))}`;
+    $("h-tps").textContent = L ? L.tokens_per_s.toFixed(1) : "—";
+    $("h-running").textContent = L ? `${L.running}/${s.settings.slots ?? "?"}` : "—";
+    $("h-waiting").textContent = L ? String(L.queue) : "—";
+    const recent = s.delivery.slice(-300);
+    $("h-delivery").textContent = app.clock.offset === null ? "syncing" : fmtS(FT.percentile(recent, 50));
+  }
+
+  function footer() {
+    const clock = app.clock;
+    $("foot").textContent = `page ${perf.fps.toFixed(0)} fps (${perf.drawMs.toFixed(1)} ms drawing) · ` +
+      `websocket ${fmtBytes(Math.round(perf.bytesPerS))}/s · ` +
+      `${s.events} events · clock offset ${clock.offset === null ? "—" : "±" + fmtS(clock.rtt / 2)}` +
+      (s.dropped ? ` · ${s.dropped} events dropped for this page` : "");
+  }
+
+  function kvInfo() {
+    const h = s.hello, L = s.last;
+    const bpt = h.kv_bytes_per_token;
+    const bytesPer = (h.dtype === "float32" ? 4 : 2);
+    const filled = L ? L.cache_tokens : 0;
+    $("kv-info").textContent = `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
+      `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} tok = ${fmtBytes(filled * bpt)} · budget ` +
+      `${L ? L.cache_blocks * h.block_size : "—"} tok = ${L ? fmtBytes(L.cache_blocks * h.block_size * bpt) : "—"}`;
+  }
+
+  // The engine says what the head of the queue waits for (stats.blocked_on).
+  function queueInfo() {
+    const L = s.last;
+    const badge = $("kv-full");
+    const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
+    badge.hidden = !cacheBound;
+    if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} reserved)`;
+    const why = {cache: "for KV-cache blocks", slot: `for a batch slot (${L && L.running}/${s.settings.slots} busy)`,
+                 drain: "for running requests to drain (KV-cache mode changed)"};
+    $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" :
+      `${L.queue} waiting ${why[L.blocked_on] || ""}`.trim()) : "";
+  }
+
+  function chip(id) {
+    const c = el("button", "rchip", id);
+    c.style.setProperty("--req-color", FT.reqColor(id));
+    c.addEventListener("click", () => app.select(id));
+    return c;
+  }
+
+  function slots() {
+    const limit = s.settings.slots || s.slots.length;
+    $("slots").replaceChildren(...s.slots.map((id, i) => {
+      const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off", i < limit ? "free" : "off");
+      cell.classList.add("cell");
+      return cell;
+    }));
+    $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
+    const L = s.last, shown = s.waiting.slice(0, SHOW_WAITING);
+    const w = $("waiting");
+    w.replaceChildren(...shown.map((id) => chip(id)));
+    if (L && L.queue > shown.length) w.append(el("span", "muted", ` +${L.queue - shown.length} more`));
+    $("waiting-info").textContent = L ? `${L.queue} in queue` : "";
+  }
+
+  // The request panel follows the newest request with output (else the newest) unless one was picked.
+  function selectedReq() {
+    if (ui.selected && s.reqs.has(ui.selected)) return s.reqs.get(ui.selected);
+    for (let i = s.order.length - 1; i >= 0; i--) {
+      const r = s.reqs.get(s.order[i]);
+      if (r.first !== null) return r;
+    }
+    const id = s.order[s.order.length - 1];
+    return id ? s.reqs.get(id) : null;
+  }
+
+  function detail() {
+    const r = selectedReq();
+    if (!r) {
+      $("d-title").textContent = "— none yet";
+      $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
+      return;
+    }
+    const state = r.rejected ? "rejected" : r.end !== null ? r.reason : r.first !== null ? "decoding" :
+      r.prefills.length ? "prefilling" : "waiting";
+    $("d-title").textContent = `${r.id} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
+    const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
+    if (key === detailKey) return;
+    detailKey = key;
+    $("d-text").textContent = r.text.join("");
+    // Chips are rebuilt for another request, or when this one's tokenisation arrives.
+    const chips = $("d-chips"), chipsKey = `${s.epoch}:${r.id}:${r.pieces ? 1 : 0}`;
+    if (chips.dataset.req !== chipsKey) {
+      chips.dataset.req = chipsKey;
+      chips.replaceChildren(...promptChips(r));
+      $("d-ntok").textContent = r.promptTokens !== null ? `(${r.promptTokens})` : "";
+    }
+    $("d-accounting").replaceChildren(...accounting(r));
+  }
+
+  function update() {
+    headline();
+    if (s.loading && !s.hello) {
+      app.setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
+    }
+    footer();
+    if (embed || !ui.dirtyDom) return;
+    ui.dirtyDom = false;
+    if (s.hello) { kvInfo(); queueInfo(); }
+    slots(); detail();
+  }
+
+  FT.panels = {init(a) { app = a; ({s, ui, perf, embed} = a); }, showModel, update};
+})();
