@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench setup chromium schema clean-cache
+.PHONY: run test bench bench-serve setup chromium schema clean-cache
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,8 +34,14 @@ test: $(STAMP) chromium
 schema: $(STAMP)
 	$(BIN)/python -m engine.schema
 
+# In-process figures (engine vs transformers, step tables, start-up), then the served app
+# under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
+	$(BIN)/python -m bench.serve $(ARGS)
+
+bench-serve: $(STAMP)
+	$(BIN)/python -m bench.serve $(ARGS)
 
 clean-cache:
 	rm -rf $${FIRST_TOKEN_CACHE:-$$HOME/.cache/first-token}

@@ -42,9 +42,9 @@ def parse_args(argv=None):
 def plan(quick):
     if quick:
         return dict(requests=8, prompt=64, new=16, prefill=[16, 128, 512], batches=[1, 4, 16],
-                    repeats=2, events_runs=1)
+                    repeats=2, events_runs=1, kv_read=[128, 1024])
     return dict(requests=16, prompt=64, new=64, prefill=[16, 64, 256, 1024, 2048],
-                batches=[1, 2, 4, 8, 16, 32], repeats=3, events_runs=2)
+                batches=[1, 2, 4, 8, 16, 32], repeats=3, events_runs=2, kv_read=[128, 512, 2048])
 
 
 def log(msg):
@@ -103,6 +103,8 @@ def main(argv=None):
     prefill = tables.prefill_table(bundle, p["prefill"], p["repeats"])
     log("decode step vs batch size")
     decode = tables.decode_table(bundle, p["batches"], context=p["prompt"] + p["new"] // 2, repeats=p["repeats"] + 2)
+    log("paged vs contiguous KV reads")
+    kv_read = tables.kv_read_table(bundle, 16, p["kv_read"], p["repeats"] + 2)
     log("cold start of app.py" + (" (first and second)" if args.first_start else ""))
     try:
         start = coldstart.measure(args.first_start)
@@ -142,6 +144,7 @@ def main(argv=None):
         "prefill": prefill,
         "decode": decode,
         "decode_context": p["prompt"] + p["new"] // 2,
+        "kv_read": kv_read,
         "cold_start": start,
         "targets": TARGETS,
         "bench_s": time.perf_counter() - t_start,
@@ -195,6 +198,10 @@ def report(r):
         right = (f"{dec[i]['batch']:5d} {1e3 * dec[i]['step_s']:8.1f} {dec[i]['tokens_per_s']:7.1f} "
                  f"{dec[i]['step_s'] / bw['floor_s']:7.2f}" if i < len(dec) else "")
         lines.append(f"{left}    {right}")
+    lines += ["", "decode attention, all layers, batch 16: keys/values gathered from paged blocks vs contiguous rows"]
+    for k in r["kv_read"]:
+        lines.append(f"  context {k['context']:5d}: paged {1e3 * k['paged_s']:7.1f} ms, contiguous "
+                     f"{1e3 * k['contiguous_s']:7.1f} ms ({k['paged_s'] / k['contiguous_s']:.2f}x)")
     cs = r["cold_start"]
     lines.append("")
     if cs.get("error"):

@@ -1,10 +1,11 @@
 """The paged KV cache: blocks of memory, the block manager that hands them out, and prefix caching.
 
-Memory: per layer, one K tensor and one V tensor of `num_blocks * block_size` token slots
-(`[slots, kv_heads, head_dim]`), allocated (zeroed, so resident) at start. A *block* is
-`block_size` consecutive slots; token position p of a request lives in slot
-`block_table[p // block_size] * block_size + p % block_size`. One extra slot past the end
-stays zero: padded reads point there, so a masked-out key is always a finite number.
+Memory: per layer, one K tensor and one V tensor of `[num_blocks + 1, block_size, kv_heads,
+head_dim]`, allocated (zeroed, so resident) at start. Token position p of a request lives at
+row `p % block_size` of block `block_table[p // block_size]`. Attention gathers whole blocks;
+the extra block at the end is never handed out and stays zero: padded reads point there.
+Everything ever written is a finite key or value, so a masked-out position read from a
+reused block is a finite number too (a mask cannot hide NaN).
 
 Blocks are handed out as tokens are written (never reserved up front for max_new_tokens),
 returned when a request finishes or is preempted, and counted against a live budget
@@ -140,14 +141,13 @@ class BlockManager:
 
 
 class PagedKVStore:
-    """The K/V memory: per layer `[num_blocks * block_size + 1, kv_heads, head_dim]`."""
+    """The K/V memory: per layer `[num_blocks + 1, block_size, kv_heads, head_dim]`."""
 
     def __init__(self, config, num_blocks, block_size, dtype, device):
-        slots = num_blocks * block_size
-        shape = (slots + 1, kv_heads(config), head_dim(config))
+        shape = (num_blocks + 1, block_size, kv_heads(config), head_dim(config))
         layers = config.num_hidden_layers
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.block_size = block_size
-        self.zero_slot = slots            # always zero: where padded reads point
+        self.zero_block = num_blocks      # never handed out, always zero: where padded reads point
         self.nbytes = 2 * layers * self.k[0].numel() * self.k[0].element_size()

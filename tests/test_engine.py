@@ -1,6 +1,7 @@
 """Engine unit tests: `Engine.step()` driven directly on a tiny random Llama (built from a
 config), with no threads and no sleeps: arrivals happen at chosen steps."""
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
@@ -275,13 +276,14 @@ def test_stop_string(engine, tiny):
     assert stop in produced and stop not in tiny.tokenizer.decode(run.tokens(rid)[:-1], skip_special_tokens=True)
 
 
-def test_uninitialised_cache_memory_cannot_leak_into_attention(tiny):
-    """Whatever slots a request does not own hold (here NaN: a freed block's old contents could
-    be anything) must never reach its logits, although a batched decode reads a padded window
-    wider than a short request (the padding reads the store's one zero slot)."""
+def test_stale_cache_memory_cannot_leak_into_attention(tiny):
+    """What blocks hold before a request writes them (here large random values, as a block
+    freed by another request would) must never reach its logits, although attention reads
+    whole blocks, and a batched decode reads a window padded to the longest request."""
     eng = Engine(tiny, EngineConfig(slots=3, kv_tokens=2048, max_context=256))
+    g = torch.Generator().manual_seed(0)
     for t in (*eng.store.k, *eng.store.v):
-        t[:eng.store.zero_slot].fill_(float("nan"))
+        t[:eng.store.zero_block] = 1e3 * torch.randn(t[:eng.store.zero_block].shape, generator=g)
     run = Run(eng)
     a, b = run.add(PROMPTS[3], max_new_tokens=12), run.add(PROMPTS[4], max_new_tokens=12)
     run.until_idle()

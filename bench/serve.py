@@ -1,0 +1,210 @@
+"""`python -m bench.serve`: the app as users start it, driven through its OpenAI API.
+
+A load generator in this file streams `/v1/completions` requests (greedy, `ignore_eos`, so
+every request produces exactly its `max_tokens`) and measures what a load tool measures:
+output tokens/s, time to first token, and each request's inter-token latency (the mean gap
+between its tokens, as load tools define it). The app's own websocket events give the
+forwards: their median duration, how busy the engine was, and the stall factor (mean gap
+between a request's tokens / median forward time: 1 means a token every forward).
+
+    L1            8 in flight, 128-token prompts -> 32 new tokens, 32 requests, under each
+                  scheduling policy (mixed, prefill-first, static), same prompts
+    continuous    16 requests at once, output lengths 8..128, mixed vs static
+    prefix        8 chat requests sharing a ~500-token system prompt, one at a time:
+                  the later ones' TTFT and prefill vs the first's, prefix caching on vs off
+
+`--quick` runs smaller versions (for a smoke check). Results: bench/results-serve.json.
+"""
+import argparse
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+from simple_websocket import Client
+
+from bench.contenders import prompts
+from bench.launch import ROOT, App
+from engine.loadgen import CORPUS
+
+
+def percentile(values, q):
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] if s else None
+
+
+def stream(url, body):
+    """One streaming completion: (request id, send time, [arrival time of each text chunk], usage)."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps({**body, "stream": True,
+                                 "stream_options": {"include_usage": True}}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    sent, times, usage, rid = time.perf_counter(), [], None, None
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for line in resp:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            msg = json.loads(line[6:])
+            rid = rid or msg["id"].split("-", 1)[1]
+            usage = msg.get("usage") or usage
+            if msg["choices"] and msg["choices"][0].get("text"):
+                times.append(time.perf_counter())
+    return rid, sent, times, usage
+
+
+class Events:
+    """The app's websocket events during a run (steps and prefills), on a thread of its own."""
+
+    def __init__(self, ws_url):
+        self.conn = Client.connect(ws_url)
+        self.events, self.done = [], threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while not self.done.is_set():
+            raw = self.conn.receive(timeout=0.2)
+            if raw:
+                self.events += [e for e in json.loads(raw) if e["type"] in ("step", "prefill", "settings")]
+
+    def send(self, msg):
+        self.conn.send(json.dumps(msg))
+
+    def take(self):
+        out, self.events = self.events, []
+        return out
+
+    def close(self):
+        self.done.set()
+        self.thread.join()
+        self.conn.close()
+
+
+def run_load(app, events, batch, in_flight, max_tokens):
+    """Closed loop: `in_flight` requests at a time until every prompt has been sent."""
+    results, lock, todo = [], threading.Lock(), list(enumerate(batch))
+    events.take()
+    t0 = time.perf_counter()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i, (text, _) = todo.pop(0)
+            n = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
+            body = {"model": app.health["model"], "prompt": text, "max_tokens": n, "temperature": 0,
+                    "ignore_eos": True}
+            results.append(stream(app.url, body))
+    threads = [threading.Thread(target=worker) for _ in range(in_flight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    time.sleep(0.3)             # the last events reach the websocket
+    return summarise(results, events.take(), wall)
+
+
+def summarise(results, evs, wall):
+    steps = [e for e in evs if e["type"] == "step"]
+    forwards = [e["end"] - e["start"] for e in steps]
+    itl = [(t[-1] - t[0]) / (len(t) - 1) for _, _, t, _ in results if len(t) > 1]
+    ttft = [t[0] - sent for _, sent, t, _ in results if t]
+    out_tokens = sum(u["completion_tokens"] for *_, u in results)
+    median_forward = statistics.median(forwards) if forwards else None
+    return {"requests": len(results), "wall_s": wall, "output_tokens": out_tokens, "tokens_per_s": out_tokens / wall,
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
+            "median_forward_s": median_forward, "busy": sum(forwards) / wall if forwards else None,
+            "stall_factor": statistics.mean(itl) / median_forward if itl and median_forward else None,
+            "steps": {k: sum(1 for e in steps if e["kind"] == k) for k in ("prefill", "decode", "mixed")}}
+
+
+def settle(events, settings):
+    """Apply settings through the websocket and wait for the server's `settings` echo."""
+    events.take()
+    events.send({"type": "set", "settings": settings})
+    deadline = time.time() + 10
+    while time.time() < deadline and not any(e["type"] == "settings" for e in events.events):
+        time.sleep(0.05)
+
+
+def prefix_run(app, events, system, questions, caching):
+    settle(events, {"prefix_caching": caching})
+    rows = []
+    for q in questions:
+        body = {"model": app.health["model"], "prompt": system + q, "max_tokens": 4, "temperature": 0,
+                "ignore_eos": True}
+        rid, sent, times, usage = stream(app.url, body)
+        time.sleep(0.3)
+        prefill = sum(e["end"] - e["start"] for e in events.events if e["type"] == "prefill" and e["id"] == rid)
+        rows.append({"ttft": times[0] - sent, "prefill_s": prefill, "prompt_tokens": usage["prompt_tokens"],
+                     "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
+    first, later = rows[0], rows[1:]
+    return {"caching": caching, "first": first, "later_ttft_p50": statistics.median(r["ttft"] for r in later),
+            "later_prefill_p50": statistics.median(r["prefill_s"] for r in later),
+            "later_cached_p50": statistics.median(r["cached_tokens"] for r in later), "rows": rows}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke check, ~3 min)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results-serve.json"))
+    args = ap.parse_args(argv)
+    n_l1, n_cont = (8, 8) if args.quick else (32, 16)
+    app = App()
+    from transformers import AutoTokenizer
+    from engine import model
+    tok = AutoTokenizer.from_pretrained(model._gguf_cache_dir(model.default_model_path()))
+    events = Events(app.ws_url)
+    result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": args.quick, "L1": {}}
+    try:
+        batch = prompts(tok, n_l1, 128)
+        for policy in ("mixed", "prefill-first", "static"):
+            settle(events, {"schedule": policy})
+            print(f"  .. L1 under {policy}", flush=True)
+            result["L1"][policy] = run_load(app, events, batch, 8, 32)
+        lengths = [8 + (120 * i) // (n_cont - 1) for i in range(n_cont)]
+        cont_batch = prompts(tok, n_cont, 64)
+        result["continuous"] = {}
+        for policy in ("mixed", "static"):
+            settle(events, {"schedule": policy})
+            print(f"  .. {n_cont} requests at once, mixed lengths, under {policy}", flush=True)
+            result["continuous"][policy] = run_load(app, events, cont_batch, n_cont, lengths)
+        settle(events, {"schedule": "mixed"})
+        # from the corpus' end, which no earlier prompt here came from (no accidental prefix hits)
+        system = tok.decode(tok(CORPUS.read_text()[-6000:], add_special_tokens=False)["input_ids"][-500:])
+        questions = [f"\n\nQuestion {i}: what happens next in the story?" for i in range(4 if args.quick else 8)]
+        result["prefix"] = [prefix_run(app, events, system, questions, caching) for caching in (True, False)]
+    finally:
+        events.close()
+        app.stop()
+    print(report(result))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"\nwritten: {args.out}")
+
+
+def report(r):
+    ms = lambda v: "—" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
+    lines = ["", "L1: 8 in flight, 128-token prompts -> 32 new tokens (streaming /v1/completions, greedy, ignore_eos)",
+             f"{'policy':14s} {'tok/s':>6s} {'TTFT p50':>9s} {'p99':>9s} {'ITL p50':>9s} {'p99':>9s} "
+             f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s}  steps (prefill/decode/mixed)"]
+    for name, x in list(r["L1"].items()) + [(f"{k} x16", v) for k, v in r["continuous"].items()]:
+        st = x["steps"]
+        lines.append(f"{name:14s} {x['tokens_per_s']:6.1f} {ms(x['ttft_p50']):>9s} {ms(x['ttft_p99']):>9s} "
+                     f"{ms(x['itl_p50']):>9s} {ms(x['itl_p99']):>9s} {ms(x['median_forward_s']):>8s} "
+                     f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}%  {st['prefill']}/{st['decode']}/{st['mixed']}")
+    lines.append("(x16: 16 requests at once, outputs of 8..128 tokens: continuous vs static batching)")
+    lines += ["", "shared ~500-token system prompt, requests one at a time:"]
+    for p in r["prefix"]:
+        f = p["first"]
+        lines.append(f"  prefix caching {'on ' if p['caching'] else 'off'}: first TTFT {ms(f['ttft'])} (prefill "
+                     f"{ms(f['prefill_s'])}); later TTFT p50 {ms(p['later_ttft_p50'])} (prefill "
+                     f"{ms(p['later_prefill_p50'])}, {p['later_cached_p50']:.0f} of {f['prompt_tokens']} tokens reused)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
