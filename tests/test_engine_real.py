@@ -1,5 +1,6 @@
 """Integration: the engine on the real bundled SmolLM2-135M-Instruct, driven step by step."""
 from engine import Engine, EngineConfig
+from engine import events as ev
 from helpers import reference
 from test_engine import Run, assert_clean
 
@@ -31,3 +32,28 @@ def test_real_model_kv_bytes_and_capacity(real):
     assert hello.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
     assert hello.layers == 30 and hello.cache_blocks == 512 // 16
     assert 130e6 < hello.params < 140e6
+
+
+def test_real_model_mixed_steps_preemption_and_prefix_hits_keep_greedy_output(real):
+    """A 32-token step budget (prompts chunked, decodes riding along), a cache too small for
+    everyone (preemption and recompute), and two chat prompts with the same system prompt
+    (prefix hits): every output still equals `model.generate` alone."""
+    tok = real.tokenizer
+    system = {"role": "system", "content": "You are a careful assistant. Answer in one short sentence, "
+                                           "plainly, without lists, and never repeat the question back."}
+    chats = [[system, {"role": "user", "content": q}] for q in ("What is a KV cache?", "Why is the sky blue?")]
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats]
+    texts += PROMPTS[:2]
+    eng = Engine(real, EngineConfig(slots=4, kv_tokens=16 * 7, max_context=512))
+    eng.apply_settings({"max_batched_tokens": 32})
+    run = Run(eng)
+    for i, text in enumerate(texts):
+        run.add(text, max_new_tokens=24, chat=False)
+        run.step(2 if i == 0 else 1)
+    run.until_idle()
+    for i, text in enumerate(texts):
+        assert run.tokens(run.ids[i]) == reference(real, text, 24), f"prompt {i} diverged"
+    assert run.of(ev.Preempted), "the cache was meant to be too small for all four"
+    assert any(e.kind == "mixed" for e in run.of(ev.Step))
+    assert max(e.cached_tokens for e in run.of(ev.Admitted) if e.id == run.ids[1]) >= 16
+    assert_clean(eng)
