@@ -4,7 +4,7 @@ Data flows one way:
 
     EngineDriver.submit() -> Engine.new_sequence (tokenizer, in the caller's thread) -> inbox
       -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
-         -> Runner (prefill / batched decode forward) -> sampler -> typed events
+         -> Runner (one forward over every scheduled token) -> sampler -> typed events
       -> Broadcaster -> every subscriber (websockets, metrics, API streams)
 
 Modules, one job each:
@@ -12,10 +12,12 @@ Modules, one job each:
     settings   named, validated live controls (one validation layer for every client)
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
     sequence   one request's state and measured timestamps
-    kv_cache   block accounting and the slot-major KV store handed to the model
-    scheduler  waiting queue, slot admission by free blocks, chunked prefill
-    runner     the forwards (with or without KV cache)
+    kv_cache   the paged KV memory, the block manager (free list, reference counts) and
+               prefix hashes
+    scheduler  waiting queue, slots, the per-step token budget, policies, preemption
+    runner     one forward over packed tokens; attention per request over its blocks
     sampler    greedy / temperature / top-p, seeded
+    detok      incremental detokenisation and stop strings, cost independent of length
     events     the clock and the typed events (the wire protocol; `python -m engine.schema`)
     broadcast  bounded fan-out of events to pages and listeners
     stats      rolling percentiles and throughput
