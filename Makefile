@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve setup chromium schema clean-cache
+.PHONY: run test bench bench-serve gpu-check setup chromium schema clean-cache
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench: $(STAMP)
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)
+
+# Once, when a GPU machine is lent: real-model tests and a short bench on CUDA.
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check
 
 clean-cache:
 	rm -rf $${FIRST_TOKEN_CACHE:-$$HOME/.cache/first-token}
