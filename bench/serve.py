@@ -1,7 +1,7 @@
 """`python -m bench.serve`: the app as users start it, driven through its OpenAI API.
 
-A load generator in this file streams `/v1/completions` requests (greedy, `ignore_eos`, so
-every request produces exactly its `max_tokens`) and measures what a load tool measures:
+A load generator in this file streams `/v1/chat/completions` requests (greedy, `ignore_eos`,
+so every request produces exactly its `max_tokens`) and measures what a load tool measures:
 output tokens/s, time to first token, and each request's inter-token latency (the mean gap
 between its tokens, as load tools define it). The app's own websocket events give the
 forwards: their median duration, how busy the engine was, and the stall factor (mean gap
@@ -9,6 +9,8 @@ between a request's tokens / median forward time: 1 means a token every forward)
 
     L1            8 in flight, 128-token prompts -> 32 new tokens, 32 requests, under each
                   scheduling policy (mixed, prefill-first, static), same prompts
+    L2            16 in flight, 32-token prompts -> 128 new tokens, 32 requests
+    open loop     the L1 requests arriving as a Poisson process (2 per second), not in a closed loop
     continuous    16 requests at once, output lengths 8..128, mixed vs static
     prefix        8 chat requests sharing a ~500-token system prompt, one at a time:
                   the later ones' TTFT and prefill vs the first's, prefix caching on vs off
@@ -17,6 +19,7 @@ between a request's tokens / median forward time: 1 means a token every forward)
 """
 import argparse
 import json
+import random
 import statistics
 import threading
 import time
@@ -34,10 +37,12 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] if s else None
 
 
-def stream(url, body):
-    """One streaming completion: (request id, send time, [arrival time of each text chunk], usage)."""
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps({**body, "stream": True,
-                                 "stream_options": {"include_usage": True}}).encode(),
+def stream(url, model, text, max_tokens, **extra):
+    """One streaming chat completion of `text` (the user's message), greedy, EOS ignored:
+    (request id, send time, [arrival time of each chunk with text], usage)."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, **extra}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     sent, times, usage, rid = time.perf_counter(), [], None, None
     with urllib.request.urlopen(req, timeout=600) as resp:
@@ -47,7 +52,7 @@ def stream(url, body):
             msg = json.loads(line[6:])
             rid = rid or msg["id"].split("-", 1)[1]
             usage = msg.get("usage") or usage
-            if msg["choices"] and msg["choices"][0].get("text"):
+            if msg["choices"] and msg["choices"][0]["delta"].get("content"):
                 times.append(time.perf_counter())
     return rid, sent, times, usage
 
@@ -80,11 +85,16 @@ class Events:
         self.conn.close()
 
 
-def run_load(app, events, batch, in_flight, max_tokens):
-    """Closed loop: `in_flight` requests at a time until every prompt has been sent."""
+def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
+    """Closed loop (`in_flight` requests at a time until every prompt has been sent), or open
+    loop (each request sent at its Poisson arrival time at `rate` per second, whatever is running)."""
     results, lock, todo = [], threading.Lock(), list(enumerate(batch))
     events.take()
     t0 = time.perf_counter()
+
+    def one(i, text):
+        n = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
+        results.append(stream(app.url, app.health["model"], text, n))
 
     def worker():
         while True:
@@ -92,13 +102,19 @@ def run_load(app, events, batch, in_flight, max_tokens):
                 if not todo:
                     return
                 i, (text, _) = todo.pop(0)
-            n = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
-            body = {"model": app.health["model"], "prompt": text, "max_tokens": n, "temperature": 0,
-                    "ignore_eos": True}
-            results.append(stream(app.url, body))
-    threads = [threading.Thread(target=worker) for _ in range(in_flight)]
-    for t in threads:
-        t.start()
+            one(i, text)
+
+    if rate:
+        rng, at, threads = random.Random(0), 0.0, []
+        for i, (text, _) in todo:
+            at += rng.expovariate(rate)
+            time.sleep(max(0.0, t0 + at - time.perf_counter()))
+            threads.append(threading.Thread(target=one, args=(i, text)))
+            threads[-1].start()
+    else:
+        threads = [threading.Thread(target=worker) for _ in range(in_flight)]
+        for t in threads:
+            t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
@@ -134,9 +150,7 @@ def prefix_run(app, events, system, questions, caching):
     settle(events, {"prefix_caching": caching})
     rows = []
     for q in questions:
-        body = {"model": app.health["model"], "prompt": system + q, "max_tokens": 4, "temperature": 0,
-                "ignore_eos": True}
-        rid, sent, times, usage = stream(app.url, body)
+        rid, sent, times, usage = stream(app.url, app.health["model"], system + q, 4)
         time.sleep(0.3)
         prefill = sum(e["end"] - e["start"] for e in events.events if e["type"] == "prefill" and e["id"] == rid)
         rows.append({"ttft": times[0] - sent, "prefill_s": prefill, "prompt_tokens": usage["prompt_tokens"],
@@ -164,14 +178,19 @@ def main(argv=None):
         for policy in ("mixed", "prefill-first", "static"):
             settle(events, {"schedule": policy})
             print(f"  .. L1 under {policy}", flush=True)
-            result["L1"][policy] = run_load(app, events, batch, 8, 32)
+            result["L1"][policy] = run_load(app, events, batch, 32, in_flight=8)
+        settle(events, {"schedule": "mixed"})
+        print("  .. L2", flush=True)
+        result["L2"] = run_load(app, events, prompts(tok, n_l1, 32), 128, in_flight=16)
+        print("  .. L1 requests as Poisson arrivals", flush=True)
+        result["open_loop"] = run_load(app, events, batch, 32, rate=2.0)
         lengths = [8 + (120 * i) // (n_cont - 1) for i in range(n_cont)]
         cont_batch = prompts(tok, n_cont, 64)
         result["continuous"] = {}
         for policy in ("mixed", "static"):
             settle(events, {"schedule": policy})
             print(f"  .. {n_cont} requests at once, mixed lengths, under {policy}", flush=True)
-            result["continuous"][policy] = run_load(app, events, cont_batch, n_cont, lengths)
+            result["continuous"][policy] = run_load(app, events, cont_batch, lengths, in_flight=n_cont)
         settle(events, {"schedule": "mixed"})
         # from the corpus' end, which no earlier prompt here came from (no accidental prefix hits)
         system = tok.decode(tok(CORPUS.read_text()[-6000:], add_special_tokens=False)["input_ids"][-500:])
@@ -188,12 +207,14 @@ def main(argv=None):
 
 def report(r):
     ms = lambda v: "—" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
-    lines = ["", "L1: 8 in flight, 128-token prompts -> 32 new tokens (streaming /v1/completions, greedy, ignore_eos)",
-             f"{'policy':14s} {'tok/s':>6s} {'TTFT p50':>9s} {'p99':>9s} {'ITL p50':>9s} {'p99':>9s} "
+    lines = ["", "streaming /v1/chat/completions, greedy, ignore_eos; L1: 8 in flight, 128-token prompts -> 32 new; "
+             "L2: 16 in flight, 32 -> 128; open: L1's requests as Poisson arrivals at 2/s",
+             f"{'run':18s} {'tok/s':>6s} {'TTFT p50':>9s} {'p99':>9s} {'ITL p50':>9s} {'p99':>9s} "
              f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s}  steps (prefill/decode/mixed)"]
-    for name, x in list(r["L1"].items()) + [(f"{k} x16", v) for k, v in r["continuous"].items()]:
+    rows = [(f"L1 {k}", v) for k, v in r["L1"].items()] + [("L2 mixed", r["L2"]), ("open mixed", r["open_loop"])]
+    for name, x in rows + [(f"{k} x16", v) for k, v in r["continuous"].items()]:
         st = x["steps"]
-        lines.append(f"{name:14s} {x['tokens_per_s']:6.1f} {ms(x['ttft_p50']):>9s} {ms(x['ttft_p99']):>9s} "
+        lines.append(f"{name:18s} {x['tokens_per_s']:6.1f} {ms(x['ttft_p50']):>9s} {ms(x['ttft_p99']):>9s} "
                      f"{ms(x['itl_p50']):>9s} {ms(x['itl_p99']):>9s} {ms(x['median_forward_s']):>8s} "
                      f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}%  {st['prefill']}/{st['decode']}/{st['mixed']}")
     lines.append("(x16: 16 requests at once, outputs of 8..128 tokens: continuous vs static batching)")

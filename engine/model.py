@@ -37,18 +37,20 @@ def default_model_path():
 
 
 def pick_device(device):
+    """auto: CUDA, then Apple's MPS, then the CPU."""
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu or cuda, not {device!r}")
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if device not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"--device must be auto, cpu, cuda or mps, not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available() or device == "mps" and not mps:
+        raise ValueError(f"--device {device}: no such device is available")
     return device
 
 
 def pick_dtype(dtype, device):
     if dtype == "auto":
-        return torch.bfloat16 if device == "cuda" else torch.float32
+        return torch.bfloat16 if device == "cuda" else torch.float32   # MPS: fp32 is the safe default
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be auto or one of {', '.join(DTYPES)}, not {dtype!r}")
     return DTYPES[dtype]
