@@ -125,6 +125,9 @@ def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
 def summarise(results, evs, wall):
     steps = [e for e in evs if e["type"] == "step"]
     forwards = [e["end"] - e["start"] for e in steps]
+    # engine-thread time from one forward's end to the next one's start: sampling, detokenising,
+    # events, scheduling (and waiting for work, when there is none)
+    between = [b["start"] - a["end"] for a, b in zip(steps, steps[1:])]
     itl = [(t[-1] - t[0]) / (len(t) - 1) for _, _, t, _ in results if len(t) > 1]
     ttft = [t[0] - sent for _, sent, t, _ in results if t]
     out_tokens = sum(u["completion_tokens"] for *_, u in results)
@@ -133,6 +136,7 @@ def summarise(results, evs, wall):
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
             "median_forward_s": median_forward, "busy": sum(forwards) / wall if forwards else None,
+            "between_p50_s": percentile(between, 50), "between_p99_s": percentile(between, 99),
             "stall_factor": statistics.mean(itl) / median_forward if itl and median_forward else None,
             "steps": {k: sum(1 for e in steps if e["kind"] == k) for k in ("prefill", "decode", "mixed")}}
 
@@ -210,14 +214,17 @@ def report(r):
     lines = ["", "streaming /v1/chat/completions, greedy, ignore_eos; L1: 8 in flight, 128-token prompts -> 32 new; "
              "L2: 16 in flight, 32 -> 128; open: L1's requests as Poisson arrivals at 2/s",
              f"{'run':18s} {'tok/s':>6s} {'TTFT p50':>9s} {'p99':>9s} {'ITL p50':>9s} {'p99':>9s} "
-             f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s}  steps (prefill/decode/mixed)"]
+             f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s} {'gap p50':>8s}  steps (prefill/decode/mixed)"]
     rows = [(f"L1 {k}", v) for k, v in r["L1"].items()] + [("L2 mixed", r["L2"]), ("open mixed", r["open_loop"])]
     for name, x in rows + [(f"{k} x16", v) for k, v in r["continuous"].items()]:
         st = x["steps"]
         lines.append(f"{name:18s} {x['tokens_per_s']:6.1f} {ms(x['ttft_p50']):>9s} {ms(x['ttft_p99']):>9s} "
                      f"{ms(x['itl_p50']):>9s} {ms(x['itl_p99']):>9s} {ms(x['median_forward_s']):>8s} "
-                     f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}%  {st['prefill']}/{st['decode']}/{st['mixed']}")
-    lines.append("(x16: 16 requests at once, outputs of 8..128 tokens: continuous vs static batching)")
+                     f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}% {ms(x['between_p50_s']):>8s}  "
+                     f"{st['prefill']}/{st['decode']}/{st['mixed']}")
+    lines.append("(x16: 16 requests at once, outputs of 8..128 tokens: continuous vs static batching; stall: mean "
+                 "gap between a request's tokens / median forward; busy: share of wall time in forwards; gap: "
+                 "engine time between one forward's end and the next one's start)")
     lines += ["", "shared ~500-token system prompt, requests one at a time:"]
     for p in r["prefix"]:
         f = p["first"]
