@@ -1,7 +1,8 @@
 // First Token: the canvas views on the page. Their shared time window (zoom with the
 // buttons or the wheel, pause with the button or space, drag to pan while paused), the
 // hover read-outs (measured numbers only), click-to-select on the timeline, and drawing
-// the three canvases (ft-timeline.js) once per animation frame.
+// the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
+// animation frame.
 "use strict";
 (function () {
   const FT = window.FT;
@@ -14,13 +15,28 @@
     const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
     if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
     if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
-    if (r.queueS !== null) lines.push(`queued ${fmtS(r.queueS)} → slot ${r.slot}, ${r.blocks} KV blocks`);
-    if (r.prefills.length) {
-      lines.push(`prefill ${fmtS(FT.prefillTime(r))} in ${r.prefills.length} chunk${r.prefills.length > 1 ? "s" : ""}`);
+    const a = r.admits[0];
+    if (a) {
+      lines.push(`queued ${fmtS(r.queueS)} → slot ${a.slot}, ${a.blocks} KV blocks at admission` +
+                 (a.cachedTokens ? ` (${a.cachedTokens} prompt tokens from the prefix cache)` : ""));
+    }
+    const chunks = r.prefills.filter((p) => !p.recompute).length;
+    if (chunks) lines.push(`prefill ${fmtS(FT.prefillTime(r))} in ${chunks} chunk${chunks > 1 ? "s" : ""}`);
+    if (r.preempts.length) {
+      const again = r.prefills.length - chunks;
+      lines.push(`preempted ${r.preempts.length}× · recompute ${fmtS(FT.prefillTime(r, true))} ` +
+                 `in ${again} chunk${again === 1 ? "" : "s"}`);
     }
     if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
     lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
     return lines;
+  }
+
+  function stepText(st) {
+    const took = fmtS(st.end - st.start), n = st.ids.length;
+    if (st.kind === "decode") return `decode step ${took} · batch of ${n}`;
+    if (st.kind === "prefill") return `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}`;
+    return `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   }
 
   // The last item of a time-ordered list at or before t (by `key`), or null.
@@ -36,18 +52,26 @@
       const hit = FT.hitTimeline(layouts.timeline, s, h.x, h.y);
       if (!hit) return null;
       const lines = describeReq(hit.req);
-      if (hit.step) lines.push(`decode step ${fmtS(hit.step.end - hit.step.start)} · batch of ${hit.step.ids.length}`);
+      if (hit.step) lines.push(stepText(hit.step));
       return lines;
     },
     kv(s, layouts, h) {
       const f = layouts.kv && layouts.kv.f;
       if (!f || !s.hello) return null;
-      const st = lastAtOrBefore(s.steps, "end", f.t(h.x));
-      if (!st) return null;
+      const t = f.t(h.x), st = lastAtOrBefore(s.steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
+      if (!st || !u) return null;
       const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
-      return [`t = ${f.t(h.x).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} finished` : `after a ${st.kind} step`}`,
+      return [`t = ${t.toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
               `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
-              `reserved ${st.blocksUsed} blocks = ${st.blocksUsed * bs} tokens (${fmtBytes(st.blocksUsed * bs * bpt)})`];
+              `${u.used} blocks in use = ${u.used * bs} tokens (${fmtBytes(u.used * bs * bpt)})`];
+    },
+    blocks(s, layouts, h) {
+      const hit = FT.hitBlocks(layouts.blocks, h.x, h.y);
+      if (!hit) return null;
+      if (!hit.held.length) return [`block ${hit.block}: free`];
+      const bs = s.hello.block_size;
+      const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
+      return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
     },
     queue(s, layouts, h) {
       const f = layouts.queue && layouts.queue.f;
@@ -89,16 +113,19 @@
     window.addEventListener("pointerup", up);
   }
 
+  // Every canvas has hover read-outs; the time strips also zoom (wheel) and pan (drag).
   function wireCanvas(id) {
     const c = $(id);
     if (!c) return;
     const frameOf = () => ui.layouts[id] && ui.layouts[id].f;
-    c.addEventListener("wheel", (e) => {
-      e.preventDefault();
-      const f = frameOf();
-      setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
-    }, {passive: false});
-    c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
+    if (id !== "blocks") {
+      c.addEventListener("wheel", (e) => {
+        e.preventDefault();
+        const f = frameOf();
+        setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
+      }, {passive: false});
+      c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
+    }
     c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
     c.addEventListener("mouseleave", () => { hover = null; $("tip").hidden = true; });
   }
@@ -127,6 +154,7 @@
     if (!embed) {
       ui.layouts.kv = FT.drawKV($("kv"), s, view, now);
       ui.layouts.queue = FT.drawQueue($("queue"), s, view, now);
+      ui.layouts.blocks = FT.drawBlocks($("blocks"), s);
     }
     if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
   }

@@ -76,7 +76,7 @@
   }
 
   function drawSteps(div) {
-    FT.$("step-info").textContent = `(${s.points.length} measured decode steps)`;
+    FT.$("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
     Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, floorMarks(s.hello), {
       legend: {x: 1, xanchor: "right", y: 1, bgcolor: FT.alpha(P.bg, 0.7), font: {size: 11}},
       margin: {l: 52, r: 10, t: 4, b: 38},

@@ -1,5 +1,5 @@
-// First Token: the controls and the URL. Sliders and toggles are built from hello.limits,
-// each a named setting sent as `set`; the address bar carries the settings that differ
+// First Token: the controls and the URL. Sliders, toggles and choice groups are built from
+// hello.limits, each a named setting sent as `set`; the address bar carries the settings that differ
 // from their defaults, and URL parameters on arrival become one `set`. Also the load,
 // burst and reset buttons and the prompt box.
 "use strict";
@@ -15,31 +15,54 @@
     load: ["Load generator", ""], rate: ["Load (arrival rate)", "req/s"],
     prompt_tokens: ["Prompt length", "tokens"], max_new_tokens: ["Max new tokens", "tokens"],
     slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
-    kv_cache: ["KV cache", ""], prefill_chunk: ["Chunked prefill", "tok/chunk"],
-    temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
+    kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
+    prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
   };
-  const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "slots", "cache_tokens", "kv_cache",
-                 "prefill_chunk", "temperature", "top_p"];
+  const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "slots",
+                 "cache_tokens", "kv_cache", "prefix_caching", "temperature", "top_p"];
 
+  // The value beside a control's name (a choice group shows its value by the pressed option).
   function valueText(name, v) {
+    const kind = s.limits[name] && s.limits[name].kind;
+    if (kind === "bool") return v ? "on" : "off";
+    if (kind === "choice") return "";
     if (name === "cache_tokens" && s.hello) return `${v} tok · ${FT.fmtBytes(v * s.hello.kv_bytes_per_token)}`;
-    if (name === "prefill_chunk" && v === 0) return "off";
     return String(v);
   }
 
-  function toggleInput(name, head) {
+  function toggleInput(name, lim, head) {
     const input = el("input");
     input.type = "checkbox";
+    input.name = name;
     input.className = "toggle";
     input.addEventListener("change", () => app.send({type: "set", settings: {[name]: input.checked}}));
     head.prepend(input);
     return input;
   }
 
+  // A choice as a group of radio buttons drawn as segments: Tab reaches the group, the arrow
+  // keys move the choice (each move sends it), as with any radio group.
+  function choiceInput(name, lim, head, row) {
+    const group = el("div", "segmented");
+    group.setAttribute("role", "radiogroup");
+    group.setAttribute("aria-label", head.querySelector(".ctl-name").textContent);
+    for (const choice of lim.choices) {
+      const option = el("label", "seg-opt");
+      const input = el("input");
+      input.type = "radio"; input.name = name; input.value = choice;
+      input.addEventListener("change", () => { if (input.checked) app.send({type: "set", settings: {[name]: choice}}); });
+      option.append(input, el("span", "", choice));
+      group.append(option);
+    }
+    row.append(group);
+    return group;
+  }
+
   // A slider shows its value while dragged (settings arriving meanwhile leave it alone) and sends on release.
   function rangeInput(name, lim, head, row) {
     const input = el("input");
     input.type = "range";
+    input.name = name;
     input.min = lim.min; input.max = lim.max; input.step = lim.step;
     input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(name, +input.value); });
     input.addEventListener("pointerdown", () => { dragging = name; });
@@ -60,12 +83,12 @@
     const head = el("label", "ctl-head");
     head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
     row.append(head);
-    const input = lim.kind === "bool" ? toggleInput(name, head) : rangeInput(name, lim, head, row);
+    const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
+    const input = make(name, lim, head, row);
     input.id = `set-${name}`;
-    input.name = name;
     if (lim.applies && lim.applies !== "live") {
       const tag = el("span", "applies", lim.applies);
-      tag.title = `a change applies to ${lim.applies} only`;
+      tag.title = `when a change takes effect: ${lim.applies}`;
       head.querySelector(".ctl-name").after(tag);
     }
     return row;
@@ -88,9 +111,9 @@
       const input = $(`set-${name}`);
       if (input && dragging !== name) {
         if (input.type === "checkbox") input.checked = !!v;
-        else input.value = v;
-        input.closest(".ctl").querySelector("output").textContent =
-          input.type === "checkbox" ? (v ? "on" : "off") : valueText(name, v);
+        else if (input.type === "range") input.value = v;
+        else for (const option of input.querySelectorAll("input")) option.checked = option.value === v;
+        input.closest(".ctl").querySelector("output").textContent = valueText(name, v);
       }
     }
     const btn = $("btn-load");
@@ -115,6 +138,7 @@
       const lim = s.limits[name];
       if (!lim) { ignored.push(name); continue; }
       if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
+      else if (lim.kind === "choice") changes[name] = raw;
       else changes[name] = Number(raw);   // the server validates and names a bad field
     }
     if (ignored.length) FT.toast(`ignored unknown URL parameter(s): ${ignored.join(", ")}`);

@@ -1,6 +1,7 @@
-// First Token: the DOM panels, refreshed at 4 Hz. Headline figures and footer, the model
-// line, KV-cache and queue read-outs, batch slots and the waiting list, and the request
-// detail: state, TTFT and later-token stacked bars, prompt token chips and the output.
+// First Token: the DOM panels, refreshed at 4 Hz. Headline figures (and the schedule that
+// runs) and footer, the model line, KV-cache, block and queue read-outs, batch slots and the
+// waiting list, and the request detail: state, prefix-cache reuse and preemptions, TTFT and
+// later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
 "use strict";
 (function () {
@@ -55,6 +56,7 @@
     const bits = [];
     if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
     if (r.prefills.length) bits.push(`prefill ${fmtS(FT.prefillTime(r))}`);
+    if (r.preempts.length) bits.push(`recompute ${fmtS(FT.prefillTime(r, true))}`);
     if (r.first !== null) bits.push(`first token at +${fmtS(r.first - r.arrival)}`);
     return [el("div", "acc-total", `${bits.join(" · ") || "waiting"} — the full accounting arrives when it finishes`)];
   }
@@ -86,6 +88,11 @@
     $("h-tps").textContent = L ? L.tokens_per_s.toFixed(1) : "—";
     $("h-running").textContent = L ? `${L.running}/${s.settings.slots ?? "?"}` : "—";
     $("h-waiting").textContent = L ? String(L.queue) : "—";
+    const st = s.settings;
+    $("h-policy").textContent = st.schedule ?? "—";
+    $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
+    $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
+      `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
     const recent = s.delivery.slice(-300);
     $("h-delivery").textContent = app.clock.offset === null ? "syncing" : fmtS(FT.percentile(recent, 50));
   }
@@ -103,22 +110,43 @@
     const bpt = h.kv_bytes_per_token;
     const bytesPer = (h.dtype === "float32" ? 4 : 2);
     const filled = L ? L.cache_tokens : 0;
+    const budget = L ? L.cache_blocks * h.block_size : null;
     $("kv-info").textContent = `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
-      `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} tok = ${fmtBytes(filled * bpt)} · budget ` +
-      `${L ? L.cache_blocks * h.block_size : "—"} tok = ${L ? fmtBytes(L.cache_blocks * h.block_size * bpt) : "—"}`;
+      `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} / ${budget ?? "—"} tok = ` +
+      `${fmtBytes(filled * bpt)} / ${budget === null ? "—" : fmtBytes(budget * bpt)}`;
   }
 
-  // The engine says what the head of the queue waits for (stats.blocked_on).
+  // The KV blocks: in use, the budget, shared and cached ones; prefix-cache hits and preemptions (stats).
+  function blocksInfo() {
+    const h = s.hello, L = s.last;
+    if (!L || L.cache_blocks_used === null || !h.cache_blocks) {
+      $("blocks-info").textContent = ""; $("prefix-info").textContent = "";
+      return;
+    }
+    const store = h.kv_store_bytes ? `, ${fmtBytes(h.kv_store_bytes)} allocated` : "";
+    $("blocks-info").textContent = `${L.cache_blocks_used} of ${h.cache_blocks} in use (${h.block_size} tokens each${store})` +
+      (L.cache_blocks < h.cache_blocks ? `, budget: at most ${L.cache_blocks}` : "") +
+      ` · ${L.cache_blocks_shared} shared · ${L.cache_blocks_cached} free with a cached prefix`;
+    const q = L.prefix_queries, pct = q && (100 * L.prefix_hits) / q;
+    $("prefix-info").textContent = (q ? `prefix-cache hit rate ${pct.toFixed(pct < 10 ? 1 : 0)}% (${L.prefix_hits} of ${q} tokens)`
+                                      : "prefix cache: no lookups yet") + (s.settings.prefix_caching === false ? " (now off)" : "") +
+      ` · ${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"}`;
+  }
+
+  // What the head of the queue waits for, as the engine says (stats.blocked_on).
+  function waitReason(L) {
+    return {cache: "for KV-cache blocks", slot: `for a batch slot (${L.running}/${s.settings.slots} busy)`,
+            drain: "for running requests to drain (KV-cache mode changed)",
+            batch: "for the running batch to finish (static batching)"}[L.blocked_on] || "";
+  }
+
   function queueInfo() {
     const L = s.last;
     const badge = $("kv-full");
     const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
     badge.hidden = !cacheBound;
-    if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} reserved)`;
-    const why = {cache: "for KV-cache blocks", slot: `for a batch slot (${L && L.running}/${s.settings.slots} busy)`,
-                 drain: "for running requests to drain (KV-cache mode changed)"};
-    $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" :
-      `${L.queue} waiting ${why[L.blocked_on] || ""}`.trim()) : "";
+    if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
+    $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
   }
 
   function chip(id) {
@@ -154,16 +182,43 @@
     return id ? s.reqs.get(id) : null;
   }
 
+  const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.preempts.length - 1].until === null;
+
+  // Where the request stands with the scheduler: its place in the queue and why, the prompt
+  // tokens the prefix cache supplied, and its preemptions (each from an event).
+  function schedNote(r) {
+    const L = s.last, a = r.admits[0], lines = [];
+    if (L && r.end === null && (!a || requeued(r))) {
+      const pos = s.waiting.indexOf(r.id);
+      lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(L)}`.trim() :
+        `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${L.queue}); the first waits ${waitReason(L)}` : ""}`);
+    }
+    const cached = a ? a.cachedTokens : r.finalCached;
+    if (cached !== null) lines.push(`${cached} of ${a ? a.promptTokens : r.promptTokens} prompt tokens reused from the prefix cache`);
+    if (r.preempts.length) {
+      const waited = r.preempts.reduce((acc, p) => acc + ((p.until ?? r.end ?? s.latestT) - p.t), 0);
+      const back = r.admits.filter((x) => x.resumed);
+      const redo = back.reduce((acc, x) => acc + x.promptTokens, 0), found = back.reduce((acc, x) => acc + x.cachedTokens, 0);
+      lines.push(`preempted ${r.preempts.length}× (a step needed its KV blocks): waited again ${fmtS(waited)}` +
+                 (back.length ? `, then recomputed ${redo - found} tokens` : "") +
+                 (found ? ` (${found} more from the prefix cache)` : ""));
+    } else if (r.finalPreemptions) lines.push(`preempted ${r.finalPreemptions}×`);
+    else if (a) lines.push("not preempted");
+    return lines.join("\n");
+  }
+
   function detail() {
     const r = selectedReq();
     if (!r) {
       $("d-title").textContent = "— none yet";
       $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
+      $("d-sched").textContent = "";
       return;
     }
-    const state = r.rejected ? "rejected" : r.end !== null ? r.reason : r.first !== null ? "decoding" :
-      r.prefills.length ? "prefilling" : "waiting";
+    const state = r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
+      r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
     $("d-title").textContent = `${r.id} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
+    $("d-sched").textContent = schedNote(r);
     const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
     if (key === detailKey) return;
     detailKey = key;
@@ -186,7 +241,7 @@
     footer();
     if (embed || !ui.dirtyDom) return;
     ui.dirtyDom = false;
-    if (s.hello) { kvInfo(); queueInfo(); }
+    if (s.hello) { kvInfo(); blocksInfo(); queueInfo(); }
     slots(); detail();
   }
 

@@ -12,6 +12,7 @@
   const KEEP_STATS = 1200;     // stats samples (~10 min at 2 Hz)
   const KEEP_POINTS = 1500;    // decode steps kept for the step-time-vs-batch chart
   const KEEP_DELIVERY = 2000;  // measured server->page delivery samples
+  const KEEP_BLOCK_USE = 6000; // blocks-in-use samples (every forward and every stats event)
 
   function trim(arr, keep) {
     // Trim in chunks so a full history costs an occasional splice, not one per event.
@@ -22,8 +23,11 @@
     return {
       hello: null, settings: {}, limits: {}, loading: null,
       reqs: new Map(), order: [],   // order: request ids by arrival
-      steps: [],                    // model forwards: {kind, start, end, ids, tokens, kv, cacheTokens, blocksUsed, stack}
-      filled: new Map(),            // running request id -> KV entries filled (from prefill/step events)
+      steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
+                                    //   decodeTokens, kv, cacheTokens, stack}; "release" points end a request's share
+      stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
+      filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
+      blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
       stats: [], last: null,        // stats samples; the latest stats event
       slots: [], waiting: [],
       points: [],                   // decode steps: {batch, ms, kv}
@@ -39,7 +43,8 @@
   }
 
   function clearRun(s) {
-    s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = [];
+    s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = []; s.blockUse = [];
+    s.stepPrefills = new Set();
     s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
     s.finishedCount = 0; s.epoch++;
   }
@@ -50,7 +55,10 @@
     if (!r) {
       r = {id, source: "?", promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
            tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
-           admitted: null, slot: null, queueS: null, blocks: null, prefills: [],
+           admitted: null, slot: null, queueS: null, prefills: [],
+           admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
+           preempts: [],   // every preemption: {t, tokens, until} (until: readmitted at, null while waiting)
+           finalCached: null, finalPreemptions: null,   // as `finished` said
            tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
            stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
            pageFirstDelivery: null};
@@ -96,26 +104,49 @@
       Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces, truncated: ev.truncated});
       if (r.promptTokens === null) r.promptTokens = ev.n;
     },
+    // The first admission sets the queue time; a readmission after a preemption ends that wait.
     admitted(s, ev) {
-      Object.assign(req(s, ev.id, ev.t), {admitted: ev.t, slot: ev.slot, queueS: ev.queue_s, blocks: ev.blocks});
+      const r = req(s, ev.id, ev.t);
+      r.admits.push({t: ev.t, slot: ev.slot, blocks: ev.blocks, promptTokens: ev.prompt_tokens,
+                     cachedTokens: ev.cached_tokens, resumed: ev.resumed});
+      const back = r.preempts[r.preempts.length - 1];
+      if (ev.resumed && back && back.until === null) back.until = ev.t;
+      if (r.admitted === null) Object.assign(r, {admitted: ev.t, queueS: ev.queue_s});
+      r.slot = ev.slot;
       if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+      s.waiting = s.waiting.filter((id) => id !== ev.id);
+    },
+    // The request gave its blocks and slot back and waits again; its tokens are recomputed later.
+    preempted(s, ev) {
+      const r = req(s, ev.id, ev.t);
+      r.preempts.push({t: ev.t, tokens: ev.tokens, until: null});
+      release(s, r, ev.t);
+      if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+      r.slot = null;
+      s.waiting = [ev.id].concat(s.waiting.filter((id) => id !== ev.id));   // the engine puts it first
     },
     prefill(s, ev) {
-      req(s, ev.id, ev.start).prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done});
-      s.filled.set(ev.id, ev.pos + ev.tokens);
+      const r = req(s, ev.id, ev.start);
+      r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done,
+                       recompute: r.preempts.length > 0});
+      s.stepPrefills.add(ev.id);
     },
     step(s, ev) {
-      if (ev.kind === "decode" && ev.per_request) {
-        for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
+      for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
+      if (ev.kind === "decode") {
         s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
         trim(s.points, KEEP_POINTS);
       }
       // What each running request holds in the KV cache right after this forward (nothing
       // when the cache is off: every step recomputes, no keys/values are kept).
-      s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids, tokens: ev.tokens,
-                    kv: ev.kv_cache, cacheTokens: ev.cache_tokens, blocksUsed: ev.cache_blocks_used,
-                    stack: ev.kv_cache ? Array.from(s.filled) : []});
+      const prompts = s.stepPrefills;
+      s.stepPrefills = new Set();
+      s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
+                    decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
+                    prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
+                    kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : []});
       trim(s.steps, KEEP_STEPS);
+      blocksInUse(s, ev.end, ev.cache_blocks_used);
     },
     token(s, ev, at) {
       const r = req(s, ev.id, ev.t);
@@ -132,7 +163,8 @@
     finished(s, ev) {
       const r = req(s, ev.id, ev.t);
       Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
-                        tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens});
+                        tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
+                        finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions});
       if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
       release(s, r, ev.t);
       if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
@@ -146,9 +178,9 @@
     },
     stats(s, ev) {
       s.last = ev;
-      s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocksUsed: ev.cache_blocks_used,
-                    blocks: ev.cache_blocks, cacheTokens: ev.cache_tokens, tps: ev.tokens_per_s});
+      s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocks: ev.cache_blocks, tps: ev.tokens_per_s});
       trim(s.stats, KEEP_STATS);
+      if (ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
       if (Array.isArray(ev.slots)) {
         const slots = new Array(s.slots.length).fill(null);
         ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
@@ -158,18 +190,23 @@
     },
   };
 
-  // A finished request's cache entries and blocks are free from this moment, not from the next
-  // forward: a "release" point (no forward; the bands skip it) ends its share of the KV chart.
+  // A finished or preempted request's cache entries are free from this moment, not from the
+  // next forward: a "release" point (no forward; the bands skip it) ends its share of the KV
+  // chart. How many blocks that frees (shared prefix blocks stay) the next step or stats says.
   function release(s, r, t) {
     const held = s.filled.get(r.id);
     s.filled.delete(r.id);
     const prev = s.steps[s.steps.length - 1];
     if (held === undefined || !prev) return;
-    s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], tokens: 0, kv: prev.kv,
+    s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], decodeIds: [], tokens: 0, kv: prev.kv,
                   cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
-                  blocksUsed: Math.max(0, prev.blocksUsed - (r.blocks || 0)),
                   stack: prev.kv ? Array.from(s.filled) : []});
     trim(s.steps, KEEP_STEPS);
+  }
+
+  function blocksInUse(s, t, used) {
+    s.blockUse.push({t, used});
+    trim(s.blockUse, KEEP_BLOCK_USE);
   }
 
   // Fold one event into the state. `arrivedEngineT` is used only to measure delivery of live tokens.
@@ -188,9 +225,10 @@
     return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
   }
 
-  // Seconds a request spent in prefill, over all its chunks.
-  function prefillTime(r) {
-    return r.prefills.reduce((a, p) => a + (p.end - p.start), 0);
+  // Seconds a request spent in prefill over all its chunks: its prompt's, or (recompute: true)
+  // recomputing after preemptions.
+  function prefillTime(r, recompute = false) {
+    return r.prefills.reduce((a, p) => a + (p.recompute === recompute ? p.end - p.start : 0), 0);
   }
 
   FT.createState = createState;

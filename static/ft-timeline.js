@@ -14,9 +14,25 @@
     prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
     decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
     tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
-    bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10),
-    capacity: P.bad, budget: P.accent, reserved: P.text, running: P.decode,
+    bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
+    preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
   };
+
+  // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
+  // (ft.css draws the legend swatch the same way). One pattern per canvas context.
+  const stripes = new WeakMap();
+  function recomputeFill(ctx) {
+    if (!stripes.has(ctx)) {
+      const tile = document.createElement("canvas");
+      tile.width = tile.height = 6;
+      const g = tile.getContext("2d");
+      g.fillStyle = C.prefill; g.fillRect(0, 0, 6, 6);
+      g.strokeStyle = C.bg; g.lineWidth = 1.5;
+      g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.stroke();
+      stripes.set(ctx, ctx.createPattern(tile, "repeat"));
+    }
+    return stripes.get(ctx);
+  }
 
   // A request's own colour (KV stack, slots): spread hues by the golden angle on its number.
   // Cached: the KV chart sets it for every stacked rectangle of every frame.
@@ -72,10 +88,10 @@
     }
   }
 
-  // First index whose `end` is >= t (steps are in time order).
-  function firstStepFrom(steps, t) {
-    let lo = 0, hi = steps.length;
-    while (lo < hi) { const mid = (lo + hi) >> 1; if (steps[mid].end < t) lo = mid + 1; else hi = mid; }
+  // First index whose `key` is >= t (the list is in time order).
+  function firstFrom(list, t, key) {
+    let lo = 0, hi = list.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][key] < t) lo = mid + 1; else hi = mid; }
     return lo;
   }
 
@@ -103,50 +119,65 @@
             barY: (i) => top + i * rowH + (rowH - barH) / 2};
   }
 
-  // Background bands: one per model forward, so a batch reads as a column shared by its rows,
-  // and a prefill (blue) visibly stalls everybody's decoding.
+  // Background bands: one per model forward, so a batch reads as a column shared by its rows;
+  // a prefill (blue) visibly stalls everybody's decoding, a mixed step is half as blue.
   function drawBands(ctx, f, steps, i0, g) {
     for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
       const st = steps[i];
       if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
-      ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : C.bandDecode;
+      ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : st.kind === "mixed" ? C.bandMixed : C.bandDecode;
       rect(ctx, f, st.start, st.end, g.top, g.plotH);
     }
   }
 
-  // Stage segments up to decoding, one colour per pass (fewer canvas state changes).
-  function drawStages(ctx, f, g, now) {
-    const {shown, barY, barH} = g;
-    const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
-    ctx.fillStyle = C.tokenize;
-    shown.forEach((r, i) => { if (r.tokStart !== null) rect(ctx, f, r.tokStart, r.tokEnd, barY(i), barH); });
-    ctx.fillStyle = C.queue;
-    shown.forEach((r, i) => {
-      if (r.rejected) return;
-      const from = r.tokEnd !== null ? r.tokEnd : r.arrival;
-      rect(ctx, f, from, endOr(r.prefills.length ? r.prefills[0].start : null, r), barY(i), barH);
-    });
-    // Admission (got a slot and KV blocks): the queue stage goes on until its prefill starts.
-    ctx.fillStyle = C.tick;
-    shown.forEach((r, i) => {
-      if (r.admitted !== null && r.admitted >= f.left && r.admitted <= f.right) ctx.fillRect(f.x(r.admitted) - 0.5, barY(i), 1, barH);
-    });
-    ctx.fillStyle = C.prefillWait;
-    shown.forEach((r, i) => { if (r.prefills.length) rect(ctx, f, r.prefills[0].start, endOr(r.first, r), barY(i), barH); });
-    ctx.fillStyle = C.prefill;
-    shown.forEach((r, i) => { for (const p of r.prefills) rect(ctx, f, p.start, p.end, barY(i), barH); });
-    ctx.fillStyle = C.decodeIdle;
-    shown.forEach((r, i) => { if (r.first !== null) rect(ctx, f, r.first, endOr(null, r), barY(i), barH); });
+  // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
+  // tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split.
+  function drawStepLane(ctx, f, steps, i0, lane, compact) {
+    for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
+      const st = steps[i];
+      if (st.kind === "release" || !st.tokens) continue;
+      const ph = (lane.h * st.prefillTokens) / st.tokens;
+      ctx.fillStyle = C.prefill;
+      rect(ctx, f, st.start, st.end, lane.y, ph);
+      ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
+      rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
+    }
+    if (compact) return;
+    ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
+    ctx.textAlign = "right"; ctx.textBaseline = "middle";
+    ctx.fillText("forwards", f.gutter - 6, lane.y + lane.h / 2);
   }
 
-  // Each decode step on the row of every request in its batch, alternating two shades.
+  // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
+  function drawStages(ctx, f, g, now) {
+    const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
+    const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
+    const pass = (fill, each) => { ctx.fillStyle = fill; g.shown.forEach((r, i) => each(r, g.barY(i))); };
+    pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
+    pass(C.queue, (r, y) => {
+      if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
+    });
+    pass(C.prefillWait, (r, y) => { if (r.prefills.length) span(r.prefills[0].start, endOr(r.first, r), y); });
+    pass(C.decodeIdle, (r, y) => { if (r.first !== null) span(r.first, endOr(null, r), y); });
+    // Preempted: waiting in the queue again until readmitted, then its tokens are recomputed.
+    pass(C.queue, (r, y) => { for (const p of r.preempts) span(p.t, endOr(p.until, r), y); });
+    pass(C.prefill, (r, y) => { for (const p of r.prefills) if (!p.recompute) span(p.start, p.end, y); });
+    pass(recomputeFill(ctx), (r, y) => { for (const p of r.prefills) if (p.recompute) span(p.start, p.end, y); });
+    // Admissions (got a slot and KV blocks): the queue stage goes on until its prefill starts.
+    pass(C.tick, (r, y) => {
+      for (const a of r.admits) if (a.t >= f.left && a.t <= f.right) ctx.fillRect(f.x(a.t) - 0.5, y, 1, g.barH);
+    });
+  }
+
+  // Each forward's decode rows (every row of a decode step; the decoding ones of a mixed step)
+  // on the row of each request, alternating two shades.
   function drawDecodeSteps(ctx, f, steps, i0, g) {
     for (const [color, parity] of [[C.decodeA, 0], [C.decodeB, 1]]) {
       ctx.fillStyle = color;
       for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
         const st = steps[i];
-        if (st.kind !== "decode" || st.n % 2 !== parity) continue;
-        for (const id of st.ids) {
+        if (st.n % 2 !== parity) continue;
+        for (const id of st.decodeIds) {
           const row = g.rowOf.get(id);
           if (row !== undefined) rect(ctx, f, st.start, st.end, g.barY(row), g.barH);
         }
@@ -154,9 +185,10 @@
     }
   }
 
-  // Rejections, then a tick per token, the first one taller and in the first-sample colour.
+  // Rejections, a tick per token (the first taller, in the first-sample colour), preemptions.
   function drawOutcomes(ctx, f, g, view) {
     const {shown, barY, barH, rowH, top} = g;
+    const inView = (t) => t >= f.left && t <= f.right;
     ctx.fillStyle = C.rejected;
     shown.forEach((r, i) => { if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(i), barH); });
     const tickW = rowH >= 8 ? 2 : 1;
@@ -164,16 +196,25 @@
     shown.forEach((r, i) => {
       const y = barY(i);
       for (let k = 1; k < r.tokens.length; k++) {
-        const t = r.tokens[k];
-        if (t >= f.left && t <= f.right) ctx.fillRect(f.x(t) - tickW / 2, y, tickW, barH);
+        if (inView(r.tokens[k])) ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
       }
     });
     ctx.fillStyle = C.firstSample;
     shown.forEach((r, i) => {
-      if (r.first !== null && r.first >= f.left && r.first <= f.right) {
-        ctx.fillRect(f.x(r.first) - tickW, top + i * rowH, tickW * 2, rowH);
-      }
+      if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, top + i * rowH, tickW * 2, rowH);
     });
+    shown.forEach((r, i) => { for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), top + i * rowH, rowH); });
+  }
+
+  // A preemption: a line through the row under a flag pointing down (not a bar like the first
+  // token's), outlined in the background colour so it stands out on the queue colour after it.
+  function preemptMark(ctx, x, y, h) {
+    const w = Math.max(5, Math.min(10, h * 0.6));
+    ctx.beginPath();
+    ctx.moveTo(x - w / 2, y); ctx.lineTo(x + w / 2, y); ctx.lineTo(x + 1, y + w * 0.8);
+    ctx.lineTo(x + 1, y + h); ctx.lineTo(x - 1, y + h); ctx.lineTo(x - 1, y + w * 0.8); ctx.closePath();
+    ctx.strokeStyle = C.bg; ctx.lineWidth = 1.5; ctx.stroke();
+    ctx.fillStyle = C.preempt; ctx.fill();
   }
 
   // Row labels when there is room to read them, the "now" line, and how many rows did not fit.
@@ -204,11 +245,13 @@
     const compact = w < 700;
     const f = frame(w, view, compact);
     const axisH = compact ? 16 : 24;
-    const top = 4, plotH = h - axisH - top;
+    const lane = {y: 3, h: compact ? 6 : 10};
+    const top = lane.y + lane.h + 3, plotH = h - axisH - top;
     ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
     const g = layoutRows(s, f, now, top, plotH, compact);
-    const i0 = firstStepFrom(s.steps, f.left);
+    const i0 = firstFrom(s.steps, f.left, "end");
     drawBands(ctx, f, s.steps, i0, g);
+    drawStepLane(ctx, f, s.steps, i0, lane, compact);
     timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
     if (opts.selected && g.rowOf.has(opts.selected)) {
       ctx.fillStyle = C.select;
@@ -254,20 +297,43 @@
   }
 
   // ------------------------------------------------------------------ KV cache
-  // The forwards a strip draws: from the one before the window (its state carries into view)
-  // to the last that ended inside it; until(i) is when step i's state gave way (next step, or now).
-  function stepsInView(steps, f, now) {
-    const a = Math.max(0, firstStepFrom(steps, f.left) - 1);
+  // The part of a time-ordered list a strip draws: from the item before the window (its state
+  // carries into view) to the last at or before its right edge, by `key`; [a, b).
+  function spanInView(list, f, key) {
+    const a = Math.max(0, firstFrom(list, f.left, key) - 1);
     let b = a;
-    while (b < steps.length && steps[b].end <= f.right) b++;
+    while (b < list.length && list[b][key] <= f.right) b++;
+    return {a, b};
+  }
+
+  // The forwards in view; until(i) is when step i's state gave way (next step, or now).
+  function stepsInView(steps, f, now) {
+    const {a, b} = spanInView(steps, f, "end");
     return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
+  }
+
+  // Where a strip's lines end: now, or the window's right edge while paused.
+  const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
+
+  const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
+
+  // A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
+  function stepPath(ctx, f, pts, yOf, xEnd) {
+    let prev = null;
+    for (const p of pts) {
+      const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
+      if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
+      prev = y;
+    }
+    if (prev !== null) ctx.lineTo(xEnd, prev);
   }
 
   // Scale to what is in view (a few requests hold little of a big cache); the budget and
   // capacity lines are drawn when they fall inside the scale and named when above it.
-  function kvScale(s, f, span, bs, capacity) {
+  function kvScale(s, f, span, use, bs, capacity) {
     let peak = 0;
-    for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].blocksUsed * bs, s.steps[i].cacheTokens);
+    for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
+    for (const p of use) peak = Math.max(peak, p.used * bs);
     let budget = s.last ? s.last.cache_blocks * bs : capacity;
     for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
     const want = Math.max(peak * 1.3, 64);
@@ -287,31 +353,22 @@
     }
   }
 
-  // Reserved blocks (what admission counts) as a dashed step line.
-  function drawReserved(ctx, f, steps, span, y, bs) {
-    ctx.strokeStyle = C.reserved; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
+  // Blocks in use (as tokens: blocks × block size), as every step and stats event said, dashed.
+  function drawInUse(ctx, f, use, y, bs, xEnd) {
+    ctx.strokeStyle = C.inUse; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
     ctx.beginPath();
-    for (let i = span.a; i < span.b; i++) {
-      const x0 = Math.max(f.gutter, f.x(steps[i].end));
-      const x1 = Math.min(f.gutter + f.pw, f.x(span.until(i)));
-      const yy = y(steps[i].blocksUsed * bs);
-      if (i === span.a) ctx.moveTo(x0, yy); else ctx.lineTo(x0, yy);
-      ctx.lineTo(x1, yy);
-    }
+    stepPath(ctx, f, use, (p) => y(p.used * bs), xEnd);
     ctx.stroke(); ctx.setLineDash([]);
   }
 
   // The budget (the cache-budget setting, from stats) and the physical capacity.
   function drawLimits(ctx, f, s, y, scale, bs, capacity) {
-    ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
-    ctx.beginPath();
-    let started = false;
-    for (const st of s.stats) {
-      if (st.t < f.left - 5 || st.t > f.right) continue;
-      const xx = Math.max(f.gutter, f.x(st.t)), yy = y(st.blocks * bs);
-      if (!started) { ctx.moveTo(xx, yy); started = true; } else ctx.lineTo(xx, yy);
+    if (scale.budget <= scale.ymax) {
+      ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
+      ctx.beginPath();
+      stepPath(ctx, f, pointsInView(s.stats, f), (p) => y(p.blocks * bs), f.gutter + f.pw);
+      ctx.stroke();
     }
-    if (started && scale.budget <= scale.ymax) { ctx.lineTo(f.gutter + f.pw, y((s.last ? s.last.cache_blocks : 0) * bs)); ctx.stroke(); }
     if (capacity <= scale.ymax) {
       ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
@@ -319,18 +376,18 @@
   }
 
   // Filled KV entries after every forward, stacked per request in the request's colour,
-  // against the reserved blocks, the live budget and the physical capacity.
+  // against the blocks in use, the live budget and the physical capacity.
   FT.drawKV = function (canvas, s, view, now) {
     const st = strip(canvas, view);
     const {ctx, f, top, plotH} = st;
-    if (!s.hello) return {f};
+    if (!s.hello || !s.hello.cache_blocks) return {f};
     const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-    const span = stepsInView(s.steps, f, now);
-    const scale = kvScale(s, f, span, bs, capacity);
+    const span = stepsInView(s.steps, f, now), use = pointsInView(s.blockUse, f);
+    const scale = kvScale(s, f, span, use, bs, capacity);
     const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
     timeAxis(ctx, f, top, top + plotH, "", false);
     drawKVStacks(ctx, f, s.steps, span, y);
-    drawReserved(ctx, f, s.steps, span, y, bs);
+    drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
     drawLimits(ctx, f, s, y, scale, bs, capacity);
     scaleLabels(st, FT.fmtTokens(Math.round(scale.ymax)));
     const above = [];
@@ -348,26 +405,20 @@
     const st = strip(canvas, view);
     const {ctx, f, top, plotH} = st;
     timeAxis(ctx, f, top, top + plotH, "", false);
-    const pts = s.stats.filter((p) => p.t >= f.left - 2 && p.t <= f.right + 2);
+    const pts = pointsInView(s.stats, f);
     let ymax = 4;
     for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
     const y = (v) => top + plotH - (v / ymax) * plotH;
-    const series = (key, fill, stroke) => {
-      if (!pts.length) return;
+    const xe = xNow(f, view, now);
+    if (pts.length) {
       ctx.beginPath();
-      ctx.moveTo(Math.max(f.gutter, f.x(pts[0].t)), y(0));
-      let prev = y(0);
-      for (const p of pts) {
-        const xx = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t)));
-        ctx.lineTo(xx, prev); prev = y(p[key]); ctx.lineTo(xx, prev);
-      }
-      const xe = Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
-      ctx.lineTo(xe, prev);
-      if (fill) { ctx.lineTo(xe, y(0)); ctx.closePath(); ctx.fillStyle = fill; ctx.fill(); }
-      else { ctx.strokeStyle = stroke; ctx.lineWidth = 2; ctx.stroke(); }
-    };
-    series("queue", C.queueFill, null);
-    series("running", null, C.running);
+      stepPath(ctx, f, pts, (p) => y(p.queue), xe);
+      ctx.lineTo(xe, y(0)); ctx.lineTo(Math.max(f.gutter, f.x(pts[0].t)), y(0)); ctx.closePath();
+      ctx.fillStyle = C.queueFill; ctx.fill();
+      ctx.beginPath();
+      stepPath(ctx, f, pts, (p) => y(p.running), xe);
+      ctx.strokeStyle = C.running; ctx.lineWidth = 2; ctx.stroke();
+    }
     scaleLabels(st, String(ymax));
     return {f};
   };

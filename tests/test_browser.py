@@ -3,6 +3,7 @@
 Everything asserted is read from the page's own state (`window.firstToken`), which it
 builds from the websocket stream alone, or from what it renders. Tests that change
 engine settings restore the defaults and reset the engine afterwards (`restore`)."""
+import re
 import time
 
 import pytest
@@ -31,7 +32,8 @@ class Page:
 
     def __init__(self, browser, url, width=1920, height=1080):
         self.page = browser.new_page(viewport={"width": width, "height": height})
-        self.errors, self.dialogs = [], []
+        self.errors, self.dialogs, self.sent = [], [], []
+        self.page.on("websocket", lambda ws: ws.on("framesent", lambda payload: self.sent.append(payload)))
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
@@ -98,12 +100,16 @@ def page(browser, server):
 
 
 def test_page_loads_url_settings_and_charts_receive_data(browser, server):
-    """URL parameters become a `set`; a burst fills the timeline, KV chart, accounting and plotly charts."""
-    p = Page(browser, server.url + "/?max_new_tokens=4&prompt_tokens=48&bogus=1")
+    """URL parameters become a `set` (a choice setting too); a burst fills the timeline, KV chart,
+    accounting and plotly charts."""
+    p = Page(browser, server.url + "/?max_new_tokens=4&prompt_tokens=48&schedule=static&max_batched_tokens=64&bogus=1")
     try:
-        p.wait("() => firstToken.state.settings.max_new_tokens === 4 && firstToken.state.settings.prompt_tokens === 48",
-               timeout=10_000)
+        p.wait("() => { const s = firstToken.state.settings; return s.max_new_tokens === 4 && s.prompt_tokens === 48 && "
+               "s.schedule === 'static' && s.max_batched_tokens === 64; }", timeout=10_000)
         assert p.page.input_value("#set-prompt_tokens") == "48"
+        assert p.page.input_value("#set-max_batched_tokens") == "64"
+        assert p.page.is_checked("#set-schedule input[value=static]")
+        p.wait("() => document.getElementById('h-policy').textContent === 'static'", timeout=5_000)
         assert "bogus" in p.page.text_content("#toast")
         ids = p.burst(3)
         p.wait_finished(ids)
@@ -123,19 +129,99 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
         assert s["rows"] >= 3
         assert s["prompts"] == [48, 48, 48]
         assert s["stacks"] > 0 and s["decode"] > 0
-        # all finished: the KV chart ends at an empty cache when the last one leaves, not later
+        # all finished: the KV chart ends at an empty cache when the last one leaves, not later;
+        # the blocks in use drop to 0 when the engine next says so (stats)
         assert s["lastKV"]["kind"] == "release" and s["lastKV"]["stack"] == []
-        assert s["lastKV"]["cacheTokens"] == 0 and s["lastKV"]["blocksUsed"] == 0
+        assert s["lastKV"]["cacheTokens"] == 0
+        p.wait("() => { const u = firstToken.state.blockUse; return u.length && u[u.length - 1].used === 0; }",
+               timeout=5_000)
         for stages, ttft in zip(s["stages"], s["ttft"]):
             assert abs(sum(stages.values()) - ttft) <= 0.01 * ttft   # the bar adds up to TTFT; "other" included
         assert all(n >= 3 for n in s["chartStages"]) and s["chartSteps"] > 0
         assert s["ttftText"] != "—"
         assert "other" in s["accounting"] and "TTFT" in s["accounting"]
+        assert "reserved" not in p.page.text_content("main")
         p.shot("page-1920x1080.png")
         assert p.errors == []
     finally:
         restore_engine(p)
         p.close()
+
+
+def test_schedule_choice_control_sends_set_and_follows_the_echo(page):
+    """The `schedule` choice is a radio group built from hello.limits; a click (or an arrow key)
+    sends a `set`, and the page shows the policy once the server echoes it in `settings`."""
+    choices = page.js("firstToken.state.limits.schedule.choices")
+    assert choices == ["mixed", "prefill-first", "static"]
+    assert page.page.get_attribute("#set-schedule", "role") == "radiogroup"
+    radios = page.page.locator("#set-schedule input[type=radio]")
+    assert [radios.nth(i).get_attribute("value") for i in range(radios.count())] == choices
+    assert page.page.is_checked("#set-schedule input[value=mixed]")
+    page.wait("() => document.getElementById('h-policy').textContent === 'mixed'", timeout=5_000)   # a 4 Hz panel tick
+
+    page.page.get_by_role("radio", name="static").check()
+    page.wait("() => firstToken.state.settings.schedule === 'static'", timeout=10_000)   # only a `settings` event sets it
+    assert '{"type":"set","settings":{"schedule":"static"}}' in page.sent
+    page.wait("() => document.getElementById('h-policy').textContent === 'static' && "
+              "new URLSearchParams(location.search).get('schedule') === 'static'", timeout=5_000)
+
+    page.page.focus("#set-schedule input[value=static]")   # keyboard: the arrow keys move the choice
+    page.page.keyboard.press("ArrowLeft")
+    page.wait("() => firstToken.state.settings.schedule === 'prefill-first'", timeout=10_000)
+    assert page.page.is_checked("#set-schedule input[value=prefill-first]")
+
+    page.page.get_by_role("radio", name="mixed").check()
+    page.wait("() => firstToken.state.settings.schedule === 'mixed' && location.search === ''", timeout=10_000)
+    assert page.errors == []
+
+
+def test_shared_prompt_prefix_is_reused_from_the_prefix_cache(page):
+    """A second prompt sharing a long prefix with the first reuses its KV blocks: the page shows
+    the cached tokens of its admission, a non-zero hit rate, and the request detail says so."""
+    common = ("In the quiet harbour town the fishing boats came home at dusk, and the keeper of the lighthouse "
+              "wrote in his log the names of every vessel, the weather, the height of the tide and the colour "
+              "of the sky, as his father had done before him and his grandfather before that, for ninety long and windy years ")
+    assert len(common) >= 300
+    send = "p => firstToken.send({type: 'submit', prompt: p, chat: false, max_new_tokens: 4})"
+    page.js(send, common + "and one more.")
+    page.wait("() => [...firstToken.state.reqs.values()].some(r => r.source === 'page' && r.end !== null)")
+    page.js(send, common + "until the storm.")
+    page.wait("() => [...firstToken.state.reqs.values()].filter(r => r.source === 'page' && r.admits.length).length >= 2")
+    second = page.js("() => [...firstToken.state.reqs.values()].filter(r => r.source === 'page').pop()")
+    admitted = second["admits"][0]
+    assert 0 < admitted["cachedTokens"] < admitted["promptTokens"]
+    assert admitted["cachedTokens"] % page.js("firstToken.state.hello.block_size") == 0   # whole blocks
+    page.js("id => firstToken.select(id)", second["id"])
+    page.wait("t => document.getElementById('d-sched').textContent.includes(t)",
+              f"{admitted['cachedTokens']} of {admitted['promptTokens']} prompt tokens reused from the prefix cache",
+              timeout=5_000)
+    page.wait("() => /hit rate [0-9.]+% \\([1-9]/.test(document.getElementById('prefix-info').textContent)", timeout=5_000)
+    rate = re.search(r"hit rate ([0-9.]+)%", page.page.text_content("#prefix-info"))
+    assert float(rate.group(1)) > 0
+    assert page.errors == []
+
+
+def test_block_grid_draws_the_running_requests_blocks(page):
+    """While requests run, the block grid paints their blocks (from stats.block_tables) in their
+    colours, distinct from the free blocks."""
+    page.slide("max_new_tokens", 48)
+    page.burst(3)
+    page.wait("() => { const L = firstToken.ui.layouts.blocks; return L && L.held.size > 0; }", timeout=60_000)
+    got = page.js("""() => {
+        const c = document.getElementById('blocks'), L = firstToken.ui.layouts.blocks, {cell, cols} = L.g;
+        const dpr = c.width / c.clientWidth, ctx = c.getContext('2d');
+        const px = (b) => Array.from(ctx.getImageData(Math.round((4 + (b % cols) * cell + cell / 2) * dpr),
+                                                      Math.round((4 + Math.floor(b / cols) * cell + cell / 2) * dpr), 1, 1).data);
+        let free = 0;
+        while (L.held.has(free)) free++;
+        const held = [...L.held.keys()];
+        return {held: held.map(px), free: px(free), n: L.n, capacity: firstToken.state.hello.cache_blocks};
+    }""")
+    assert got["n"] == got["capacity"]
+    for rgba in got["held"]:
+        assert rgba != got["free"] and max(rgba[:3]) - min(rgba[:3]) > 40   # a request's colour, not grey
+    assert "in use" in page.page.text_content("#blocks-info")
+    assert page.errors == []
 
 
 def test_prompt_length_slider_lengthens_prefill(page):
@@ -182,7 +268,7 @@ def test_load_slider_gives_more_queueing(page):
 
 
 def test_prompt_box_streams_and_renders_markup_as_text(page):
-    page.slide("max_new_tokens", 16)
+    page.slide("max_new_tokens", 32)   # long enough to stream over several 4 Hz panel ticks
     scripts = page.js("document.scripts.length")
     page.page.fill("#prompt", "Name three colours.")
     page.page.press("#prompt", "Enter")
@@ -282,7 +368,7 @@ def test_compact_layouts_for_iframes(browser, server):
             p.js("firstToken.send({type: 'burst', n: 2})")
             p.wait("() => firstToken.state.order.length >= 2")
             p.page.wait_for_timeout(1500)
-            assert p.page.is_visible("#timeline") and p.page.is_visible("#h-ttft50")
+            assert p.page.is_visible("#timeline") and p.page.is_visible("#h-ttft50") and p.page.is_visible("#h-policy")
             assert not p.page.is_visible("#controls")
             box = p.page.locator("#timeline").bounding_box()
             assert box["width"] > 560 and box["height"] > 200   # the timeline gets the room
