@@ -9,6 +9,11 @@ so its arrivals happen on time even while a long forward runs (open loop).
 If anything raises outside a forward (a forward's own failure only fails its batch, inside
 `step()`), the driver fails every request in flight with reason "error", publishes a fatal
 `error` event, answers /healthz with 503 and the reason, and refuses new requests at once.
+
+The inbox is bounded so that no web thread ever waits on the engine: past `inbox` commands
+waiting, a submit is rejected at once (code `queue_full`) and a settings change gets a
+SettingError. Cancels and resets always go in (they free capacity; there is at most one
+cancel per request in flight), so the bound holds within that margin.
 """
 import queue
 import threading
@@ -17,13 +22,14 @@ import traceback
 from .backend import RequestHandle
 from .broadcast import Broadcaster
 from .events import Error, Rejected
-from .settings import coerce, validate
+from .settings import SettingError, coerce, validate
 
 STATS_EVERY_S = 0.5
+INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
 
 
 class EngineDriver:
-    def __init__(self, engine):
+    def __init__(self, engine, inbox=INBOX):
         self.engine = engine
         self.clock = engine.clock
         self.specs = engine.specs
@@ -34,7 +40,8 @@ class EngineDriver:
         engine.subscribers = lambda: self.events.subscribers
         self.publishing = True     # off: events are built but not published (the bench's A/B)
         self.failure = None        # why the engine stopped, once it has
-        self._inbox = queue.Queue()
+        self.inbox_max = inbox
+        self._inbox = queue.Queue()   # unbounded as a queue: `_put` enforces the bound, never blocking
         self._lock = threading.Lock()       # failure vs inbox; the load generator's random state
         self._wake = threading.Event()
         self._load_wake = threading.Event()
@@ -74,11 +81,12 @@ class EngineDriver:
         seq = self.engine.new_sequence(source=source, **kw)   # SettingError: nothing queued
         handle = RequestHandle(seq.id, seq.sink)
         with self._lock:
-            if self.failure is None:
-                self._inbox.put(("add", seq))
-                self._wake.set()
-                return handle
-        self._refuse(seq)
+            failure = self.failure
+            queued = failure is None and self._put(("add", seq))
+        if failure is not None:
+            self._refuse(seq, f"the engine stopped: {failure}", "engine_error")
+        elif not queued:
+            self._refuse(seq, f"the engine's inbox is full ({self.inbox_max} commands waiting)", "queue_full")
         return handle
 
     def cancel(self, rid):
@@ -86,7 +94,11 @@ class EngineDriver:
 
     def update_settings(self, changes):
         changes = validate(self.specs, changes)
-        self._command("set", changes)
+        with self._lock:
+            queued = self._put(("set", changes))
+        if not queued:
+            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
+                                          "nothing changed, try again")
         return changes
 
     def burst(self, n):
@@ -97,20 +109,29 @@ class EngineDriver:
         self._command("reset", None)
 
     def _command(self, kind, arg):
+        """A command that must land whatever the bound (cancel, reset)."""
         self._inbox.put((kind, arg))
         self._wake.set()
+
+    def _put(self, command):
+        """Queue `command` unless the inbox is full (the caller holds the lock); whether it was."""
+        if self._inbox.qsize() >= self.inbox_max:
+            return False
+        self._inbox.put(command)
+        self._wake.set()
+        return True
 
     def _publish(self, events):
         if self.publishing:
             for ev in events:
                 self.events.publish(ev)
 
-    def _refuse(self, seq):
-        """A request that arrived after the engine stopped: rejected at once, never left waiting."""
-        reason = f"the engine stopped: {self.failure}"
+    def _refuse(self, seq, reason, code):
+        """A request that cannot be queued (the engine stopped, or the inbox is full): rejected
+        at once in the caller's thread, never left waiting."""
         if seq.sink is not None:
-            seq.sink.put(("rejected", reason, "engine_error"))
-        self.events.publish(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code="engine_error"))
+            seq.sink.put(("rejected", reason, code))
+        self.events.publish(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
 
     # ------------------------------------------------------------ engine thread
     def _loop(self):
@@ -160,7 +181,7 @@ class EngineDriver:
             self.events.publish(ev)
         for kind, arg in pending:
             if kind == "add":
-                self._refuse(arg)
+                self._refuse(arg, f"the engine stopped: {message}", "engine_error")
 
     # ------------------------------------------------------------ load thread
     def _load_loop(self):

@@ -209,6 +209,7 @@ class Engine:
         for seq in list(self._by_id.values()):
             self._finish(seq, "cancelled")
         self.stats = RollingStats()
+        self.blocks.queries = self.blocks.hits = self.scheduler.preemptions = 0
         self._emit(Reset(t=self.clock.now()))
         return self._take()
 
@@ -234,14 +235,18 @@ class Engine:
         plan = self.scheduler.schedule(self.settings["kv_cache"])
         now = self.clock.now()
         for seq in plan.preempted:
+            seq.preempted_at = now
             self._emit(Preempted(t=now, id=seq.id, tokens=seq.num_tokens, preemptions=seq.preemptions))
         for seq, reason in plan.refused:
             self._refuse_waiting(seq, reason)
         for seq in plan.admitted:
             resumed = seq.admitted is not None
+            waited = now - (seq.preempted_at if resumed else seq.arrival)
+            if resumed and seq.first_delivered is None:
+                seq.requeue_s += waited
             seq.admitted = seq.admitted or now
-            self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=now - seq.arrival, blocks=len(seq.block_table),
-                                prompt_tokens=seq.num_tokens, cached_tokens=seq.cached_tokens, resumed=resumed))
+            self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=waited, blocks=len(seq.block_table),
+                                prompt_tokens=seq.num_tokens, cached_tokens=seq.admitted_cached, resumed=resumed))
         # Right after admission, so whoever still waits really is blocked (stats say on what).
         if self.clock.now() >= self._next_stats:
             self._emit_stats()

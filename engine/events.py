@@ -245,7 +245,7 @@ class Stats(Event):
     ttft: Percentiles
     itl: Percentiles
     finished: int
-    blocked_on: Literal["slot", "cache", "drain", "batch"] | None = None
+    blocked_on: Literal["slot", "cache", "drain", "batch", "budget"] | None = None
     cache_blocks_shared: int | None = None  # blocks used by more than one request (a shared prefix)
     cache_blocks_cached: int | None = None  # free blocks still holding a reusable prefix
     block_tables: dict[str, list[int]] | None = None   # running request -> its blocks, in order

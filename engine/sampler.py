@@ -6,6 +6,12 @@ the token with the largest p / E wins, where E = -log U ~ Exp(1) is drawn indepe
 token, which picks each token with probability p (the Gumbel-max trick in another form). A seeded request draws its row of E from its own
 generator, so its tokens depend only on its seed and its logits, never on what else shares
 the batch; unseeded rows draw theirs from the global generator in one call.
+
+A fault in one request's row (its generator, its parameters) must not cost the others their
+tokens: when the batched pass raises, the rows are sampled again one by one (seeded generators
+rewound first, so their draws are unchanged) and `RowsFailed` names the rows that still raise,
+carrying the others' tokens; the engine fails those requests alone. When every row fails on
+its own, the batched error is raised as before (the whole step is at fault).
 """
 import torch
 
@@ -34,7 +40,40 @@ def _top_p(probs, top_p):
     return torch.zeros_like(probs).scatter_(-1, order, top * keep)
 
 
+class RowsFailed(Exception):
+    """Sampling raised for some rows only. `tokens`: one per row (None where it failed);
+    `failed`: {row: the exception}."""
+
+    def __init__(self, tokens, failed):
+        super().__init__("; ".join(f"row {i}: {type(e).__name__}: {e}" for i, e in failed.items()))
+        self.tokens, self.failed = tokens, failed
+
+
 def sample(logits, params_list, generators):
+    """One token per row of `logits` [rows, vocab]: the batched pass, or, if it raises, each row
+    on its own (RowsFailed if some of them raise)."""
+    states = [None if g is None else g.get_state() for g in generators]
+    try:
+        return _sample_batch(logits, params_list, generators)
+    except Exception as batch_error:  # noqa: BLE001 -- find the rows at fault below
+        for g, state in zip(generators, states):
+            if g is not None:
+                g.set_state(state)
+        tokens, failed = [], {}
+        for i in range(len(params_list)):
+            try:
+                tokens += _sample_batch(logits[i:i + 1], params_list[i:i + 1], generators[i:i + 1])
+            except Exception as e:  # noqa: BLE001 -- this request's fault, reported for it alone
+                tokens.append(None)
+                failed[i] = e
+        if len(failed) == len(params_list):
+            raise batch_error
+        if failed:
+            raise RowsFailed(tokens, failed) from batch_error
+        return tokens
+
+
+def _sample_batch(logits, params_list, generators):
     """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax."""
     out = torch.argmax(logits, dim=-1)
     hot = [i for i, p in enumerate(params_list) if p.temperature > 0]

@@ -48,11 +48,12 @@ class Scheduler:
         self.running = []               # admission order: the last is preempted first
         self.slots = [None] * max_slots
         self.preemptions = 0
+        self.budget_left = 0            # of the last step's token budget
 
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):
         out = Schedule()
-        budget = self.max_batched_tokens
+        budget = self.budget_left = self.max_batched_tokens
         if self.policy == "prefill-first":
             if any(not _is_decode(s) for s in self.running) or self._admissible(kv_cache_on):
                 budget = self._schedule_running(out, budget, only="prefill", whole=True)
@@ -65,6 +66,7 @@ class Scheduler:
             budget = self._schedule_running(out, budget, only="prefill")
             if admit:
                 self._admit(out, budget, kv_cache_on, whole=False)
+            self.budget_left = budget - sum(s.n for s in out.segments if s.seq in out.admitted)
         out.segments.sort(key=lambda s: not s.is_decode_row)
         return out
 
@@ -153,15 +155,22 @@ class Scheduler:
         remaining = seq.num_tokens - seq.num_computed
         n = remaining if whole else min(remaining, budget)
         need = self.blocks.blocks_for(seq.num_computed + n) - len(cached)
-        fresh = self.blocks.allocate(need) if need > 0 else []
+        # A preempted request comes back only when all it had fits again (plus its next token);
+        # readmitted on a first chunk's worth it would be preempted again at once, and again.
+        whole_need = self.blocks.blocks_for(seq.num_tokens + 1) - len(cached)
+        fresh = None
+        if not seq.preemptions or self.blocks.can_allocate(whole_need):
+            fresh = self.blocks.allocate(need) if need > 0 else []
         if fresh is None:
             self.blocks.release(cached)
             seq.num_computed = 0
             return None
         seq.block_table = cached + fresh
-        seq.cached_tokens = seq.num_computed
-        self.blocks.queries += seq.num_tokens
-        self.blocks.hits += seq.num_computed
+        seq.admitted_cached = seq.num_computed
+        if not seq.preemptions:     # counted once per request: its prompt, at its first admission
+            seq.cached_tokens = seq.num_computed
+            self.blocks.queries += seq.num_tokens
+            self.blocks.hits += seq.num_computed
         return n
 
     # ------------------------------------------------------------------ after the forward
@@ -203,7 +212,7 @@ class Scheduler:
     def blocked_on(self, kv_cache_on):
         """Why the head of the queue is not admitted: "slot", "cache" (not enough free KV
         blocks), "drain" (the KV-cache mode changed), "batch" (static batching: the running
-        batch must finish first), or None."""
+        batch must finish first), "budget" (the step's token budget went to others), or None."""
         if not self.waiting:
             return None
         if self.policy == "static" and self.running:
@@ -214,6 +223,8 @@ class Scheduler:
             return "drain"
         if kv_cache_on and not self.blocks.can_allocate(self._first_chunk_blocks(self.waiting[0])):
             return "cache"
+        if self.policy == "mixed" and self.budget_left <= 0:
+            return "budget"
         return None
 
     def _first_chunk_blocks(self, seq):

@@ -33,8 +33,10 @@ class Sequence:
     block_table: list = field(default_factory=list)   # KV blocks holding positions 0, bs, 2bs, ...
     num_computed: int = 0     # positions whose keys/values are in the cache
     block_hashes: list = field(default_factory=list)  # chained hashes of its full prompt blocks
-    cached_tokens: int = 0    # prompt tokens found in the prefix cache (latest admission)
+    cached_tokens: int = 0    # prompt tokens found in the prefix cache at its first admission
+    admitted_cached: int = 0  # tokens found there at its latest admission (a recompute's too)
     preemptions: int = 0
+    preempted_at: float | None = None
     output_ids: list = field(default_factory=list)
     detok: object = None      # detok.Detokenizer: its text so far, token by token
     stops: object = None      # detok.StopStrings watching that text
@@ -46,6 +48,7 @@ class Sequence:
     admitted: float | None = None
     prefill_start: float | None = None
     prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
+    requeue_s: float = 0.0          # waiting again after a preemption, before its first token
     first_sample_s: float = 0.0
     first_sampled: float | None = None
     first_delivered: float | None = None
@@ -76,7 +79,7 @@ class Sequence:
         ttft = self.first_delivered - self.arrival
         stages = {
             "tokenize": self.tokenize_end - self.arrival,
-            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end,
+            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s,
             "prefill": self.prefill_s,
             "first_sample": self.first_sample_s,
             "delivery": self.first_delivered - self.first_sampled,

@@ -103,9 +103,9 @@ class EngineMetrics:
         elif isinstance(ev, ev_types.Admitted):
             self._waiting.discard(ev.id)
             self._running.add(ev.id)
-            self.prefix_queries.inc(ev.prompt_tokens)
-            self.prefix_hits.inc(ev.cached_tokens)
-            if not ev.resumed:
+            if not ev.resumed:      # a request's prompt counts once, as in stats.prefix_queries
+                self.prefix_queries.inc(ev.prompt_tokens)
+                self.prefix_hits.inc(ev.cached_tokens)
                 self.queue.observe(ev.queue_s)
         elif isinstance(ev, ev_types.Preempted):
             self._running.discard(ev.id)

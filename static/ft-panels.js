@@ -137,7 +137,8 @@
   function waitReason(L) {
     return {cache: "for KV-cache blocks", slot: `for a batch slot (${L.running}/${s.settings.slots} busy)`,
             drain: "for running requests to drain (KV-cache mode changed)",
-            batch: "for the running batch to finish (static batching)"}[L.blocked_on] || "";
+            batch: "for the running batch to finish (static batching)",
+            budget: `for room in a step (its ${s.settings.max_batched_tokens}-token budget went to running requests)`}[L.blocked_on] || "";
   }
 
   function queueInfo() {
