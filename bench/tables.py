@@ -47,7 +47,7 @@ def prefill_table(bundle, lengths, repeats):
     rows = []
     for n in lengths:
         seq = _seq(_ids(vocab, n), blocks, n)
-        runner.forward([Segment(seq, 0, 8, cached=True, logits=True)])          # warm-up
+        runner.forward([Segment(seq, 0, min(8, n), cached=True, logits=True)])  # warm-up
         s = _best(lambda: runner.forward([Segment(seq, 0, n, cached=True, logits=True)]),
                   repeats if n <= 512 else max(1, repeats - 1))
         blocks.release(seq.block_table)

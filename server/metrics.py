@@ -17,7 +17,7 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:prefix_cache_queries_total     prompt tokens looked up in the prefix cache (admitted.prompt_tokens)
     vllm:prefix_cache_hits_total        ... of which found there (admitted.cached_tokens)
     vllm:num_preemptions_total          preempted events
-    vllm:prompt_tokens_total            prompt positions prefilled
+    vllm:prompt_tokens_total            prompt tokens of admitted requests (cached ones included, as vLLM counts)
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
@@ -67,7 +67,7 @@ class EngineMetrics:
         self.running = gauge("vllm:num_requests_running", "Requests in batch slots")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting for a slot")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks reserved (1 = full)")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of admitted requests")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
         self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
@@ -94,8 +94,6 @@ class EngineMetrics:
                 self.itl.observe(ev.t - last)
                 self.tpot.observe(ev.t - last)
             self._last_token[ev.id] = ev.t
-        elif isinstance(ev, ev_types.Prefill):
-            self.prompt_tokens.inc(ev.tokens)
         elif isinstance(ev, (ev_types.Step, ev_types.Stats)):
             self.kv_usage.set(ev.cache_blocks_used / self.cache_blocks)
         elif isinstance(ev, ev_types.Request):
@@ -104,6 +102,7 @@ class EngineMetrics:
             self._waiting.discard(ev.id)
             self._running.add(ev.id)
             if not ev.resumed:      # a request's prompt counts once, as in stats.prefix_queries
+                self.prompt_tokens.inc(ev.prompt_tokens)
                 self.prefix_queries.inc(ev.prompt_tokens)
                 self.prefix_hits.inc(ev.cached_tokens)
                 self.queue.observe(ev.queue_s)
