@@ -43,7 +43,8 @@ class LiveApp:
         self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.url = f"http://127.0.0.1:{self.http.server_port}"
         self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
-        threading.Thread(target=self.http.serve_forever, name="live-app", daemon=True).start()
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, name="live-app",
+                         daemon=True).start()   # a short poll: shutdown() waits for it
 
     def stop(self):
         self.http.shutdown()
