@@ -124,6 +124,7 @@ def run_generate_batch(model, batch, new_tokens):
     cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
                            pad_token_id=model.generation_config.pad_token_id or 0)
     attn = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")          # the engine's own attention is not for generate_batch
     t0 = time.perf_counter()
     try:
         out = model.generate_batch([ids for _, ids in batch], generation_config=cfg)

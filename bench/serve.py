@@ -180,7 +180,8 @@ def main(argv=None):
     try:
         batch = prompts(tok, n_l1, 128)
         for policy in ("mixed", "prefill-first", "static"):
-            settle(events, {"schedule": policy})
+            # the same prompts in every run: without prefix caching, so each run computes them
+            settle(events, {"schedule": policy, "prefix_caching": False})
             print(f"  .. L1 under {policy}", flush=True)
             result["L1"][policy] = run_load(app, events, batch, 32, in_flight=8)
         settle(events, {"schedule": "mixed"})
