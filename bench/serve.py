@@ -11,7 +11,8 @@ between a request's tokens / median forward time: 1 means a token every forward)
                   scheduling policy (mixed, prefill-first, static), same prompts
     L2            16 in flight, 32-token prompts -> 128 new tokens, 32 requests
     open loop     the L1 requests arriving as a Poisson process (2 per second), not in a closed loop
-    continuous    16 requests at once, output lengths 8..128, mixed vs static
+    continuous    16 requests at once through 4 batch slots, output lengths 8..128, mixed vs
+                  static: static waits for a batch's longest request, continuous refills a slot at once
     prefix        8 chat requests sharing a ~500-token system prompt, one at a time:
                   the later ones' TTFT and prefill vs the first's, prefix caching on vs off
 
@@ -62,15 +63,18 @@ class Events:
 
     def __init__(self, ws_url):
         self.conn = Client.connect(ws_url)
-        self.events, self.done = [], threading.Event()
+        self.events, self.done, self.hello = [], threading.Event(), None
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self):
         while not self.done.is_set():
             raw = self.conn.receive(timeout=0.2)
-            if raw:
-                self.events += [e for e in json.loads(raw) if e["type"] in ("step", "prefill", "settings")]
+            for e in json.loads(raw) if raw else []:
+                if e["type"] == "hello":
+                    self.hello = e
+                elif e["type"] in ("step", "prefill", "settings"):
+                    self.events.append(e)
 
     def send(self, msg):
         self.conn.send(json.dumps(msg))
@@ -193,10 +197,10 @@ def main(argv=None):
         cont_batch = prompts(tok, n_cont, 64)
         result["continuous"] = {}
         for policy in ("mixed", "static"):
-            settle(events, {"schedule": policy})
-            print(f"  .. {n_cont} requests at once, mixed lengths, under {policy}", flush=True)
+            settle(events, {"schedule": policy, "slots": 4})
+            print(f"  .. {n_cont} requests at once, mixed lengths, 4 slots, under {policy}", flush=True)
             result["continuous"][policy] = run_load(app, events, cont_batch, lengths, in_flight=n_cont)
-        settle(events, {"schedule": "mixed"})
+        settle(events, {"schedule": "mixed", "slots": events.hello["max_slots"]})
         # from the corpus' end, which no earlier prompt here came from (no accidental prefix hits)
         system = tok.decode(tok(CORPUS.read_text()[-6000:], add_special_tokens=False)["input_ids"][-500:])
         questions = [f"\n\nQuestion {i}: what happens next in the story?" for i in range(4 if args.quick else 8)]
@@ -223,7 +227,7 @@ def report(r):
                      f"{ms(x['itl_p50']):>9s} {ms(x['itl_p99']):>9s} {ms(x['median_forward_s']):>8s} "
                      f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}% {ms(x['between_p50_s']):>8s}  "
                      f"{st['prefill']}/{st['decode']}/{st['mixed']}")
-    lines.append("(x16: 16 requests at once, outputs of 8..128 tokens: continuous vs static batching; stall: mean "
+    lines.append("(x16: 16 requests at once through 4 slots, outputs of 8..128 tokens: continuous vs static batching; stall: mean "
                  "gap between a request's tokens / median forward; busy: share of wall time in forwards; gap: "
                  "engine time between one forward's end and the next one's start)")
     lines += ["", "shared ~500-token system prompt, requests one at a time:"]
