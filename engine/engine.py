@@ -297,11 +297,17 @@ class Engine:
 
     def _sample_and_deliver(self, seqs, logits, forward_s):
         t0 = self.clock.now()
-        ids = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        failed = {}
+        try:
+            ids = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        except sampler.RowsFailed as e:     # some requests' sampling raised: they alone fail
+            ids, failed = e.tokens, e.failed
         sampled = self.clock.now()
         sample_s = sampled - t0
-        done = []
+        done = [(seqs[i], "error") for i in failed]
         for seq, tid in zip(seqs, ids):
+            if tid is None:
+                continue
             first = not seq.output_ids
             seq.output_ids.append(tid)
             text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
@@ -324,8 +330,19 @@ class Engine:
             reason = self._stop_reason(seq, tid, stopped)
             if reason:
                 done.append((seq, reason))
+        for i, error in failed.items():
+            self._emit(Error(t=self.clock.now(), message=f"sampling failed for {seqs[i].id}: "
+                                                         f"{type(error).__name__}: {error}"))
         for seq, reason in done:
-            self._finish(seq, reason)
+            self._finish(seq, reason, self._sampling_error(seqs, seq, failed))
+
+    @staticmethod
+    def _sampling_error(seqs, seq, failed):
+        """The message for a request whose sampling raised, else None."""
+        for i, error in failed.items():
+            if seqs[i] is seq:
+                return f"sampling failed: {type(error).__name__}: {error}"
+        return None
 
     def _fail(self, seqs, error):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
