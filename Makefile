@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve gpu-check setup chromium schema clean-cache
+.PHONY: run test bench bench-serve soak gpu-check setup chromium schema clean-cache
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(STAMP)
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)
+
+# The real app under load for ten minutes: memory at start and end, requests served, errors
+# (not part of `make test`; ARGS="--minutes 2" for a shorter run).
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(ARGS)
 
 # Once, when a GPU machine is lent: real-model tests and a short bench on CUDA.
 gpu-check: $(STAMP)

@@ -3,11 +3,22 @@
 Parses the flags, builds the app (`server.create_app`), starts serving at once so /healthz
 reports loading progress, and loads the model in the background (server/loader.py); or, with
 `--observe URL`, serves the picture of an external OpenAI-compatible server instead.
+
+On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
+any other address, the app is reachable from other machines, so it runs on gunicorn instead,
+in this same process tree: one worker process (the engine and its model live there) with a
+pool of threads (each page's websocket holds one), as flask-sock supports.
 """
 import argparse
+import math
 from pathlib import Path
 
 from server import create_app, loader
+from server.openai_api import REQUEST_TIMEOUT_S
+from server.security import normalize_origin
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+HTTP_THREADS = 128   # gunicorn: connections served at once (pages' websockets, API streams)
 
 
 def positive_int(name):
@@ -22,6 +33,25 @@ def positive_int(name):
     return parse
 
 
+def seconds(name):
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number of seconds, not {text!r}")
+        if not math.isfinite(v) or v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive number of seconds, not {text!r}")
+        return v
+    return parse
+
+
+def origin(text):
+    try:
+        return normalize_origin(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
 def observe_url(text):
     from server.observe import parse_target
     try:
@@ -32,7 +62,9 @@ def observe_url(text):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="app.py", description="First Token: watch an LLM server work.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only); any other address "
+                        "serves other machines too, on gunicorn")
     p.add_argument("--port", type=positive_int("--port"), default=5000, help="port (default 5000)")
     p.add_argument("--model", default=None,
                    help="a local transformers model directory or .gguf file (default: the bundled "
@@ -55,6 +87,14 @@ def parse_args(argv=None):
     p.add_argument("--observe", metavar="URL", type=observe_url, default=None,
                    help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
                         "instead of loading a model: the page shows what its client measures")
+    p.add_argument("--allow-origin", metavar="ORIGIN", type=origin, action="append", default=[],
+                   help="another origin (e.g. https://course.example.org) whose pages may use the "
+                        "websocket and the API from a browser and frame /embed; repeatable "
+                        "(default: only this app's own pages)")
+    p.add_argument("--request-timeout", metavar="SECONDS", type=seconds("--request-timeout"),
+                   default=REQUEST_TIMEOUT_S,
+                   help=f"deadline of one API request: past it the request is cancelled and the "
+                        f"client gets an error (default {REQUEST_TIMEOUT_S:g})")
     args = p.parse_args(argv)
     if args.port > 65535:
         p.error("--port must be at most 65535")
@@ -65,9 +105,9 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    app = create_app()
+def build(args):
+    """The app, with its backend starting: the model loading in the background, or the observer."""
+    app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "REQUEST_TIMEOUT": args.request_timeout})
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import Observer
@@ -75,8 +115,36 @@ def main(argv=None):
         print(f"observing {args.observe}", flush=True)
     else:
         loader.start(args, state)
+    return app
+
+
+def serve_gunicorn(args):
+    from gunicorn.app.base import BaseApplication
+
+    class Gunicorn(BaseApplication):
+        def load_config(self):
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            for key, value in {"bind": f"{host}:{args.port}", "workers": 1, "worker_class": "gthread",
+                               "threads": HTTP_THREADS,
+                               # websockets never end on their own: don't wait for them at exit
+                               "graceful_timeout": 2,
+                               # no control socket: one per user's home, shared by every instance
+                               "control_socket_disable": True}.items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            # In the worker, after the fork: the engine's threads must start in the process that serves.
+            return build(args)
+    Gunicorn().run()
+
+
+def main(argv=None):
+    args = parse_args(argv)
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
-    app.run(host=args.host, port=args.port, threaded=True)
+    if args.host in LOOPBACK:
+        build(args).run(host=args.host, port=args.port, threaded=True)
+    else:
+        serve_gunicorn(args)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def validate(specs, changes):
     for name, value in changes.items():
         spec = specs.get(name)
         if spec is None:
-            raise SettingError(name, f"unknown setting (known: {', '.join(sorted(specs))})")
+            raise SettingError(name, f"unknown setting {name[:40]!r} (known: {', '.join(sorted(specs))})")
         if spec.kind == "choice":
             if value not in spec.choices:
                 raise SettingError(name, f"must be one of {', '.join(spec.choices)}, got {value!r}")

@@ -12,15 +12,26 @@ reports progress from the first second; tests hand a ready backend in the config
 """
 from flask import Flask
 
-from . import api, live, metrics, pages
+from . import api, control, live, metrics, openai_api, pages, security
 from .state import State
+
+DEFAULTS = {
+    "ALLOWED_ORIGINS": (),                             # --allow-origin: other origins that may use /ws and /v1
+    "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
+    # A websocket message larger than this closes the connection before it is buffered whole;
+    # up to it, an oversized control message gets an `error` reply (server/control.py).
+    "SOCK_SERVER_OPTIONS": {"max_message_size": 4 * control.MAX_MESSAGE_BYTES},
+}
 
 
 def create_app(config=None):
     """Build the app. `config["BACKEND"]`, if given, is served at once (tests: an engine on the
-    tiny random model); otherwise it arrives later through `state.set_backend`."""
+    tiny random model); otherwise it arrives later through `state.set_backend`. Config keys
+    (DEFAULTS) carry the command line's limits; ValueError names a bad allowed origin."""
     app = Flask(__name__, root_path=str(pages.ROOT), template_folder="templates", static_folder="static")
+    app.config.update(DEFAULTS)
     app.config.update(config or {})
+    security.init_app(app)
     state = State()
     app.extensions["first_token"] = state
     for bp in (pages.bp, live.bp, api.bp, metrics.bp):

@@ -1,18 +1,24 @@
 """The OpenAI-compatible routes (/v1/...): thin on purpose. Parsing, validation and response
 shaping live in server/openai_api.py; the backend does the work."""
-from flask import Blueprint, Response, jsonify, request
+import socket
+
+from flask import Blueprint, Response, current_app, jsonify, request
 
 from . import openai_api as oa
 from .state import current
 
 bp = Blueprint("api", __name__)
+CLIENT_CLOSED = 499   # nginx's "client closed request": logged, never read by anyone
 
 
 def _backend():
-    """The backend serving a model here, or ApiError (still loading; observe mode has none)."""
+    """The backend serving a model here, or ApiError (still loading, or failed to load; observe
+    mode has none)."""
     state = current()
     backend = state.backend
     if backend is None:
+        if state.error:
+            raise oa.ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
         raise oa.ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
     if backend.api_model is None:
         raise oa.ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
@@ -20,17 +26,43 @@ def _backend():
     return backend
 
 
+def client_gone(environ):
+    """A probe: has the client closed its connection? The request body has been read, so a
+    socket that reads as end-of-stream means the client left (the peek consumes nothing; a
+    pipelined next request reads as data, not as gone). Werkzeug and gunicorn both expose the
+    socket; elsewhere (the test client, TLS sockets that refuse flags) nobody is seen leaving."""
+    sock = environ.get("werkzeug.socket") or environ.get("gunicorn.socket")
+    dontwait = getattr(socket, "MSG_DONTWAIT", 0)
+    if sock is None or not dontwait:
+        return lambda: False
+
+    def gone():
+        try:
+            return sock.recv(1, socket.MSG_PEEK | dontwait) == b""
+        except BlockingIOError:
+            return False            # nothing to read: still there
+        except ConnectionError:
+            return True
+        except (OSError, ValueError):
+            return False
+    return gone
+
+
 def _generate(kind):
     try:
         backend = _backend()
         body = oa.parse_body(request.stream.read(oa.MAX_BODY_BYTES + 1))
         req = oa.parse_request(kind, body, backend.api_model)
+        timeout_s, gone = current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ)
         if req.stream:
-            return Response(oa.start_stream(backend, req), mimetype="text/event-stream",
+            return Response(oa.start_stream(backend, req, timeout_s, gone), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return jsonify(oa.respond(backend, req))
+        return jsonify(oa.respond(backend, req, timeout_s, gone))
     except oa.ApiError as e:
-        return jsonify(e.body()), e.status
+        headers = {"Retry-After": "1"} if e.status == 429 else {}
+        return jsonify(e.body()), e.status, headers
+    except oa.ClientGone:
+        return Response(status=CLIENT_CLOSED)
 
 
 @bp.post("/v1/chat/completions")

@@ -15,7 +15,12 @@ vLLM's extensions that load generators use to fix output lengths are accepted: `
 (keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
 reports the prompt tokens found in the prefix cache, as OpenAI's API does.
+
+No request outlives its client or its deadline: `outputs` cancels the request in the engine
+when the deadline (`--request-timeout`) passes (504, or an error chunk once streaming), when
+the client is seen to have closed its connection, or when the response is closed early.
 """
+import contextlib
 from dataclasses import dataclass
 import itertools
 import json
@@ -26,7 +31,9 @@ from engine.settings import SettingError
 
 MAX_BODY_BYTES = 1 << 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
-PROBE_S = 1.0   # a stream silent this long gets an SSE comment, so a client that left is noticed
+REQUEST_TIMEOUT_S = 600.0   # default deadline of one API request (--request-timeout)
+PROBE_S = 0.5   # how often a waiting request looks for its deadline and its client; a stream
+                # silent this long gets an SSE comment (a write that fails when the client left)
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
@@ -173,14 +180,36 @@ def submit(backend, req):
         raise ApiError(400, f"{param}: {e.message}", param) from None
 
 
-def outputs(handle):
-    """The handle's outputs, with a None whenever PROBE_S passes without one."""
-    while True:
-        try:
-            yield from handle.outputs(timeout=PROBE_S)
-            return
-        except queue.Empty:
-            yield None
+class ClientGone(Exception):
+    """The client closed its connection: nobody is left to answer."""
+
+
+def outputs(backend, handle, timeout_s, gone):
+    """The request's outputs, with a None whenever PROBE_S passes without one. Raises ApiError
+    (504) once `timeout_s` has passed and ClientGone once `gone()` says the client left; then,
+    or when closed before the request ended, cancels it in the engine (slot and blocks freed)."""
+    deadline = time.monotonic() + timeout_s
+    ended = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ApiError(504, f"the request did not finish within its deadline of {timeout_s:g} s "
+                                    "(the server's --request-timeout); it was cancelled", code="timeout")
+            if gone():
+                raise ClientGone()
+            try:
+                item = next(handle.outputs(timeout=min(PROBE_S, left)))
+            except queue.Empty:
+                yield None
+                continue
+            ended = item[0] in ("finished", "rejected")
+            yield item
+            if ended:
+                return
+    finally:
+        if not ended:
+            backend.cancel(handle.id)
 
 
 def first_output(items, prompt_param):
@@ -191,7 +220,7 @@ def first_output(items, prompt_param):
         if item[0] == "rejected":
             _, reason, code = item
             if code == "queue_full":
-                raise ApiError(503, f"the engine is overloaded: {reason}", code=code)
+                raise ApiError(429, f"the engine is overloaded: {reason}; retry later", code=code)
             if code == "engine_error":
                 raise ApiError(503, reason, code=code)
             # exceeds_cache: no cache this server can offer holds the request: its context limit
@@ -307,66 +336,76 @@ def sse(obj):
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def respond(backend, req):
-    """Run one non-streaming request to the end; return the response body (or raise ApiError)."""
+def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
+    """Run one non-streaming request to the end; return the response body (or raise ApiError,
+    or ClientGone). `gone()` tells whether the client has closed its connection."""
     handle = submit(backend, req)
-    items = outputs(handle)
-    first = first_output(items, req.names["prompt"])
-    reply = Reply(req.kind, handle.id, backend.api_model, req.submit["stop"])
-    text = []
-    for item in itertools.chain([first], items):
-        if item is None:
-            continue
-        if item[0] == "token":
-            text.append(reply.trim.feed(item[1]))
-        else:
-            event = item[1]
-            text.append(reply.trim.rest())
-            return reply.full("".join(text), finish_reason(event), usage(event))
+    items = outputs(backend, handle, timeout_s, gone)
+    with contextlib.closing(items):
+        first = first_output(items, req.names["prompt"])
+        reply = Reply(req.kind, handle.id, backend.api_model, req.submit["stop"])
+        text = []
+        for item in itertools.chain([first], items):
+            if item is None:
+                continue
+            if item[0] == "token":
+                text.append(reply.trim.feed(item[1]))
+            else:
+                event = item[1]
+                text.append(reply.trim.rest())
+                return reply.full("".join(text), finish_reason(event), usage(event))
 
 
-def start_stream(backend, req):
+def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     """Submit and wait for the first output (errors are still HTTP statuses up to here); return
     the generator of SSE text. Closing it early (the client left) cancels the request."""
     handle = submit(backend, req)
-    items = outputs(handle)
-    first = first_output(items, req.names["prompt"])
-    return _stream(backend, handle, itertools.chain([first], items),
-                   Reply(req.kind, handle.id, backend.api_model, req.submit["stop"]), req.include_usage)
-
-
-def _stream(backend, handle, items, reply, include_usage):
-    done = False
+    items = outputs(backend, handle, timeout_s, gone)
     try:
+        first = first_output(items, req.names["prompt"])
+    except BaseException:
+        items.close()
+        raise
+    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.submit["stop"]),
+                   req.include_usage)
+
+
+def _stream(items, first, reply, include_usage):
+    with contextlib.closing(items):   # closing it cancels the request unless it ended
         if reply.kind == "chat":
             yield sse(reply.chunk(role=True, usage_field=include_usage))
-        for item in items:
-            if item is None:
-                yield ": waiting\n\n"
-                continue
-            if item[0] == "token":
-                text = reply.trim.feed(item[1])
-                if text:
-                    yield sse(reply.chunk(text, usage_field=include_usage))
-                continue
-            done = True
-            event = item[1]
-            try:
-                finish = finish_reason(event)
-            except ApiError as e:
-                yield sse(e.body())
-                break
-            rest = reply.trim.rest()
-            if rest:
-                yield sse(reply.chunk(rest, usage_field=include_usage))
-            yield sse(reply.chunk(finish=finish, usage_field=include_usage))
-            if include_usage:
-                yield sse(reply.usage_chunk(usage(event)))
-            break
+        try:
+            yield from _stream_body(itertools.chain([first], items), reply, include_usage)
+        except ApiError as e:   # the deadline passed mid-stream: the status is sent, so say it here
+            yield sse(e.body())
+        except ClientGone:
+            return
         yield SSE_DONE
-    finally:
-        if not done:
-            backend.cancel(handle.id)
+
+
+def _stream_body(items, reply, include_usage):
+    for item in items:
+        if item is None:
+            yield ": waiting\n\n"
+            continue
+        if item[0] == "token":
+            text = reply.trim.feed(item[1])
+            if text:
+                yield sse(reply.chunk(text, usage_field=include_usage))
+            continue
+        event = item[1]
+        try:
+            finish = finish_reason(event)
+        except ApiError as e:
+            yield sse(e.body())
+            return
+        rest = reply.trim.rest()
+        if rest:
+            yield sse(reply.chunk(rest, usage_field=include_usage))
+        yield sse(reply.chunk(finish=finish, usage_field=include_usage))
+        if include_usage:
+            yield sse(reply.usage_chunk(usage(event)))
+        return
 
 
 def models_list(model, created, max_context):

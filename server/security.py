@@ -1,0 +1,101 @@
+"""Who may drive the app from a browser, and who may frame its pages.
+
+A browser sends `Origin` with every websocket handshake and every cross-site POST, and any web
+page a visitor has open can make both: without this check, a stray script in another tab could
+open /ws and start the load generator, or post to /v1. So the websocket and every
+state-changing request (any method but GET/HEAD/OPTIONS) are refused (403) when they carry an
+`Origin` that is neither the app's own host (the `Host` header) nor in the allow-list
+(`--allow-origin`, config key ALLOWED_ORIGINS). Requests without `Origin` are not from a web
+page's script (curl, the openai client, server-side code) and pass.
+
+Framing: the page is framed only by itself; /embed (made for iframes) also by the allow-list.
+"""
+from urllib.parse import urlsplit
+
+from flask import current_app, jsonify, request
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalize_origin(text):
+    """`scheme://host[:port]`, lower-cased, default port dropped; ValueError if `text` is not one."""
+    parts = urlsplit(text.strip().lower())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
+            or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{text!r} is not an origin like https://example.org or http://host:8080")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{text!r} has an invalid port") from None
+    return f"{parts.scheme}://{_host_port(parts.scheme, parts.hostname, port)}"
+
+
+def _host_port(scheme, host, port):
+    host = f"[{host}]" if ":" in host else host   # IPv6 literals keep their brackets
+    port = None if port == DEFAULT_PORTS.get(scheme) else port
+    return host if port is None else f"{host}:{port}"
+
+
+def _same_host(origin, host_header):
+    """Whether `origin` names the host the browser asked for (its `Host` header). The scheme is
+    not compared: behind a TLS proxy the app cannot know it, and the host already pins the site."""
+    try:
+        parts = urlsplit(origin.lower())
+        want = urlsplit("//" + host_header.lower())
+        return bool(parts.hostname) and parts.hostname == want.hostname and \
+            (parts.port or DEFAULT_PORTS.get(parts.scheme)) == (want.port or DEFAULT_PORTS.get(parts.scheme))
+    except ValueError:   # a malformed port in either
+        return False
+
+
+def origin_allowed(origin, host_header, allowed):
+    if origin is None:
+        return True
+    if _same_host(origin, host_header or ""):
+        return True
+    try:
+        return normalize_origin(origin) in allowed
+    except ValueError:   # "null" (sandboxed frames, file://) and garbage
+        return False
+
+
+def _guarded():
+    return request.method not in SAFE_METHODS or request.path == "/ws"
+
+
+def check_origin():
+    """before_request: refuse a cross-origin websocket (before the upgrade, so it can send
+    nothing) or state-changing request with 403."""
+    if not _guarded():
+        return None
+    origin = request.headers.get("Origin")
+    if origin_allowed(origin, request.host, _allowed()):
+        return None
+    message = (f"origin {origin!r} is not allowed here: only this app's own pages and the origins given "
+               "with --allow-origin may use its websocket and API from a browser")
+    return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                              "code": "origin_not_allowed"}}), 403
+
+
+def _allowed():
+    return current_app.config["ALLOWED_ORIGINS_NORMALIZED"]
+
+
+def frame_headers(response):
+    """after_request: pages may be framed by this origin only; /embed also by the allow-list."""
+    if response.mimetype != "text/html":
+        return response
+    ancestors = ["'self'"] + (sorted(_allowed()) if request.path == "/embed" else [])
+    response.headers["Content-Security-Policy"] = "frame-ancestors " + " ".join(ancestors)
+    if len(ancestors) == 1:
+        response.headers["X-Frame-Options"] = "SAMEORIGIN"   # for browsers without frame-ancestors
+    return response
+
+
+def init_app(app):
+    """Normalise the configured allow-list once (ValueError names a bad entry) and install the checks."""
+    origins = app.config.get("ALLOWED_ORIGINS") or ()
+    app.config["ALLOWED_ORIGINS_NORMALIZED"] = frozenset(normalize_origin(o) for o in origins)
+    app.before_request(check_origin)
+    app.after_request(frame_headers)
