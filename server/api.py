@@ -9,10 +9,12 @@ bp = Blueprint("api", __name__)
 
 
 def _backend():
-    """The backend serving a model here, or ApiError (still loading; observe mode has none)."""
+    """The backend serving a model here, or ApiError (loading, or it failed to; observe mode has none)."""
     state = current()
     backend = state.backend
     if backend is None:
+        if state.error:
+            raise oa.ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
         raise oa.ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
     if backend.api_model is None:
         raise oa.ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "

@@ -1,17 +1,19 @@
-"""/metrics: vLLM-named Prometheus series that move by exactly what the requests did."""
+"""/metrics: vLLM-named Prometheus series that move by exactly what the requests did (the app
+from `create_app` on the tiny random model, in process), and the listener's gauges."""
+import time
+
 import openai
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import events as ev
 from server.metrics import EngineMetrics
 
 
-def scrape(server):
-    r = requests.get(server.url + "/metrics", timeout=30)
+def scrape(live):
+    r = live.app.test_client().get("/metrics")
     assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
     types, values = {}, {}
-    for family in text_string_to_metric_families(r.text):
+    for family in text_string_to_metric_families(r.get_data(as_text=True)):
         types[family.name] = family.type
         for s in family.samples:
             labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
@@ -19,22 +21,40 @@ def scrape(server):
     return types, values
 
 
-def test_metrics_move_by_exactly_what_the_requests_did(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+def wait_until_counted(sub, rids, timeout=30):
+    """Block until the metrics listener has seen every request's `finished` event. Listeners run
+    right after subscribers get an event, in the engine thread: any event published after the
+    last of them (the next `stats`, within 0.5 s) means they were counted."""
+    events, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        events += sub.get(timeout=0.5)
+        done = [i for i, e in enumerate(events) if e["type"] == "finished" and e["id"] in rids]
+        if len(done) == len(rids) and len(events) > done[-1] + 1:
+            return
+    raise AssertionError(f"not every request finished in {timeout} s")
+
+
+def test_metrics_move_by_exactly_what_the_requests_did(live):
+    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
-    _, before = scrape(server)
-    usages, reasons = [], []
+    sub = live.driver.events.subscribe(replay=False)
+    _, before = scrape(live)
+    usages, reasons, rids = [], [], set()
     for i, max_tokens in enumerate((3, 5)):
         r = client.completions.create(model=model, prompt=f"Four score and seven years ago {i}",
                                       max_tokens=max_tokens, temperature=0)
         usages.append(r.usage)
         reasons.append(r.choices[0].finish_reason)
+        rids.add(r.id.removeprefix("cmpl-"))
     chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
                                                  max_tokens=4, temperature=0, stream=True,
                                                  stream_options={"include_usage": True}))
     usages.append(chunks[-1].usage)
     reasons.append([c.choices[0].finish_reason for c in chunks if c.choices][-1])
-    types, after = scrape(server)
+    rids.add(chunks[0].id.removeprefix("chatcmpl-"))
+    wait_until_counted(sub, rids)
+    live.driver.events.unsubscribe(sub)
+    types, after = scrape(live)
 
     def moved(name, labels=()):
         return after[(name, labels)] - before.get((name, labels), 0.0)
@@ -49,6 +69,7 @@ def test_metrics_move_by_exactly_what_the_requests_did(server):
         assert moved(hist + "_count") == n
         assert moved(hist + "_bucket", (("le", "+Inf"),)) == n
     gaps = sum(u.completion_tokens - 1 for u in usages)
+    assert gaps > 0
     assert moved("vllm:inter_token_latency_seconds_count") == gaps
     assert moved("vllm:time_per_output_token_seconds_count") == gaps
     assert moved("vllm:inter_token_latency_seconds_sum") > 0

@@ -1,7 +1,8 @@
 """Observe mode: a First Token page watching another server through its OpenAI API and /metrics.
 
-The shared live app is the "external" server (it is a real OpenAI-compatible server with
-vLLM-named /metrics); the observe-mode app under test is started on its own."""
+The shared real app is the "external" server (it is a real OpenAI-compatible server with
+vLLM-named /metrics); the observe-mode app under test is started on its own. Every event
+the observe-mode page receives follows the same schema as the engine's."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 import requests
 from simple_websocket import Client
 
-from helpers import ROOT, frames, start_app
+from helpers import ROOT, frames, schema_validator, start_app
 from server.observe import parse_gauges
 
 BURST = 3
@@ -36,7 +37,8 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
             e["type"] == "stats" and e["t"] > max(d["t"] for d in done) and e["server"] and e["running"] == 0
             for e in events)
     try:
-        hello = json.loads(conn.receive(timeout=10))[0]
+        received = json.loads(conn.receive(timeout=10))
+        hello = received[0]
         assert hello["type"] == "hello" and hello["mode"] == "observe" and hello["model"] == health["model"]
         assert set(hello["limits"]) == {"load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p"}
         conn.send(json.dumps({"type": "set", "settings": {"slots": 2}}))   # an engine-only setting
@@ -45,6 +47,9 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
         events = frames(conn, 240, until=settled)
     finally:
         conn.close()
+    check = schema_validator()
+    for e in received + events:
+        check.validate(e)
 
     errors = [e for e in events if e["type"] == "error"]
     assert len(errors) == 1 and errors[0]["field"] == "slots"
