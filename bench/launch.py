@@ -11,6 +11,11 @@ import time
 import urllib.request
 
 ROOT = Path(__file__).resolve().parents[1]
+# Debian's Chromium, as the page benchmark and the browser tests drive it (playwright cannot
+# download a browser here).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def free_port():

@@ -11,10 +11,8 @@ Restores the engine's settings (defaults, load off, reset) at the end.
 import argparse
 import time
 
-from bench.launch import App
+from bench.launch import CHROMIUM, CHROMIUM_ARGS, App
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def main(argv=None):
@@ -23,7 +21,7 @@ def main(argv=None):
     ap.add_argument("--seconds", type=float, default=60.0, help="measurement window")
     ap.add_argument("--clients", type=int, default=1, help="pages connected at once")
     ap.add_argument("--rows", type=int, default=200, help="timeline rows to reach before measuring")
-    ap.add_argument("--chromium", default="/usr/bin/chromium")
+    ap.add_argument("--chromium", default=CHROMIUM)
     args = ap.parse_args(argv)
     from playwright.sync_api import sync_playwright
 

@@ -304,7 +304,7 @@ class Engine:
             ids, failed = e.tokens, e.failed
         sampled = self.clock.now()
         sample_s = sampled - t0
-        done = [(seqs[i], "error") for i in failed]
+        done = []
         for seq, tid in zip(seqs, ids):
             if tid is None:
                 continue
@@ -331,23 +331,14 @@ class Engine:
             if reason:
                 done.append((seq, reason))
         for i, error in failed.items():
-            self._emit(Error(t=self.clock.now(), message=f"sampling failed for {seqs[i].id}: "
-                                                         f"{type(error).__name__}: {error}"))
+            self._fail([seqs[i]], error, "sampling")
         for seq, reason in done:
-            self._finish(seq, reason, self._sampling_error(seqs, seq, failed))
+            self._finish(seq, reason)
 
-    @staticmethod
-    def _sampling_error(seqs, seq, failed):
-        """The message for a request whose sampling raised, else None."""
-        for i, error in failed.items():
-            if seqs[i] is seq:
-                return f"sampling failed: {type(error).__name__}: {error}"
-        return None
-
-    def _fail(self, seqs, error):
+    def _fail(self, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
         reason "error", free their slots and blocks, say so, and keep serving the rest."""
-        message = f"a step failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
+        message = f"{what} failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
         self._emit(Error(t=self.clock.now(), message=message))
         for seq in seqs:
             if seq.id in self._by_id:

@@ -147,10 +147,7 @@ class Scheduler:
             return seq.num_tokens
         cached = []
         if self.prefix_caching:
-            if not seq.block_hashes:
-                seq.block_hashes = block_hashes(seq.prompt_ids, self.blocks.block_size)
-            usable = (seq.num_tokens - 1) // self.blocks.block_size   # at least one token is computed
-            cached = self.blocks.match(seq.block_hashes[:usable]) or []
+            cached = self.blocks.match(self._prefix_hashes(seq)) or []
         seq.num_computed = len(cached) * self.blocks.block_size
         remaining = seq.num_tokens - seq.num_computed
         n = remaining if whole else min(remaining, budget)
@@ -227,12 +224,17 @@ class Scheduler:
             return "budget"
         return None
 
+    def _prefix_hashes(self, seq):
+        """The hashes of the request's full prompt blocks that a prefix hit may cover: all but
+        what would leave nothing to compute (its last token's logits are needed)."""
+        if not seq.block_hashes:
+            seq.block_hashes = block_hashes(seq.prompt_ids, self.blocks.block_size)
+        return seq.block_hashes[:(seq.num_tokens - 1) // self.blocks.block_size]
+
     def _first_chunk_blocks(self, seq):
         """New blocks the request's first step would need (after any prefix hit)."""
         bs = self.blocks.block_size
-        if self.prefix_caching and not seq.block_hashes:
-            seq.block_hashes = block_hashes(seq.prompt_ids, bs)
-        cached = self.blocks.peek(seq.block_hashes[:(seq.num_tokens - 1) // bs]) if self.prefix_caching else 0
+        cached = self.blocks.peek(self._prefix_hashes(seq)) if self.prefix_caching else 0
         first = min(seq.num_tokens - cached * bs, self.max_batched_tokens)
         return self.blocks.blocks_for(cached * bs + first) - cached
 

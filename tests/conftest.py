@@ -19,6 +19,17 @@ def real():
 
 
 @pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for every browser test."""
+    from playwright.sync_api import sync_playwright
+    from bench.launch import CHROMIUM, CHROMIUM_ARGS
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="session")
 def server():
     """One shared app on the real model, in its own process as users start it, for the
     browser, observe-mode and end-to-end tests. Tests that change settings restore them."""

@@ -10,21 +10,10 @@ import pytest
 
 from helpers import ARTIFACTS, start_app
 
-playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 # Short outputs keep each request to a few decode steps on two CPU cores.
 QUICK = {"max_new_tokens": 4, "prompt_tokens": 32}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 class Page:

@@ -9,10 +9,7 @@ import pytest
 from engine import engine as engine_mod
 from engine.detok import Detokenizer
 
-playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 # Each would set window.__xss or open a dialog if it ever became markup.
 OUTPUT = ['<img src=x onerror="window.__xss=1;alert(1)">', "<script>window.__xss=2</script>",
           '<b id="injected">bold</b>', '<svg onload="window.__xss=3">', "&lt;i&gt;"]
@@ -27,14 +24,6 @@ class HostileDetokenizer(Detokenizer):
         super().add(token_id)
         self.n = getattr(self, "n", -1) + 1
         return OUTPUT[self.n % len(OUTPUT)]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture
