@@ -47,7 +47,8 @@ class Backend(Protocol):
     def update_settings(self, changes: dict) -> dict:
         """Validate every change (SettingError, nothing applied, on any bad one), then apply."""
 
-    def burst(self, n: int) -> None: ...
+    def burst(self, n: int, seed: int | None = None) -> None:
+        """`n` load-generator requests now; a `seed` makes their prompts repeatable."""
 
     def reset(self) -> None: ...
 

@@ -16,6 +16,7 @@ SettingError. Cancels and resets always go in (they free capacity; there is at m
 cancel per request in flight), so the bound holds within that margin.
 """
 import queue
+import random
 import threading
 import traceback
 
@@ -103,9 +104,12 @@ class EngineDriver:
                                           "nothing changed, try again")
         return changes
 
-    def burst(self, n, prompt_tokens=None, shared_prefix=0):
-        for _ in range(coerce("n", "int", n, 1, 64)):
-            self._submit_load(prompt_tokens, shared_prefix)
+    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None):
+        """`n` load-generator requests now; with a `seed`, the same prompts every time."""
+        n = coerce("n", "int", n, 1, 64)
+        rng = None if seed is None else random.Random(coerce("seed", "int", seed, 0, 2**63 - 1))
+        for _ in range(n):
+            self._submit_load(prompt_tokens, shared_prefix, rng)
 
     def reset(self):
         self._command("reset", None)
@@ -199,7 +203,7 @@ class EngineDriver:
         for a in due:
             n = a.prompt_tokens or self.settings["prompt_tokens"]
             n = max(1, min(n, self.max_context - self.settings["max_new_tokens"]))
-            self.burst(a.burst, n, a.shared_prefix)
+            self.burst(a.burst, n, a.shared_prefix, seed=a.seed)
 
     def _wait_s(self):
         """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""
@@ -243,8 +247,8 @@ class EngineDriver:
                 with self._lock:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
-    def _submit_load(self, prompt_tokens=None, shared_prefix=0):
+    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None):
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
-            text = self.engine.loadgen.prompt(n, shared_prefix)
+            text = self.engine.loadgen.prompt(n, shared_prefix, rng)
         self.submit(prompt=text, source="load", prompt_tokens=n)

@@ -20,11 +20,13 @@ from .settings import SettingError
 class Action:
     """At `at` seconds after the preset is applied: `burst` load-generator requests, of
     `prompt_tokens` (default: the preset's setting), the first `shared_prefix` tokens of
-    each prompt identical across the burst (a shared system prompt)."""
+    each prompt identical across the burst (a shared system prompt), drawn with `seed` so
+    that every run of the preset (and both sides of a comparison) gets the same prompts."""
     at: float
     burst: int
     prompt_tokens: int | None = None
     shared_prefix: int = 0
+    seed: int = 0         # the burst's prompts: the same every time the preset runs
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
@@ -73,7 +75,7 @@ PRESETS = {p.name: p for p in (
            "so does their time to first token. The model did not get slower; the server got busy.",
            "TTFT grows while prefill stays flat",
            {"slots": 2, "prompt_tokens": 128, "max_new_tokens": 48, "prefix_caching": False},
-           (Action(0, 1), Action(1.0, 11))),
+           (Action(0, 1), Action(1.0, 11, seed=1))),
     Preset("long-document", "A long document as the prompt",
            "One prompt of 1024 tokens. Prefill reads every prompt token (in chunks of the step's "
            "token budget), so it takes far longer than a short prompt's: time to first token grows "
@@ -104,7 +106,7 @@ PRESETS = {p.name: p for p in (
            "own last tokens, so their prefill is a fraction of the first's.",
            "prefix-cache hits; later prefills vs the first",
            {"prompt_tokens": 512, "max_new_tokens": 32},
-           (Action(0, 1, shared_prefix=448), Action(2.5, 5, shared_prefix=448))),
+           (Action(0, 1, shared_prefix=448), Action(2.5, 5, shared_prefix=448, seed=1))),
     Preset("static-batching", "Static batching",
            "Requests arrive steadily, but a batch runs until all of its requests finish before the "
            "next one starts. Arrivals wait ('waiting on: batch') even while slots sit empty.",
@@ -124,14 +126,14 @@ PRESETS = {p.name: p for p in (
            "streaming at nearly their pace while it prefills (vLLM V1, SGLang).",
            "others' inter-token gaps while the long prompt prefills",
            {"schedule": "mixed", "max_batched_tokens": 64, "prompt_tokens": 32, "max_new_tokens": 96},
-           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024))),
+           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
     Preset("prefill-first", "Prefill first (no chunking)",
            "The same four streams and long prompt, but prompts are computed whole before any decode "
            "step (vLLM v0's default). While the long prompt prefills, the others' streams stop.",
            "others' inter-token gaps while the long prompt prefills",
            {"schedule": "prefill-first", "max_batched_tokens": 1024, "prompt_tokens": 32,
             "max_new_tokens": 96},
-           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024))),
+           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
 )}
 
 

@@ -32,7 +32,7 @@ def handle(backend, raw):
         elif kind == "load":
             backend.update_settings({"load": msg.get("on")})
         elif kind == "burst":
-            backend.burst(msg.get("n", 8))
+            backend.burst(msg.get("n", 8), seed=msg.get("seed"))
         elif kind == "reset":
             backend.reset()
         elif kind == "preset":

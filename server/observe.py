@@ -189,7 +189,9 @@ class Observer:
         self._wake.set()
         return changes
 
-    def burst(self, n):
+    def burst(self, n, seed=None):
+        if seed is not None:
+            raise SettingError("seed", "observe mode draws its own prompts; a seeded burst needs this app's engine")
         for _ in range(coerce("n", "int", n, 1, 64)):
             self._start_load()
 

@@ -137,3 +137,20 @@ def test_measure_skips_what_the_free_blocks_cannot_hold(tiny):
     assert {(p["batch"], p["context"]) for p in done.decode} == {(1, 128), (2, 128), (4, 128), (1, 512)}
     assert len(done.skipped) == 2 and all("free KV blocks" in s for s in done.skipped)
     assert eng.blocks.used == 0
+
+
+def test_a_seeded_burst_repeats_its_prompts_and_presets_repeat_theirs(driver):
+    sub = driver.events.subscribe(replay=False)
+
+    def previews(action, n=3):
+        sub.get(0)
+        action()
+        events = collect(sub, lambda ev: len(of(ev, "request")) >= n)
+        return [r["preview"] for r in of(events, "request")[:n]]
+
+    a = previews(lambda: driver.burst(3, seed=7))
+    b = previews(lambda: driver.burst(3, seed=7))
+    c = previews(lambda: driver.burst(3, seed=8))
+    assert a == b and a != c and len(set(a)) == 3
+    twice = [previews(lambda: driver.apply_preset("queueing"), 12) for _ in range(2)]
+    assert twice[0] == twice[1] and len(set(twice[0])) == 12
