@@ -124,7 +124,8 @@
           ` — a shorter prompt, or a prompt prefix the prefix cache already holds, would likely help.`};
       }
       case "decode": return {cause, text: `${lead("decoding", p.decode)}: ${k} later tokens at ${fmtS(r.tpot)} each, ` +
-        `one per model step shared with the batch — fewer output tokens would help; the step itself is bounded by reading the weights.`};
+        `one per model step shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
+        `so a busier batch slows it only a little.`};
       case "stalled": return {cause, text: `${lead("waiting behind other requests' prefill", p.stalled)}: ` +
         `its later tokens waited while other prompts were computed — chunked prefill (the mixed schedule) or a smaller ` +
         `step token budget would likely keep it streaming.`};
