@@ -51,4 +51,10 @@ class Backend(Protocol):
 
     def reset(self) -> None: ...
 
+    def apply_preset(self, name: str) -> None:
+        """Reset and set up a teaching preset (engine/presets.py); SettingError if unknown."""
+
+    def measure(self) -> None:
+        """Sweep decode cost (engine/measure.py); the results arrive as `measure` events."""
+
     def shutdown(self) -> None: ...

@@ -17,10 +17,13 @@ class LoadGenerator:
         self.rng = random.Random(seed)
         self.next_arrival = None
 
-    def prompt(self, n_tokens):
-        """Text of about `n_tokens` tokens, starting at a random place (the corpus wraps round)."""
+    def prompt(self, n_tokens, shared_prefix=0):
+        """Text of about `n_tokens` tokens, starting at a random place (the corpus wraps round).
+        The first `shared_prefix` tokens are the corpus's opening ones, the same for every call:
+        prompts that share a system prompt."""
+        shared = min(shared_prefix, n_tokens)
         start = self.rng.randrange(len(self.ids))
-        window = [self.ids[(start + i) % len(self.ids)] for i in range(n_tokens)]
+        window = self.ids[:shared] + [self.ids[(start + i) % len(self.ids)] for i in range(n_tokens - shared)]
         return self.tokenizer.decode(window)
 
     def due(self, now, on, rate):

@@ -193,6 +193,14 @@ class Observer:
         for _ in range(coerce("n", "int", n, 1, 64)):
             self._start_load()
 
+    def apply_preset(self, name):
+        raise SettingError("preset", "presets set up this app's own engine; observe mode only watches "
+                                     "another server")
+
+    def measure(self):
+        raise SettingError("measure", "measuring decode cost needs this app's own engine; observe mode "
+                                      "only watches another server")
+
     def reset(self):
         with self._lock:
             flights = list(self._flights.values())

@@ -19,7 +19,8 @@ BAD = [
     ('{"type":"submit","prompt":"hi","temperature":"hot"}', "temperature"),
     ('{"type":"submit","prompt":"hi","chat":"yes"}', "chat"),
     ('{"type":"burst","n":1000}', "n"), ('{"type":"load","on":"yes"}', "load"),
-    ('{"type":"sync","client_t":"x"}', "client_t"), ("x" * 300_000, "message")]
+    ('{"type":"sync","client_t":"x"}', "client_t"), ("x" * 300_000, "message"),
+    ('{"type":"preset","name":"fast"}', "name"), ('{"type":"preset"}', "name")]
 
 
 @pytest.fixture(scope="module")
