@@ -32,12 +32,10 @@
     }, 100);
   });
 
-  // The settings of one side: the base preset's (or the current ones), the side's change, no load generator.
+  // The settings of one side: as the base preset leaves them (defaults and its own values),
+  // the side's one change, and no load generator (the burst is the whole run).
   function sideSettings(cmp, side) {
-    const base = teach.preset(cmp.base);
-    const out = Object.assign({}, base ? base.settings : {}, cmp[side][1], {load: false});
-    for (const k of Object.keys(out)) if (!(k in app.s.limits)) delete out[k];
-    return out;
+    return Object.assign(teach.presetSettings(cmp.base), cmp[side][1], {load: false});
   }
 
   // An event with its times counted from the run's start, so both runs share one axis.

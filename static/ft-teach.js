@@ -25,6 +25,18 @@
     FOCUS: {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",
             "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",
             "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline"},
+    // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
+    clamp(name, v) {
+      const lim = s.limits[name];
+      return lim && typeof v === "number" && (lim.kind === "int" || lim.kind === "float") ? Math.min(lim.max, Math.max(lim.min, v)) : v;
+    },
+    // Every setting as applying the preset leaves it: defaults, then the preset's own values.
+    presetSettings(name) {
+      const p = teach.preset(name), out = {};
+      for (const k in s.limits) out[k] = s.limits[k].default;
+      if (p) for (const k in p.settings) if (k in s.limits) out[k] = teach.clamp(k, p.settings[k]);
+      return out;
+    },
     focus() { return (teach.lesson && teach.lesson.focus) || (teach.active && teach.FOCUS[teach.active.name]) || ""; },
   };
 
@@ -73,7 +85,7 @@
     $("lesson-nav").hidden = !teach.lesson;
     // Settings moved away from the preset since it was applied: say so, the figure may not prove it then.
     const def = p && !teach.lesson && teach.preset(p.name);
-    const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== def.settings[k]) : [];
+    const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== teach.clamp(k, def.settings[k])) : [];
     $("lesson-moved").textContent = moved.length ? `settings changed since: ${moved.join(", ")}` : "";
   }
 
