@@ -24,10 +24,12 @@
   Object.assign(app, {clock: connection.clock, send: connection.send, setConn: connection.setConn,
                       engineNow: connection.engineNow});
   for (const part of [controls, panels, charts, canvases]) part.init(app);
+  FT.teach.init(app);   // presets, tour, diagnosis, measure, compare, presenter (ft-teach.js)
 
   function onEvents(events, at) {
     for (const ev of events) {
       FT.ingest(s, ev, at);
+      FT.teach.onEvent(ev);   // before the controls: a URL's preset goes out before its settings
       if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); controls.onHello(); }
       else if (ev.type === "error" && ev.fatal) stopped(ev);
       else if (ev.type === "error") FT.toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
@@ -62,7 +64,7 @@
     const t0 = performance.now();
     canvases.draw();
     perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
-    if (ts - lastDom >= 250) { lastDom = ts; panels.update(); }
+    if (ts - lastDom >= 250) { lastDom = ts; panels.update(); FT.teach.update(); }
     if (!app.embed && ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
     requestAnimationFrame(loop);
   }

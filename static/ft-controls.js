@@ -121,9 +121,14 @@
     btn.textContent = s.settings.load ? "Stop load" : "Start load";
   }
 
-  // After any settings change the address bar carries the settings that differ from their defaults.
+  // Parameters of the page itself, not settings (ft-teach.js, ft-tour.js, ft-present.js).
+  const PAGE_PARAMS = ["preset", "tour", "present"];
+
+  // After any settings change the address bar carries the settings that differ from their
+  // defaults (and presenter mode, which belongs to this page, not the engine).
   function writeUrl() {
     const q = new URLSearchParams();
+    if (new URLSearchParams(location.search).get("present") === "1") q.set("present", "1");
     for (const [name, v] of Object.entries(s.settings)) {
       const lim = s.limits[name];
       if (lim && v !== lim.default) q.set(name, String(v));
@@ -136,6 +141,7 @@
     const changes = {}, ignored = [];
     for (const [name, raw] of new URLSearchParams(location.search)) {
       const lim = s.limits[name];
+      if (PAGE_PARAMS.includes(name)) continue;
       if (!lim) { ignored.push(name); continue; }
       if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
       else if (lim.kind === "choice") changes[name] = raw;

@@ -248,5 +248,5 @@
     slots(); detail();
   }
 
-  FT.panels = {init(a) { app = a; ({s, ui, perf, embed} = a); }, showModel, update};
+  FT.panels = {init(a) { app = a; ({s, ui, perf, embed} = a); }, showModel, update, selectedReq};
 })();

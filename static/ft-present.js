@@ -1,0 +1,68 @@
+// First Token: presenter mode and the keyboard. Presenter mode (`/?present=1`, key `p` or the
+// Present button) is for a projector: everything drawn larger (the canvases too), controls and
+// footer details hidden, and the panel that matters for the current preset or tour step
+// enlarged (ft.css, body[data-focus]). Shortcuts: ←/→ tour steps, 1–9 presets, `s` slow motion,
+// `p` presenter mode, `?` the list, Esc closes it (space pauses: ft-canvases.js). None fires
+// while typing in a field.
+"use strict";
+(function () {
+  const FT = window.FT;
+  const {$} = FT;
+  let teach;
+  let slow = false;   // whether this page asked for slow motion
+
+  function setPresent(on) {
+    document.body.classList.toggle("present", on);
+    const q = new URLSearchParams(location.search);
+    if (on) q.set("present", "1"); else q.delete("present");
+    const qs = q.toString();
+    history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
+    $("btn-present").classList.toggle("primary", on);
+    window.dispatchEvent(new Event("resize"));   // plotly charts refit to their new boxes
+  }
+
+  // Slow motion is built by another part of the page (window.firstToken.slowMotion(speed) and
+  // .live()); until it exists the key says so.
+  function slowMotion() {
+    const ft = window.firstToken;
+    if (!ft || typeof ft.slowMotion !== "function") { FT.toast("slow motion is not available on this page yet"); return; }
+    slow = !slow;
+    if (slow) { ft.slowMotion(0.25); FT.toast("slow motion: the last seconds again at ¼ speed (s: back to live)"); }
+    else { ft.live(); FT.toast("live"); }
+  }
+
+  const help = () => { const h = $("help"); h.hidden = !h.hidden; };
+
+  const typing = (e) => {
+    const t = e.target;
+    return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
+  };
+
+  function onKey(e) {
+    if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
+    const k = e.key;
+    if (k === "ArrowRight") FT.tour.next();
+    else if (k === "ArrowLeft") FT.tour.prev();
+    else if (/^[1-9]$/.test(k)) {
+      const p = teach.presets()[Number(k) - 1];
+      if (p) teach.apply(p.name); else return;
+    } else if (k === "s") slowMotion();
+    else if (k === "p") setPresent(!document.body.classList.contains("present"));
+    else if (k === "?") help();
+    else if (k === "Escape") { $("help").hidden = true; return; }
+    else return;
+    e.preventDefault();
+  }
+
+  FT.teach.register({
+    init(a, t) {
+      teach = t;
+      document.addEventListener("keydown", onKey);
+      $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
+      $("btn-help").addEventListener("click", help);
+      $("help-close").addEventListener("click", help);
+      if (new URLSearchParams(location.search).get("present") === "1") setPresent(true);
+    },
+  });
+  FT.present = {setPresent};
+})();
