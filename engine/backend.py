@@ -52,8 +52,9 @@ class Backend(Protocol):
 
     def reset(self) -> None: ...
 
-    def apply_preset(self, name: str) -> None:
-        """Reset and set up a teaching preset (engine/presets.py); SettingError if unknown."""
+    def apply_preset(self, name: str, settings: dict | None = None) -> None:
+        """Reset and set up a teaching preset (engine/presets.py), `settings` over its own;
+        SettingError (nothing changed) for an unknown name or a bad setting."""
 
     def measure(self) -> None:
         """Sweep decode cost (engine/measure.py); the results arrive as `measure` events."""

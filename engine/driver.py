@@ -104,21 +104,23 @@ class EngineDriver:
                                           "nothing changed, try again")
         return changes
 
-    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None):
+    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None):
         """`n` load-generator requests now; with a `seed`, the same prompts every time."""
         n = coerce("n", "int", n, 1, 64)
         rng = None if seed is None else random.Random(coerce("seed", "int", seed, 0, 2**63 - 1))
         for _ in range(n):
-            self._submit_load(prompt_tokens, shared_prefix, rng)
+            self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens)
 
     def reset(self):
         self._command("reset", None)
 
-    def apply_preset(self, name):
-        """Reset, then the preset's settings, then its timed bursts (engine/presets.py)."""
+    def apply_preset(self, name, settings=None):
+        """Reset, then the preset's settings (with `settings` over them: one side of a
+        comparison), then its timed bursts (engine/presets.py)."""
         preset = presets.get(name)   # SettingError: nothing changed
+        overrides = validate(self.specs, settings) if settings is not None else {}
         with self._lock:
-            queued = self._put(("preset", preset))
+            queued = self._put(("preset", (preset, overrides)))
         if not queued:
             raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
                                           "nothing changed, try again")
@@ -187,8 +189,9 @@ class EngineDriver:
                 self._actions.clear()
                 self._publish(eng.reset())
             elif kind == "preset":
-                self._actions[:] = [(self.clock.now() + a.at, a) for a in arg.actions]
-                self._publish(eng.apply_preset(arg))
+                preset, overrides = arg
+                self._actions[:] = [(self.clock.now() + a.at, a) for a in preset.actions]
+                self._publish(eng.apply_preset(preset, overrides))
                 self._load_wake.set()
             elif kind == "measure":
                 self._publish(eng.measure_start())
@@ -201,9 +204,9 @@ class EngineDriver:
         due = [a for at, a in self._actions if at <= now]
         self._actions[:] = [(at, a) for at, a in self._actions if at > now]
         for a in due:
-            n = a.prompt_tokens or self.settings["prompt_tokens"]
-            n = max(1, min(n, self.max_context - self.settings["max_new_tokens"]))
-            self.burst(a.burst, n, a.shared_prefix, seed=a.seed)
+            new = a.max_new_tokens or self.settings["max_new_tokens"]
+            n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
+            self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new)
 
     def _wait_s(self):
         """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""
@@ -247,8 +250,8 @@ class EngineDriver:
                 with self._lock:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
-    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None):
+    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None):
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
-        self.submit(prompt=text, source="load", prompt_tokens=n)
+        self.submit(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens)

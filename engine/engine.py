@@ -214,13 +214,14 @@ class Engine:
         self._emit(Reset(t=self.clock.now()))
         return self._take()
 
-    def apply_preset(self, preset):
-        """Reset, then every setting as `preset` has it (presets.Preset); its bursts are the
-        driver's to time. Returns reset, settings and `preset` events."""
+    def apply_preset(self, preset, overrides=None):
+        """Reset, then every setting as `preset` has it (presets.Preset), with validated
+        `overrides` over them; its bursts are the driver's to time. Returns reset, settings and
+        `preset` events."""
         events = self.reset()
-        events += self.apply_settings(preset.full_settings(self.specs))
+        events += self.apply_settings(preset.full_settings(self.specs, overrides))
         events.append(Preset(t=self.clock.now(), name=preset.name, title=preset.title, explain=preset.explain,
-                             watch=preset.watch))
+                             watch=preset.watch, overrides=dict(overrides or {}), requests=preset.requests))
         return events
 
     def _measure_plan(self):

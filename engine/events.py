@@ -294,6 +294,8 @@ class Preset(Event):
     title: str
     explain: str
     watch: str
+    overrides: dict[str, Any]   # settings changed from the preset's own (one side of a comparison)
+    requests: int               # how many requests its bursts will submit
 
 
 @dataclass(slots=True)

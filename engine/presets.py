@@ -19,7 +19,7 @@ from .settings import SettingError
 @dataclass(frozen=True)
 class Action:
     """At `at` seconds after the preset is applied: `burst` load-generator requests, of
-    `prompt_tokens` (default: the preset's setting), the first `shared_prefix` tokens of
+    `prompt_tokens` and `max_new_tokens` (default: the preset's settings), the first `shared_prefix` tokens of
     each prompt identical across the burst (a shared system prompt), drawn with `seed` so
     that every run of the preset (and both sides of a comparison) gets the same prompts."""
     at: float
@@ -27,6 +27,7 @@ class Action:
     prompt_tokens: int | None = None
     shared_prefix: int = 0
     seed: int = 0         # the burst's prompts: the same every time the preset runs
+    max_new_tokens: int | None = None   # default: the preset's setting
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
@@ -34,6 +35,8 @@ class Action:
             out["prompt_tokens"] = self.prompt_tokens
         if self.shared_prefix:
             out["shared_prefix"] = self.shared_prefix
+        if self.max_new_tokens is not None:
+            out["max_new_tokens"] = self.max_new_tokens
         return out
 
 
@@ -50,19 +53,32 @@ class Preset:
         return {"name": self.name, "title": self.title, "explain": self.explain, "watch": self.watch,
                 "settings": dict(self.settings), "actions": [a.describe() for a in self.actions]}
 
-    def full_settings(self, specs):
-        """Every setting: its default, overridden by this preset, clamped to the engine's bounds."""
+    def full_settings(self, specs, overrides=None):
+        """Every setting: its default, overridden by this preset (clamped to the engine's
+        bounds), then by `overrides` (already validated: one side of a comparison)."""
         out = {name: spec.default for name, spec in specs.items()}
         for name, value in self.settings.items():
             spec = specs[name]
             if spec.kind in ("int", "float"):
                 value = min(max(value, spec.min), spec.max)
             out[name] = value
+        out.update(overrides or {})
         return out
 
+    @property
+    def requests(self):
+        """How many requests its bursts submit."""
+        return sum(a.burst for a in self.actions)
 
-# Bursts that queue behind a first request start after its prefill, so every admission after
-# the first is alone: each prefill then does the same work, and only the queueing grows.
+
+# `queueing` computes each prompt whole and alone (prefill-first, a budget of one prompt): two
+# slots freed in the same step would otherwise share one prefill forward, and each request's
+# prefill figure is the whole shared forward. So every prefill does the same work and only the
+# queueing grows. Static and continuous batching get the same arrivals of short and long
+# requests, so that the slots a static batch leaves idle show.
+BATCHING_WAVES = tuple(Action(at, 2, max_new_tokens=n, seed=i)
+                       for i, (at, n) in enumerate([(0, 16), (0, 96), (2.0, 16), (2.0, 64), (4.0, 16), (4.0, 32)]))
+
 PRESETS = {p.name: p for p in (
     Preset("idle", "One short prompt, idle server",
            "One short prompt arrives at an idle server. It never queues: almost all of its time to "
@@ -74,7 +90,8 @@ PRESETS = {p.name: p for p in (
            "prefill takes as long as before, but later arrivals wait for a slot: the queue grows and "
            "so does their time to first token. The model did not get slower; the server got busy.",
            "TTFT grows while prefill stays flat",
-           {"slots": 2, "prompt_tokens": 128, "max_new_tokens": 48, "prefix_caching": False},
+           {"slots": 2, "prompt_tokens": 128, "max_new_tokens": 48, "prefix_caching": False,
+            "schedule": "prefill-first", "max_batched_tokens": 128},
            (Action(0, 1), Action(1.0, 11, seed=1))),
     Preset("long-document", "A long document as the prompt",
            "One prompt of 1024 tokens. Prefill reads every prompt token (in chunks of the step's "
@@ -108,18 +125,17 @@ PRESETS = {p.name: p for p in (
            {"prompt_tokens": 512, "max_new_tokens": 32},
            (Action(0, 1, shared_prefix=448), Action(2.5, 5, shared_prefix=448, seed=1))),
     Preset("static-batching", "Static batching",
-           "Requests arrive steadily, but a batch runs until all of its requests finish before the "
-           "next one starts. Arrivals wait ('waiting on: batch') even while slots sit empty.",
+           "Short and long requests arrive in waves at four slots, but a batch runs until all of its "
+           "requests finish before the next one starts. Arrivals wait ('waiting on: batch') while "
+           "the slots of finished short requests sit empty.",
            "TTFT and tokens/s against continuous batching",
-           {"schedule": "static", "slots": 8, "load": True, "rate": 2.0, "prompt_tokens": 64,
-            "max_new_tokens": 64}),
+           {"schedule": "static", "slots": 4, "prompt_tokens": 64}, BATCHING_WAVES),
     Preset("continuous-batching", "Continuous batching",
-           "The same arrivals as static batching, but a request joins the running batch at the next "
-           "step and leaves when it is done. Slots never sit empty while others wait, so time to "
-           "first token drops.",
+           "The same waves of short and long requests, but a request joins the running batch at the "
+           "next step and leaves when it is done. Slots never sit empty while others wait, so time "
+           "to first token drops.",
            "TTFT and tokens/s against static batching",
-           {"schedule": "mixed", "slots": 8, "load": True, "rate": 2.0, "prompt_tokens": 64,
-            "max_new_tokens": 64}),
+           {"schedule": "mixed", "slots": 4, "prompt_tokens": 64}, BATCHING_WAVES),
     Preset("chunked-prefill", "Chunked prefill",
            "Four short requests are streaming when a 1024-token prompt arrives. Each step carries "
            "the decodes plus at most a 64-token chunk of the long prompt, so the others keep "

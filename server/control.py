@@ -36,7 +36,7 @@ def handle(backend, raw):
         elif kind == "reset":
             backend.reset()
         elif kind == "preset":
-            backend.apply_preset(msg.get("name"))
+            backend.apply_preset(msg.get("name"), msg.get("settings"))
         elif kind == "measure":
             backend.measure()
         elif kind == "submit":

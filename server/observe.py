@@ -195,7 +195,7 @@ class Observer:
         for _ in range(coerce("n", "int", n, 1, 64)):
             self._start_load()
 
-    def apply_preset(self, name):
+    def apply_preset(self, name, settings=None):
         raise SettingError("preset", "presets set up this app's own engine; observe mode only watches "
                                      "another server")
 

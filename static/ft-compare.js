@@ -1,20 +1,21 @@
-// First Token: compare two runs side by side. A comparison changes one setting (KV cache on
-// or off; static or continuous batching; chunked prefill or prefill-first) on top of the same
-// base settings; the page runs the same burst under A, records its events until all its
-// requests finish, then under B, and draws the two recordings on aligned timelines (each in
-// its own state, times from its burst) with their TTFT p50 and total tokens/s. The burst
-// carries a seed so the engine can draw the same prompts twice; the page checks the prompts'
-// first tokens and says whether they matched.
+// First Token: compare two runs side by side. A comparison runs one teaching preset twice
+// with one setting changed (KV cache on or off; static or continuous batching; prefill-first
+// or chunked prefill), through the `preset` message with `settings` over the preset's own: the
+// engine resets, applies them, and fires the preset's seeded bursts, so both runs get the same
+// prompts at the same times. The page records each run's events from its `preset` event until
+// all its requests have finished, then draws the two recordings on aligned timelines (each in
+// its own state, times from its first arrival) with their TTFT p50 and total tokens/s, and
+// checks the prompts' first tokens to say whether they matched.
 "use strict";
 (function () {
   const FT = window.FT;
   const {$, el, fmtS} = FT;
-  let app, teach;
-  let recording = null;   // {events, t0} while a run is captured
+  let app;
+  let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
+  let recording = null;   // {events, requests} while a run is captured
   let runs = null, busy = false;
 
-  const SEED = 7;
-  // base: the preset whose settings frame the comparison (when the server has it); a/b: the one setting that differs.
+  // base: the preset both runs apply; a/b: the setting each changes over it.
   const COMPARISONS = {
     kv: {title: "KV cache on vs off", base: "kv-cache-off", a: ["KV cache on", {kv_cache: true}], b: ["KV cache off", {kv_cache: false}]},
     batching: {title: "static vs continuous batching", base: "continuous-batching",
@@ -32,12 +33,6 @@
     }, 100);
   });
 
-  // The settings of one side: as the base preset leaves them (defaults and its own values),
-  // the side's one change, and no load generator (the burst is the whole run).
-  function sideSettings(cmp, side) {
-    return Object.assign(teach.presetSettings(cmp.base), cmp[side][1], {load: false});
-  }
-
   // An event with its times counted from the run's start, so both runs share one axis.
   function shifted(ev, t0) {
     const out = Object.assign({}, ev);
@@ -45,26 +40,25 @@
     return out;
   }
 
-  async function runSide(cmp, side, n) {
-    const s = app.s, want = sideSettings(cmp, side);
-    app.send({type: "reset"});
-    app.send({type: "set", settings: want});
-    await until(() => Object.entries(want).every(([k, v]) => s.settings[k] === v) && s.last && s.last.running === 0 &&
-                s.last.queue === 0, 30000);
-    recording = {events: [], t0: s.latestT};
-    app.send({type: "burst", n, seed: SEED});
+  async function runSide(cmp, side) {
+    const s = app.s;
+    recording = null; awaiting = true;
+    app.send({type: "preset", name: cmp.base, settings: cmp[side][1]});
+    await until(() => recording !== null, 30000);
+    const n = recording.requests;
     const mine = () => recording.events.filter((e) => e.type === "request");
     const over = () => recording.events.filter((e) => e.type === "finished" || e.type === "rejected").length;
-    await until(() => mine().length >= n && over() >= n, 180000);
+    await until(() => mine().length >= n && over() >= n, 240000);
     const rec = recording;
     recording = null;
     const rs = FT.createState();
     FT.ingest(rs, shifted(s.hello, s.hello.t), null);
     rs.settings = Object.assign({}, s.settings);
     const first = rec.events.find((e) => e.type === "request");
-    const t0 = first ? first.t : rec.t0;
+    const t0 = first ? first.t : 0;
     for (const ev of rec.events) { const e = shifted(ev, t0); FT.ingest(rs, e, null); FT.noteWaits(rs, e); }
-    return {label: cmp[side][0], settings: want, s: rs, prompts: rec.events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(","))};
+    return {label: cmp[side][0], settings: rs.settings, s: rs,
+            prompts: rec.events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(","))};
   }
 
   // TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50.
@@ -79,21 +73,22 @@
 
   async function run() {
     if (busy) return;
-    const cmp = COMPARISONS[$("c-which").value], n = parseInt($("c-n").value, 10) || 6;
+    const cmp = COMPARISONS[$("c-which").value];
     busy = true; runs = null;
     $("c-run").disabled = true;
     try {
-      status(`running A: ${cmp.a[0]} (${n} requests)…`);
-      const a = await runSide(cmp, "a", n);
-      status(`running B: ${cmp.b[0]} (the same ${n} requests)…`);
-      const b = await runSide(cmp, "b", n);
+      status(`running A: ${cmp.a[0]} (the ${cmp.base} preset)…`);
+      const a = await runSide(cmp, "a");
+      status(`running B: ${cmp.b[0]} (the same requests)…`);
+      const b = await runSide(cmp, "b");
       runs = {cmp, a, b};
-      const same = a.prompts.length === b.prompts.length && a.prompts.every((p, i) => p === b.prompts[i]);
+      const n = a.prompts.length;
+      const same = n === b.prompts.length && a.prompts.every((p, i) => p === b.prompts[i]);
       status(same ? `Done. The same ${n} prompts both times (checked by their first tokens); only ${Object.keys(cmp.a[1]).join(", ")} differs.`
-                  : `Done. Prompts of the same length, but not the same text: this engine's burst does not take a seed.`);
+                  : `Done, but the two runs' prompts differ (checked by their first tokens): compare with care.`);
       $("sheet-compare").dataset.same = String(same);
     } catch (e) {
-      recording = null;
+      recording = null; awaiting = false;
       status(`The comparison stopped: ${e.message}.`);
     } finally {
       busy = false;
@@ -125,14 +120,17 @@
   }
 
   FT.teach.register({
-    init(a, t) {
-      app = a; teach = t;
+    init(a) {
+      app = a;
       $("c-which").replaceChildren(...Object.entries(COMPARISONS).map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));
       $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
       $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
       $("c-run").addEventListener("click", run);
     },
-    onEvent(ev) { if (recording) recording.events.push(ev); },
+    onEvent(ev) {
+      if (awaiting && ev.type === "preset") { awaiting = false; recording = {events: [], requests: ev.requests}; }
+      else if (recording) recording.events.push(ev);
+    },
     update() { if (!$("sheet-compare").hidden) draw(); },
   });
   FT.compare = {COMPARISONS, figures, get runs() { return runs; }, run};

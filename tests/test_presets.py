@@ -154,3 +154,28 @@ def test_a_seeded_burst_repeats_its_prompts_and_presets_repeat_theirs(driver):
     assert a == b and a != c and len(set(a)) == 3
     twice = [previews(lambda: driver.apply_preset("queueing"), 12) for _ in range(2)]
     assert twice[0] == twice[1] and len(set(twice[0])) == 12
+
+
+def test_a_preset_with_overrides_is_one_side_of_a_comparison(driver):
+    """Static vs continuous batching: the same seeded waves of short and long requests, with only
+    the schedule changed; the preset event says what was overridden and how many requests come."""
+    sub = driver.events.subscribe(replay=False)
+    runs = {}
+    for schedule in ("static", "mixed"):
+        sub.get(0)
+        driver.apply_preset("continuous-batching", {"schedule": schedule})
+        events = collect(sub, lambda ev: len(of(ev, "finished")) >= 12, 60)
+        (announced,) = of(events, "preset")
+        assert announced["overrides"] == {"schedule": schedule} and announced["requests"] == 12
+        assert driver.settings["schedule"] == schedule and driver.settings["slots"] == 4
+        runs[schedule] = events
+    previews = {k: [r["preview"] for r in of(ev, "request")] for k, ev in runs.items()}
+    assert previews["static"] == previews["mixed"]
+    assert sorted(r["max_new_tokens"] for r in of(runs["mixed"], "request")) == sorted([16, 96, 16, 64, 16, 32] * 2)
+    # static: nobody of the second wave is admitted until the whole first batch has finished
+    first_wave = {r["id"] for r in of(runs["static"], "request")[:4]}
+    done = max(f["t"] for f in of(runs["static"], "finished") if f["id"] in first_wave)
+    later = [a for a in of(runs["static"], "admitted") if a["id"] not in first_wave]
+    assert min(a["t"] for a in later) >= done
+    with pytest.raises(SettingError, match="slots"):
+        driver.apply_preset("idle", {"slots": 99})
