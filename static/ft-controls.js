@@ -18,6 +18,7 @@
     kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
     prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
   };
+  const VIEW_PARAMS = ["panels", "theme", "compact", "trace"];
   const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "slots",
                  "cache_tokens", "kv_cache", "prefix_caching", "temperature", "top_p"];
 
@@ -135,6 +136,8 @@
   function applyUrl() {
     const changes = {}, ignored = [];
     for (const [name, raw] of new URLSearchParams(location.search)) {
+      if (VIEW_PARAMS.includes(name)) continue;   // this page's view (server/pages.py), not the engine's
+      if (name === "preset") { app.send({type: "preset", name: raw}); continue; }
       const lim = s.limits[name];
       if (!lim) { ignored.push(name); continue; }
       if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());

@@ -7,7 +7,7 @@
 (function () {
   const FT = window.FT;
   const {$, el, fmtS, fmtBytes} = FT;
-  let app, s, ui, perf, embed;   // the page's shared objects, from init
+  let app, s, ui, perf;   // the page's shared objects, from init
   let detailKey = "";
 
   // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
@@ -240,11 +240,17 @@
       app.setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
     }
     footer();
-    if (embed || !ui.dirtyDom) return;
+    if (!ui.dirtyDom) return;
     ui.dirtyDom = false;
-    if (s.hello) { kvInfo(); blocksInfo(); queueInfo(); }
-    slots(); detail();
+    // The parts the page has (an /embed shows those its `panels` parameter asked for).
+    if (s.hello) {
+      if ($("kv-info")) kvInfo();
+      if ($("blocks-info")) blocksInfo();
+      if ($("queue-info")) queueInfo();
+    }
+    if ($("slots")) slots();
+    if ($("d-title")) detail();
   }
 
-  FT.panels = {init(a) { app = a; ({s, ui, perf, embed} = a); }, showModel, update};
+  FT.panels = {init(a) { app = a; ({s, ui, perf} = a); }, showModel, update};
 })();
