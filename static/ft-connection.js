@@ -68,10 +68,13 @@
     setTimeout(connect, wait);
   }
 
+  // Replaying a trace: stop listening for good. The socket is left open and ignored rather
+  // than closed: closing it while the server is mid-send makes Chromium report the server's
+  // next frame as invalid (a console error). Its frames are dropped unread until the page leaves.
   function stop() {
     stopped = true;
     clearInterval(clock.timer);
-    if (ws) ws.close();
+    if (ws) { ws.onmessage = null; ws.onclose = null; }
   }
 
   function connect() {
