@@ -1,5 +1,5 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `sync`): parsed and validated here, transport-free, so every bad message gets
+`reset`, `preset`, `measure`, `sync`): parsed and validated here, transport-free, so every bad message gets
 an `error` reply naming the field and changes nothing."""
 import json
 
@@ -32,9 +32,13 @@ def handle(backend, raw):
         elif kind == "load":
             backend.update_settings({"load": msg.get("on")})
         elif kind == "burst":
-            backend.burst(msg.get("n", 8))
+            backend.burst(msg.get("n", 8), seed=msg.get("seed"))
         elif kind == "reset":
             backend.reset()
+        elif kind == "preset":
+            backend.apply_preset(msg.get("name"))
+        elif kind == "measure":
+            backend.measure()
         elif kind == "submit":
             chat = msg.get("chat", True)
             if not isinstance(chat, bool):
@@ -50,7 +54,7 @@ def handle(backend, raw):
             return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
         else:
             return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                    "reset or sync)", "type")]
+                                    "reset, preset, measure or sync)", "type")]
     except SettingError as e:
         return [_error(backend, e.message, e.field)]
     return []
