@@ -56,19 +56,17 @@ gpu-check: $(STAMP)
 # one-file replay pages (examples/html/NAME.html, git-ignored): `make examples` rebuilds the
 # pages from the traces; `make examples-record` records the traces again (on a quiet machine:
 # the figures are measured), then rebuilds the pages.
-EXAMPLES := queueing chunked-prefill static-batching
-RECORD_queueing := --seconds 15 --set slots=2 --set rate=2 --set prompt_tokens=128 --set max_new_tokens=24
-RECORD_chunked-prefill := --seconds 15 --set schedule=mixed --set max_batched_tokens=64 --set prompt_tokens=512 \
-	--set rate=1.5 --set max_new_tokens=24 --set slots=8
-RECORD_static-batching := --seconds 15 --set schedule=static --set slots=4 --set rate=3 --set prompt_tokens=64 \
-	--set max_new_tokens=32
+EXAMPLES := queueing shared-prefix chunked-prefill
+RECORD_queueing := --preset queueing --seconds 3
+RECORD_shared-prefix := --preset shared-prefix --seconds 4
+RECORD_chunked-prefill := --preset chunked-prefill --seconds 5
 
 examples: $(STAMP)
 	mkdir -p examples/html
 	for n in $(EXAMPLES); do $(BIN)/python app.py export examples/$$n.json -o examples/html/$$n.html || exit 1; done
 
 examples-record: $(STAMP)
-	$(foreach n,$(EXAMPLES),$(BIN)/python app.py record $(RECORD_$(n)) --drain --set load=true -o examples/$(n).json &&) true
+	$(foreach n,$(EXAMPLES),$(BIN)/python app.py record $(RECORD_$(n)) --drain -o examples/$(n).json &&) true
 	$(MAKE) examples
 
 clean-cache:

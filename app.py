@@ -157,13 +157,15 @@ def serve_gunicorn(args):
 
 def record_main(argv):
     """`app.py record`: its own flags, then the server's model flags (--model, --slots, ...)."""
-    from engine import record
+    from engine import presets, record
     from engine.settings import SettingError
     p = argparse.ArgumentParser(
         prog="app.py record", description="Run the engine headless for a while and write the trace "
         "(hello + every event) as JSON.",
         epilog="The server's model flags apply too: --model, --device, --dtype, --slots, --kv-tokens, "
                "--block-size, --max-context, --threads.")
+    p.add_argument("--preset", metavar="NAME", default=None,
+                   help="apply this teaching preset first (engine/presets.py: queueing, shared-prefix, ...)")
     p.add_argument("--seconds", type=seconds("--seconds"), required=True, help="how long to record")
     p.add_argument("-o", "--output", required=True, help="the trace file to write (JSON)")
     p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[],
@@ -177,9 +179,14 @@ def record_main(argv):
         settings = record.parse_sets(rec.set)
     except SettingError as e:
         p.error(f"--set: {e.message}")
+    try:
+        if rec.preset is not None:
+            presets.get(rec.preset)   # before the model loads
+    except SettingError as e:
+        p.error(f"--preset: {e.message}")
     backend = loader.driver(args, progress=loader.ProgressBar().show)
     try:
-        trace = record.record(backend, rec.seconds, settings, drain=rec.drain)
+        trace = record.record(backend, rec.seconds, settings, preset=rec.preset, drain=rec.drain)
     except SettingError as e:
         p.error(f"--set {e.field}: {e.message}")
     finally:

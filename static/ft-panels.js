@@ -145,11 +145,11 @@
 
   function queueInfo() {
     const L = s.last;
-    const badge = $("kv-full");
+    const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
     const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
-    badge.hidden = !cacheBound;
-    if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
-    $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
+    if (badge) badge.hidden = !cacheBound;
+    if (badge && cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
+    if (info) info.textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
   }
 
   function chip(id) {
@@ -248,7 +248,7 @@
     if (s.hello) {
       if ($("kv-info")) kvInfo();
       if ($("blocks-info")) blocksInfo();
-      if ($("queue-info")) queueInfo();
+      queueInfo();
     }
     if ($("slots")) slots();
     if ($("d-title")) detail();

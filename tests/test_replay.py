@@ -57,6 +57,17 @@ def test_a_drained_recording_is_a_schema_valid_trace_of_whole_requests(driver):
     assert tokens == sum(ev["output_tokens"] for ev in trace if ev["type"] == "finished")
 
 
+def test_a_preset_recording_carries_its_explanation(driver):
+    from engine.presets import PRESETS
+    trace = record.record(driver, 1.5, preset="queueing", drain=True)
+    trace_validator().validate(trace)
+    preset = [ev for ev in trace if ev["type"] == "preset"]
+    assert len(preset) == 1 and preset[0]["explain"] == PRESETS["queueing"].explain
+    assert [ev["type"] for ev in trace].index("reset") < [ev["type"] for ev in trace].index("preset")
+    finished = [ev for ev in trace if ev["type"] == "finished"]
+    assert len(finished) == 12   # the two bursts, all ended inside the trace
+
+
 def test_bad_settings_record_nothing_and_change_nothing(driver):
     before = dict(driver.settings)
     with pytest.raises(record.SettingError, match="rate"):
@@ -94,6 +105,7 @@ def test_record_cli_writes_a_valid_trace_that_exports(tiny_cli, tmp_path, capsys
     (["--set", "rate=999"], "rate: must be at most"),
     (["--set", "schedule=fastest"], "must be one of mixed, prefill-first, static"),
     (["--seconds", "0"], "positive number of seconds"),
+    (["--preset", "nope"], "--preset: unknown preset 'nope' (known: idle, queueing"),
 ])
 def test_record_cli_bad_input_is_a_clear_error(tiny_cli, tmp_path, capsys, argv, message):
     out = tmp_path / "t.json"
