@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve soak gpu-check setup chromium schema clean-cache
+.PHONY: run test bench bench-serve soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,23 @@ soak: $(STAMP)
 # Once, when a GPU machine is lent: real-model tests and a short bench on CUDA.
 gpu-check: $(STAMP)
 	$(BIN)/python -m bench.gpu_check
+
+# Example traces (examples/NAME.json, recorded from the bundled model and committed) and their
+# one-file replay pages (examples/html/NAME.html, git-ignored): `make examples` rebuilds the
+# pages from the traces; `make examples-record` records the traces again (on a quiet machine:
+# the figures are measured), then rebuilds the pages.
+EXAMPLES := queueing shared-prefix chunked-prefill
+RECORD_queueing := --preset queueing --seconds 3
+RECORD_shared-prefix := --preset shared-prefix --seconds 4
+RECORD_chunked-prefill := --preset chunked-prefill --seconds 5
+
+examples: $(STAMP)
+	mkdir -p examples/html
+	for n in $(EXAMPLES); do $(BIN)/python app.py export examples/$$n.json -o examples/html/$$n.html || exit 1; done
+
+examples-record: $(STAMP)
+	$(foreach n,$(EXAMPLES),$(BIN)/python app.py record $(RECORD_$(n)) --drain -o examples/$(n).json &&) true
+	$(MAKE) examples
 
 clean-cache:
 	rm -rf $${FIRST_TOKEN_CACHE:-$$HOME/.cache/first-token}

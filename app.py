@@ -8,14 +8,19 @@ On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves
 any other address, the app is reachable from other machines, so it runs on gunicorn instead,
 in this same process tree: one worker process (the engine and its model live there) with a
 pool of threads (each page's websocket holds one), as flask-sock supports.
+
+Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
+the engine headless and writes one (engine/record.py); `python app.py export TRACE -o
+page.html` writes a self-contained replay page (server/export.py).
 """
 import argparse
 import math
 from pathlib import Path
+import sys
 
 from server import create_app, loader
 from server.openai_api import REQUEST_TIMEOUT_S
-from server.security import normalize_origin
+from server.security import normalize_origin, parse_frame_ancestors
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 HTTP_THREADS = 128   # gunicorn: connections served at once (pages' websockets, API streams)
@@ -50,6 +55,14 @@ def origin(text):
         return normalize_origin(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e))
+
+
+def frame_ancestors(text):
+    try:
+        parse_frame_ancestors(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return text
 
 
 def observe_url(text):
@@ -89,8 +102,11 @@ def parse_args(argv=None):
                         "instead of loading a model: the page shows what its client measures")
     p.add_argument("--allow-origin", metavar="ORIGIN", type=origin, action="append", default=[],
                    help="another origin (e.g. https://course.example.org) whose pages may use the "
-                        "websocket and the API from a browser and frame /embed; repeatable "
+                        "websocket and the API from a browser; repeatable "
                         "(default: only this app's own pages)")
+    p.add_argument("--frame-ancestors", metavar="ORIGINS", type=frame_ancestors, default="*",
+                   help="who may frame /embed in an iframe: * (default: any site) or origins separated by "
+                        "spaces (\"https://a.org https://b.org\"); every other page is framed only by this app")
     p.add_argument("--request-timeout", metavar="SECONDS", type=seconds("--request-timeout"),
                    default=REQUEST_TIMEOUT_S,
                    help=f"deadline of one API request: past it the request is cancelled and the "
@@ -107,7 +123,8 @@ def parse_args(argv=None):
 
 def build(args):
     """The app, with its backend starting: the model loading in the background, or the observer."""
-    app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "REQUEST_TIMEOUT": args.request_timeout})
+    app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
+                      "REQUEST_TIMEOUT": args.request_timeout})
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import Observer
@@ -138,7 +155,53 @@ def serve_gunicorn(args):
     Gunicorn().run()
 
 
+def record_main(argv):
+    """`app.py record`: its own flags, then the server's model flags (--model, --slots, ...)."""
+    from engine import presets, record
+    from engine.settings import SettingError
+    p = argparse.ArgumentParser(
+        prog="app.py record", description="Run the engine headless for a while and write the trace "
+        "(hello + every event) as JSON.",
+        epilog="The server's model flags apply too: --model, --device, --dtype, --slots, --kv-tokens, "
+               "--block-size, --max-context, --threads.")
+    p.add_argument("--preset", metavar="NAME", default=None,
+                   help="apply this teaching preset first (engine/presets.py: queueing, shared-prefix, ...)")
+    p.add_argument("--seconds", type=seconds("--seconds"), required=True, help="how long to record")
+    p.add_argument("-o", "--output", required=True, help="the trace file to write (JSON)")
+    p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[],
+                   help="a setting, as the page's controls name it (rate=2, load=true, schedule=static); "
+                        "repeatable; applied after the preset")
+    p.add_argument("--drain", action="store_true",
+                   help="after --seconds, stop the load generator and record until every request has finished")
+    rec, rest = p.parse_known_args(argv)
+    args = parse_args(rest)
+    try:
+        settings = record.parse_sets(rec.set)
+    except SettingError as e:
+        p.error(f"--set: {e.message}")
+    try:
+        if rec.preset is not None:
+            presets.get(rec.preset)   # before the model loads
+    except SettingError as e:
+        p.error(f"--preset: {e.message}")
+    backend = loader.driver(args, progress=loader.ProgressBar().show)
+    try:
+        trace = record.record(backend, rec.seconds, settings, preset=rec.preset, drain=rec.drain)
+    except SettingError as e:
+        p.error(f"--set {e.field}: {e.message}")
+    finally:
+        backend.shutdown()
+    record.write(trace, rec.output)
+    print(f"\nwrote {rec.output}: {len(trace)} events, {Path(rec.output).stat().st_size} bytes", flush=True)
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["record"]:
+        return record_main(argv[1:])
+    if argv[:1] == ["export"]:
+        from server import export
+        return export.main(argv[1:])
     args = parse_args(argv)
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
     if args.host in LOOPBACK:

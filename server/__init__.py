@@ -17,6 +17,7 @@ from .state import State
 
 DEFAULTS = {
     "ALLOWED_ORIGINS": (),                             # --allow-origin: other origins that may use /ws and /v1
+    "FRAME_ANCESTORS": "*",                            # --frame-ancestors: who may frame /embed
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
     # A websocket message larger than this closes the connection before it is buffered whole;
     # up to it, an oversized control message gets an `error` reply (server/control.py).

@@ -14,27 +14,34 @@ def start(args, state):
     threading.Thread(target=_load, args=(args, state), name="loader", daemon=True).start()
 
 
-def _load(args, state):
+def driver(args, progress):
+    """The model from the command line's flags, loaded, and an engine driver on it, started
+    (the server's backend; `app.py record` uses the same)."""
     from engine import Engine, EngineConfig, EngineDriver, model
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
+    config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
+                          max_context=args.max_context)
+    bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
+    return EngineDriver(Engine(bundle, config, bench=bench)).start()
+
+
+def _load(args, state):
     bar = ProgressBar()
 
     def progress(message, frac):
         state.set_progress(message, frac)
         bar.show(message, frac)
     try:
-        if args.threads:
-            import torch
-            torch.set_num_threads(args.threads)
-        bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
-        config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
-                              max_context=args.max_context)
-        bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
-        driver = EngineDriver(Engine(bundle, config, bench=bench)).start()
+        backend = driver(args, progress)
     except Exception as e:  # noqa: BLE001 -- whatever it was, say so instead of "loading" forever
         state.set_error(f"{type(e).__name__}: {e}")
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return
-    state.set_backend(driver)
+    state.set_backend(backend)
+    bundle = backend.engine.bundle
     print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"
           f"{', weights from cache' if bundle.from_cache else ''})", flush=True)
 

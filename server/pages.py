@@ -1,12 +1,32 @@
-"""The page, its embeddable form, plotly.js from the installed package, and /healthz."""
-from pathlib import Path
+"""The page, its embeddable form, the shipped example traces, plotly.js from the installed
+package, and /healthz.
 
-from flask import Blueprint, jsonify, render_template, send_file
+/embed takes URL parameters (each checked here; a bad one is a 400 that says what is
+allowed): `panels` (the strips shown besides the timeline), `theme` (dark or light),
+`compact` (small type for small frames), and either `trace=examples/NAME.json` (replay a
+shipped example: no websocket, no engine work) or `preset=NAME` (live: the page asks the
+engine for that preset). Only the traces in examples/ are served, by name. The full page
+takes the same view parameters, and `?trace=URL` for any same-origin trace.
+"""
+from pathlib import Path
+import re
+
+from flask import Blueprint, jsonify, render_template, request, send_file
 
 from .state import current
 
 ROOT = Path(__file__).resolve().parents[1]   # templates/ and static/ sit at the top level
+EXAMPLES = ROOT / "examples"
+PANELS = ("timeline", "kv", "blocks", "queue", "slots", "detail")   # the page's parts, in page order
+EMBED_PANELS = ("timeline",)                                          # /embed's default
+THEMES = ("dark", "light")
+EXAMPLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+TRACE_PARAM = re.compile(r"examples/([a-z0-9][a-z0-9-]{0,63})\.json")
 bp = Blueprint("pages", __name__)
+
+
+class BadParam(ValueError):
+    """A URL parameter the page cannot honour: answered with 400 and this message."""
 
 
 def plotly_js_path():
@@ -14,15 +34,68 @@ def plotly_js_path():
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
 
+def example_names():
+    """The shipped example traces, by name (examples/NAME.json)."""
+    return sorted(p.stem for p in EXAMPLES.glob("*.json") if EXAMPLE_NAME.fullmatch(p.stem))
+
+
+def example_path(name):
+    """examples/NAME.json for a shipped example's name, else None (nothing else is ever read)."""
+    return EXAMPLES / f"{name}.json" if name in example_names() else None
+
+
+def page_options(args, embed):
+    """The template's view options from URL parameters (BadParam names a bad one)."""
+    panels = EMBED_PANELS if embed else PANELS
+    if args.get("panels"):
+        asked = [p.strip() for p in args["panels"].split(",") if p.strip()]
+        unknown = [p for p in asked if p not in PANELS]
+        if unknown:
+            raise BadParam(f"panels: unknown panel(s) {', '.join(unknown)}; choose from {', '.join(PANELS)}")
+        panels = ("timeline",) + tuple(p for p in PANELS if p in asked and p != "timeline")
+    theme = args.get("theme", "dark")
+    if theme not in THEMES:
+        raise BadParam(f"theme: {theme!r} is not one of {', '.join(THEMES)}")
+    compact = args.get("compact", "0")
+    if compact not in ("0", "1", "true", "false"):
+        raise BadParam(f"compact: {compact!r} is not 1 or 0")
+    trace = args.get("trace")
+    if trace is not None and embed:   # the full page fetches any same-origin ?trace=URL itself
+        m = TRACE_PARAM.fullmatch(trace)
+        if not m or example_path(m.group(1)) is None:
+            raise BadParam(f"trace: {trace!r} is not a shipped example; choose from "
+                           + (", ".join(f"examples/{n}.json" for n in example_names()) or "(none shipped)"))
+        if "preset" in args:
+            raise BadParam("give trace (a recording) or preset (live), not both")
+    return {"embed": embed, "panels": panels, "theme": theme, "compact": compact in ("1", "true")}
+
+
+def _page(embed):
+    try:
+        options = page_options(request.args, embed)
+    except BadParam as e:
+        return f"First Token: bad URL parameter. {e}\n", 400, {"Content-Type": "text/plain; charset=utf-8"}
+    return render_template("index.html", **options)
+
+
 @bp.get("/")
 def index():
-    return render_template("index.html", embed=False)
+    return _page(embed=False)
 
 
 @bp.get("/embed")
 def embed():
-    # The same live page, compact: timeline and headline figures only, for iframes.
-    return render_template("index.html", embed=True)
+    # The same page, compact, for iframes: the timeline and headline figures unless `panels` asks for more.
+    return _page(embed=True)
+
+
+@bp.get("/examples/<name>.json")
+def example(name):
+    path = example_path(name)
+    if path is None:
+        return jsonify({"error": {"message": f"no shipped example named {name!r}; there are: "
+                                             f"{', '.join(example_names()) or 'none'}", "code": "not_found"}}), 404
+    return send_file(path, mimetype="application/json", max_age=3600)
 
 
 @bp.get("/static/plotly.min.js")

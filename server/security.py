@@ -8,7 +8,12 @@ state-changing request (any method but GET/HEAD/OPTIONS) are refused (403) when 
 (`--allow-origin`, config key ALLOWED_ORIGINS). Requests without `Origin` are not from a web
 page's script (curl, the openai client, server-side code) and pass.
 
-Framing: the page is framed only by itself; /embed (made for iframes) also by the allow-list.
+Framing (`Content-Security-Policy: frame-ancestors`): /embed is made for iframes on other
+sites (articles, course pages), so any origin may frame it by default; `--frame-ancestors`
+(config key FRAME_ANCESTORS) narrows that to a list of origins. Every other page is framed
+only by this origin ('self', plus X-Frame-Options for old browsers). An /embed page's own
+websocket is same-origin (the frame's document comes from this app), so framing it grants the
+framing site nothing: that site's scripts cannot reach into the frame or the websocket.
 """
 from urllib.parse import urlsplit
 
@@ -82,20 +87,37 @@ def _allowed():
     return current_app.config["ALLOWED_ORIGINS_NORMALIZED"]
 
 
+def parse_frame_ancestors(text):
+    """`--frame-ancestors`: "*" (any origin) or origins separated by spaces, as the CSP source
+    list for /embed (this origin is always added); ValueError names a bad entry."""
+    parts = text.split()
+    if not parts:
+        raise ValueError("give * or at least one origin like https://example.org")
+    if parts == ["*"]:
+        return "*"
+    if "*" in parts:
+        raise ValueError("* already allows every origin: give it alone")
+    return " ".join(["'self'"] + sorted({normalize_origin(p) for p in parts}))
+
+
 def frame_headers(response):
-    """after_request: pages may be framed by this origin only; /embed also by the allow-list."""
+    """after_request: /embed may be framed by FRAME_ANCESTORS (any origin by default); every
+    other page by this origin only."""
     if response.mimetype != "text/html":
         return response
-    ancestors = ["'self'"] + (sorted(_allowed()) if request.path == "/embed" else [])
-    response.headers["Content-Security-Policy"] = "frame-ancestors " + " ".join(ancestors)
-    if len(ancestors) == 1:
+    if request.path == "/embed":
+        response.headers["Content-Security-Policy"] = "frame-ancestors " + current_app.config["FRAME_ANCESTORS"]
+    else:
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'self'"
         response.headers["X-Frame-Options"] = "SAMEORIGIN"   # for browsers without frame-ancestors
     return response
 
 
 def init_app(app):
-    """Normalise the configured allow-list once (ValueError names a bad entry) and install the checks."""
+    """Normalise the configured allow-list and frame ancestors once (ValueError names a bad
+    entry) and install the checks."""
     origins = app.config.get("ALLOWED_ORIGINS") or ()
     app.config["ALLOWED_ORIGINS_NORMALIZED"] = frozenset(normalize_origin(o) for o in origins)
+    app.config["FRAME_ANCESTORS"] = parse_frame_ancestors(app.config.get("FRAME_ANCESTORS") or "*")
     app.before_request(check_origin)
     app.after_request(frame_headers)

@@ -3,7 +3,8 @@
 // controls (ft-controls.js) send settings, and the views draw on their own cadence:
 // canvases once per animation frame (ft-canvases.js), DOM panels at 4 Hz (ft-panels.js) and
 // plotly charts at 2 Hz (ft-charts.js), so a busy engine costs the page the same per
-// second however many events it sends.
+// second however many events it sends. Every event reaches the state through `show`: live
+// ones via the replay module's log (ft-replay.js), which also plays traces and slow motion.
 "use strict";
 (function () {
   const FT = window.FT;
@@ -19,22 +20,24 @@
   };
   const {s, ui, perf} = app;
 
-  const {connection, controls, panels, charts, canvases} = FT;
-  connection.init(app, onEvents);
+  const {connection, controls, panels, charts, canvases, replay} = FT;
+  connection.init(app, replay.logLive);
+  // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
   Object.assign(app, {clock: connection.clock, send: connection.send, setConn: connection.setConn,
-                      engineNow: connection.engineNow});
-  for (const part of [controls, panels, charts, canvases]) part.init(app);
+                      liveNow: connection.engineNow, stopLive: connection.stop, show,
+                      engineNow: () => (replay.active() ? replay.now() : connection.engineNow())});
+  for (const part of [controls, panels, charts, canvases, replay]) part.init(app);
   FT.teach.init(app);   // presets, tour, diagnosis, measure, compare, presenter (ft-teach.js)
 
-  function onEvents(events, at) {
+  function show(events, at) {
     for (const ev of events) {
       FT.ingest(s, ev, at);
       FT.teach.onEvent(ev);   // before the controls: a URL's preset goes out before its settings
-      if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); controls.onHello(); }
+      if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); if (!replay.active()) controls.onHello(); }
       else if (ev.type === "error" && ev.fatal) stopped(ev);
       else if (ev.type === "error") FT.toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
       else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }
-      else if (ev.type === "settings") controls.onSettings();
+      else if (ev.type === "settings" && !replay.active()) controls.onSettings();
       else if (ev.type === "dropped") FT.toast(`this page fell behind: the server dropped ${ev.count} events for it`);
     }
     ui.dirtyDom = true;
@@ -65,14 +68,16 @@
     canvases.draw();
     perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
     if (ts - lastDom >= 250) { lastDom = ts; panels.update(); FT.teach.update(); }
-    if (!app.embed && ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
+    if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
     requestAnimationFrame(loop);
   }
 
   // For tests, benchmarks and the console.
-  window.firstToken = {state: s, view: app.view, ui, clock: app.clock, perf, send: app.send, select: app.select};
+  window.firstToken = Object.assign({state: s, view: app.view, ui, clock: app.clock, perf, send: app.send,
+                                     select: app.select}, replay.api);
   controls.wire();
   canvases.wire();
-  connection.connect();
+  replay.wire();
+  if (!replay.start()) connection.connect();   // a trace given with the page: no connection at all
   requestAnimationFrame(loop);
 })();

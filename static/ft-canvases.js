@@ -7,7 +7,7 @@
 (function () {
   const FT = window.FT;
   const {$, fmtS, fmtBytes} = FT;
-  let app, s, view, ui, embed;   // the page's shared objects, from init
+  let app, s, view, ui;   // the page's shared objects, from init
   let hover = null;
 
   // ------------------------------------------------------------ hover read-outs
@@ -151,13 +151,12 @@
     const now = app.engineNow();
     if (!view.paused) view.right = now + view.span * 0.03;
     ui.layouts.timeline = FT.drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
-    if (!embed) {
-      ui.layouts.kv = FT.drawKV($("kv"), s, view, now);
-      ui.layouts.queue = FT.drawQueue($("queue"), s, view, now);
-      ui.layouts.blocks = FT.drawBlocks($("blocks"), s);
-    }
+    // The strips the page has (an /embed shows those its `panels` parameter asked for).
+    if ($("kv")) ui.layouts.kv = FT.drawKV($("kv"), s, view, now);
+    if ($("queue")) ui.layouts.queue = FT.drawQueue($("queue"), s, view, now);
+    if ($("blocks")) ui.layouts.blocks = FT.drawBlocks($("blocks"), s);
     if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
   }
 
-  FT.canvases = {init(a) { app = a; ({s, view, ui, embed} = a); }, wire, draw};
+  FT.canvases = {init(a) { app = a; ({s, view, ui} = a); }, wire, draw};
 })();

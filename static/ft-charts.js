@@ -89,8 +89,8 @@
     if (!window.Plotly || s.version === version) return;
     version = s.version;
     const stagesDiv = FT.$("chart-stages"), stepsDiv = FT.$("chart-steps");
-    if (stagesDiv.offsetParent !== null) drawStages(stagesDiv);
-    if (stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
+    if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
+    if (stepsDiv && stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
   }
 
   FT.charts = {init(app) { s = app.s; }, update};

@@ -11,8 +11,10 @@
   let s, perf, onEvents;
   const clock = {offset: null, rtt: null, best: Infinity, timer: null};
   let ws = null, retries = 0;
+  let stopped = false;   // replaying a trace: no connection, no reconnects, nothing sent
 
   function send(msg) {
+    if (stopped) return false;
     if (ws && ws.readyState === WebSocket.OPEN) { ws.send(JSON.stringify(msg)); return true; }
     FT.toast("not connected: the message was not sent");
     return false;
@@ -60,9 +62,19 @@
 
   function closed() {
     clearInterval(clock.timer);
+    if (stopped) return;
     const wait = Math.min(5000, 300 * 2 ** retries++);
     setConn("down", `reconnecting in ${(wait / 1000).toFixed(1)} s`);
     setTimeout(connect, wait);
+  }
+
+  // Replaying a trace: stop listening for good. The socket is left open and ignored rather
+  // than closed: closing it while the server is mid-send makes Chromium report the server's
+  // next frame as invalid (a console error). Its frames are dropped unread until the page leaves.
+  function stop() {
+    stopped = true;
+    clearInterval(clock.timer);
+    if (ws) { ws.onmessage = null; ws.onclose = null; }
   }
 
   function connect() {
@@ -76,5 +88,5 @@
   // Engine time now: from the synced clock, else the newest time any event carried.
   const engineNow = () => (clock.offset === null ? s.latestT : pageNow() - clock.offset);
 
-  FT.connection = {init(app, handler) { ({s, perf} = app); onEvents = handler; }, clock, send, setConn, connect, engineNow};
+  FT.connection = {init(app, handler) { ({s, perf} = app); onEvents = handler; }, clock, send, setConn, connect, stop, engineNow};
 })();

@@ -121,8 +121,9 @@
     btn.textContent = s.settings.load ? "Stop load" : "Start load";
   }
 
-  // Parameters of the page itself, not settings (ft-teach.js, ft-tour.js, ft-present.js).
-  const PAGE_PARAMS = ["preset", "tour", "present"];
+  // Parameters of the page itself, not settings: teaching (ft-teach.js, ft-tour.js,
+  // ft-present.js) and the view (server/pages.py: an /embed's panels, theme, size, trace).
+  const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace"];
 
   // After any settings change the address bar carries the settings that differ from their
   // defaults (and presenter mode, which belongs to this page, not the engine).
@@ -140,8 +141,8 @@
   function applyUrl() {
     const changes = {}, ignored = [];
     for (const [name, raw] of new URLSearchParams(location.search)) {
+      if (PAGE_PARAMS.includes(name)) continue;   // this page's view and teaching, not engine settings
       const lim = s.limits[name];
-      if (PAGE_PARAMS.includes(name)) continue;
       if (!lim) { ignored.push(name); continue; }
       if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
       else if (lim.kind === "choice") changes[name] = raw;

@@ -7,7 +7,7 @@
 (function () {
   const FT = window.FT;
   const {$, el, fmtS, fmtBytes} = FT;
-  let app, s, ui, perf, embed;   // the page's shared objects, from init
+  let app, s, ui, perf;   // the page's shared objects, from init
   let detailKey = "";
 
   // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
@@ -145,11 +145,11 @@
 
   function queueInfo() {
     const L = s.last;
-    const badge = $("kv-full");
+    const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
     const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
-    badge.hidden = !cacheBound;
-    if (cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
-    $("queue-info").textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
+    if (badge) badge.hidden = !cacheBound;
+    if (badge && cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
+    if (info) info.textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
   }
 
   function chip(id) {
@@ -242,11 +242,17 @@
       app.setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
     }
     footer();
-    if (embed || !ui.dirtyDom) return;
+    if (!ui.dirtyDom) return;
     ui.dirtyDom = false;
-    if (s.hello) { kvInfo(); blocksInfo(); queueInfo(); }
-    slots(); detail();
+    // The parts the page has (an /embed shows those its `panels` parameter asked for).
+    if (s.hello) {
+      if ($("kv-info")) kvInfo();
+      if ($("blocks-info")) blocksInfo();
+      queueInfo();
+    }
+    if ($("slots")) slots();
+    if ($("d-title")) detail();
   }
 
-  FT.panels = {init(a) { app = a; ({s, ui, perf, embed} = a); }, showModel, update, selectedReq};
+  FT.panels = {init(a) { app = a; ({s, ui, perf} = a); }, showModel, update, selectedReq};
 })();

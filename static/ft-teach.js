@@ -59,7 +59,7 @@
     if (urlDone) return;
     urlDone = true;
     const name = new URLSearchParams(location.search).get("preset");
-    if (name) teach.apply(name);
+    if (name && !FT.replay.active()) teach.apply(name);   // a replayed trace's page changes nothing
   }
 
   function onEvent(ev) {

@@ -1,0 +1,116 @@
+"""One self-contained HTML file that replays a trace, for articles:
+
+    python app.py export trace.json -o page.html [--theme light]
+
+The file is the page itself (templates/index.html, rendered as the app serves it) in replay
+mode: its stylesheet, its scripts, plotly.js from the installed package and the trace are
+inlined, so it replays from file:// with no server and no network. The page shows a `preset`
+event's explanation and a link-free attribution line from `hello` (static/ft-replay.js).
+
+Inlining is safe by construction: the trace is JSON with every `<` written `\\u003c`, and
+in the code and stylesheet `</script`, `</style` and `<!--` are written with `\\x3C` / `\\3C `
+escapes (the same text to JavaScript and CSS), so nothing inlined can end its element early.
+"""
+import argparse
+import json
+import math
+from pathlib import Path
+import re
+import sys
+
+from flask import render_template
+
+from . import create_app, pages
+
+SCRIPT = re.compile(r'<script src="([^"]+)"></script>')
+STYLESHEET = re.compile(r'<link rel="stylesheet" href="([^"]+)">')
+
+
+class TraceError(ValueError):
+    """The file is not a trace (the message says why)."""
+
+
+def check(trace):
+    """Raise TraceError unless `trace` has a trace's shape: a JSON array, `hello` first, every
+    item an object with a `type` and a finite time `t` (docs/events.schema.json has the rest)."""
+    if not isinstance(trace, list):
+        raise TraceError("a trace is a JSON array of events")
+    if not trace or not isinstance(trace[0], dict) or trace[0].get("type") != "hello":
+        raise TraceError("a trace starts with a hello event")
+    for i, ev in enumerate(trace):
+        t = ev.get("t") if isinstance(ev, dict) else None
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str) or isinstance(t, bool) \
+                or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise TraceError(f"event {i} has no type and time")
+    return trace
+
+
+def read_trace(path):
+    """The trace in `path`, checked; TraceError (or OSError) says what is wrong."""
+    try:
+        trace = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise TraceError(f"not JSON: {e}") from None
+    return check(trace)
+
+
+def _script(text):
+    return text.replace("</script", "\\x3C/script").replace("</SCRIPT", "\\x3C/SCRIPT").replace("<!--", "\\x3C!--")
+
+
+def _style(text):
+    return text.replace("</style", "\\3C /style").replace("<!--", "\\3C !--")
+
+
+def _static(url):
+    """The file behind one of the page's own /static URLs."""
+    if url == "/static/plotly.min.js":
+        return pages.plotly_js_path()
+    name = url.removeprefix("/static/")
+    path = pages.ROOT / "static" / name
+    if not url.startswith("/static/") or "/" in name or not path.is_file():
+        raise RuntimeError(f"the page refers to {url}, which is not one of its static files")
+    return path
+
+
+def render(trace, name, theme="dark"):
+    """The HTML text: the full page in replay mode with everything inlined."""
+    check(trace)
+    app = create_app({"TESTING": True})
+    with app.test_request_context("/"):
+        html = render_template("index.html", embed=False, panels=pages.PANELS, theme=theme, compact=False)
+    data = json.dumps(trace, separators=(",", ":")).replace("<", "\\u003c")
+    boot = (f"<script>window.FT_TRACE = {data};\nwindow.FT_TRACE_NAME = "
+            f"{json.dumps(name).replace('<', chr(92) + 'u003c')};</script>\n")
+    html = html.replace("<title>First Token</title>", "<title>First Token replay</title>", 1)
+    html = STYLESHEET.sub(lambda m: f"<style>\n{_style(_static(m.group(1)).read_text(encoding='utf-8'))}</style>", html)
+    first = SCRIPT.search(html)
+    if first is None:
+        raise RuntimeError("the page has no scripts to inline")
+    html = html[:first.start()] + boot + html[first.start():]
+    return SCRIPT.sub(lambda m: f"<script>\n{_script(_static(m.group(1)).read_text(encoding='utf-8'))}\n</script>", html)
+
+
+def export(trace_path, out_path, theme="dark"):
+    """Write the replay page for the trace in `trace_path` to `out_path`; its size in bytes."""
+    trace = read_trace(trace_path)
+    text = render(trace, Path(trace_path).stem, theme)
+    Path(out_path).write_text(text, encoding="utf-8")
+    return len(text.encode("utf-8"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="app.py export",
+                                description="Write one self-contained HTML file that replays a trace "
+                                            "(no server, no network: open it from disk).")
+    p.add_argument("trace", help="a trace file (JSON), e.g. from `app.py record` or the page's Save trace")
+    p.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    p.add_argument("--theme", choices=pages.THEMES, default="dark")
+    args = p.parse_args(argv)
+    try:
+        size = export(args.trace, args.output, args.theme)
+    except TraceError as e:
+        p.error(f"{args.trace}: not a First Token trace: {e}")
+    except OSError as e:
+        p.error(f"{e.filename or args.trace}: {e.strerror}")
+    print(f"wrote {args.output}: {size} bytes", file=sys.stderr)
