@@ -58,7 +58,7 @@ gpu-check: $(STAMP)
 # the figures are measured), then rebuilds the pages.
 EXAMPLES := queueing shared-prefix chunked-prefill
 RECORD_queueing := --preset queueing --seconds 3
-RECORD_shared-prefix := --preset shared-prefix --seconds 4
+RECORD_shared-prefix := --preset shared-prefix --seconds 8
 RECORD_chunked-prefill := --preset chunked-prefill --seconds 5
 
 examples: $(STAMP)

@@ -118,12 +118,13 @@ PRESETS = {p.name: p for p in (
            "decode step time vs sequence length",
            {"kv_cache": False, "prompt_tokens": 32, "max_new_tokens": 128}, (Action(0, 1),)),
     Preset("shared-prefix", "A shared system prompt",
-           "Six requests start with the same 448-token prefix (a long system prompt). The first "
-           "computes it; the others find its KV blocks in the prefix cache and prefill only their "
-           "own last tokens, so their prefill is a fraction of the first's.",
+           "Six requests, a second apart, start with the same 448-token prefix (a long system "
+           "prompt). The first computes it; the others find its KV blocks in the prefix cache and "
+           "prefill only their own last 64 tokens, so their prefill is a fraction of the first's.",
            "prefix-cache hits; later prefills vs the first",
            {"prompt_tokens": 512, "max_new_tokens": 32},
-           (Action(0, 1, shared_prefix=448), Action(2.5, 5, shared_prefix=448, seed=1))),
+           (Action(0, 1, shared_prefix=448),) + tuple(Action(2.5 + i, 1, shared_prefix=448, seed=i + 1)
+                                                      for i in range(5))),
     Preset("static-batching", "Static batching",
            "Short and long requests arrive in waves at four slots, but a batch runs until all of its "
            "requests finish before the next one starts. Arrivals wait ('waiting on: batch') while "

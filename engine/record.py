@@ -39,8 +39,8 @@ def parse_sets(pairs):
 
 def record(backend, seconds, settings=None, preset=None, drain=False, clock=time.monotonic):
     """The trace of `seconds` of `backend` (an EngineDriver), after applying `preset` (a name,
-    protocol 4's `backend.apply_preset`) and then `settings` (validated as a whole first:
-    SettingError and nothing recorded on a bad one)."""
+    `backend.apply_preset`) with `settings` over its own, or `settings` alone (validated as a
+    whole first: SettingError and nothing recorded on a bad one)."""
     if settings:
         from .settings import validate
         settings = validate(backend.specs, settings)   # before anything changes
@@ -49,8 +49,8 @@ def record(backend, seconds, settings=None, preset=None, drain=False, clock=time
         hello = backend.hello().to_dict()
         events = []
         if preset is not None:
-            backend.apply_preset(preset)
-        if settings:
+            backend.apply_preset(preset, settings or None)   # the settings over the preset's own
+        elif settings:
             backend.update_settings(settings)
         end = clock() + seconds
         while clock() < end:

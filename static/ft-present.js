@@ -9,7 +9,6 @@
   const FT = window.FT;
   const {$} = FT;
   let teach;
-  let slow = false;   // whether this page asked for slow motion
 
   function setPresent(on) {
     document.body.classList.toggle("present", on);
@@ -21,14 +20,17 @@
     window.dispatchEvent(new Event("resize"));   // plotly charts refit to their new boxes
   }
 
-  // Slow motion is built by another part of the page (window.firstToken.slowMotion(speed) and
-  // .live()); until it exists the key says so.
+  // `s`: slow motion (ft-replay.js) on and off. The replay's own mode is the truth: its
+  // button, a trace being replayed, or a reconnect may have changed it since the last key.
   function slowMotion() {
-    const ft = window.firstToken;
-    if (!ft || typeof ft.slowMotion !== "function") { FT.toast("slow motion is not available on this page yet"); return; }
-    slow = !slow;
-    if (slow) { ft.slowMotion(0.25); FT.toast("slow motion: the last seconds again at ¼ speed (s: back to live)"); }
-    else { ft.live(); FT.toast("live"); }
+    const {api} = FT.replay;
+    if (FT.replay.active()) {
+      if (api.live()) FT.toast("live");
+    } else if (api.slowMotion(0.25)) {
+      FT.toast("slow motion: the last seconds again at ¼ speed (s: back to live)");
+    } else {
+      FT.toast("nothing to watch again yet");
+    }
   }
 
   const help = () => { const h = $("help"); h.hidden = !h.hidden; };

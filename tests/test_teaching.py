@@ -265,12 +265,10 @@ def test_presenter_mode_and_shortcuts_not_while_typing(browser, live):
         p.wait("n => FT.teach.active && FT.teach.active.name === n", second, timeout=15_000)
         p.page.keyboard.press("ArrowRight")
         p.wait("() => FT.tour.index === 0 && document.body.classList.contains('touring')", timeout=5_000)
-        p.page.keyboard.press("s")
-        p.wait("() => document.getElementById('toast').textContent.includes('slow motion is not available')", timeout=2_000)
-        p.js("() => { window.calls = []; firstToken.slowMotion = (x) => calls.push(x); firstToken.live = () => calls.push('live'); }")
-        p.page.keyboard.press("s")
-        p.page.keyboard.press("s")
-        assert p.js("window.calls") == [0.25, "live"]
+        p.page.keyboard.press("s")      # slow motion: the last seconds again at ¼ speed, view only
+        p.wait("() => FT.replay.active() && FT.replay.api.replay.player.speed === 0.25", timeout=2_000)
+        p.page.keyboard.press("s")      # back to live
+        p.wait("() => !FT.replay.active()", timeout=2_000)
         p.page.keyboard.press("p")
         assert p.js("document.body.classList.contains('present')") and p.js("location.search").count("present=1") == 1
         p.idle()
