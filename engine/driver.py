@@ -1,7 +1,7 @@
 """The driver: the one thread that calls `Engine.step()`, and the one place that handles failure.
 
 Web threads call the thread-safe methods here (`submit`, `cancel`, `update_settings`,
-`burst`, `reset`); they validate in the caller's thread, then queue a command in the inbox.
+`burst`, `reset`, `clear_queue`); they validate in the caller's thread, then queue a command in the inbox.
 The engine thread drains the inbox, applies the commands, calls `step()` and publishes every
 event they return. The load generator has a thread of its own and submits like any client,
 so its arrivals happen on time even while a long forward runs (open loop).
@@ -12,7 +12,7 @@ If anything raises outside a forward (a forward's own failure only fails its bat
 
 The inbox is bounded so that no web thread ever waits on the engine: past `inbox` commands
 waiting, a submit is rejected at once (code `queue_full`) and a settings change gets a
-SettingError. Cancels and resets always go in (they free capacity; there is at most one
+SettingError. Cancels, resets and queue clearings always go in (they free capacity; there is at most one
 cancel per request in flight), so the bound holds within that margin.
 """
 import queue
@@ -108,6 +108,9 @@ class EngineDriver:
     def reset(self):
         self._command("reset", None)
 
+    def clear_queue(self):
+        self._command("clear_queue", None)
+
     def _command(self, kind, arg):
         """A command that must land whatever the bound (cancel, reset)."""
         self._inbox.put((kind, arg))
@@ -162,6 +165,8 @@ class EngineDriver:
                 self._load_wake.set()   # the generator redraws its next gap under the new rate
             elif kind == "reset":
                 self._publish(eng.reset())
+            elif kind == "clear_queue":
+                self._publish(eng.clear_queue())
 
     def _die(self, error):
         message = f"{type(error).__name__}: {error}"

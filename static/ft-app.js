@@ -19,16 +19,16 @@
   };
   const {s, ui, perf} = app;
 
-  const {connection, controls, panels, charts, canvases} = FT;
+  const {connection, controls, panels, charts, canvases, classroom} = FT;
   connection.init(app, onEvents);
   Object.assign(app, {clock: connection.clock, send: connection.send, setConn: connection.setConn,
                       engineNow: connection.engineNow});
-  for (const part of [controls, panels, charts, canvases]) part.init(app);
+  for (const part of [controls, panels, charts, canvases, classroom]) part.init(app);
 
   function onEvents(events, at) {
     for (const ev of events) {
       FT.ingest(s, ev, at);
-      if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); controls.onHello(); }
+      if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); controls.onHello(); classroom.onHello(ev); }
       else if (ev.type === "error" && ev.fatal) stopped(ev);
       else if (ev.type === "error") FT.toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
       else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }
