@@ -168,7 +168,7 @@ class Classroom:
         import segno
         out = io.BytesIO()
         segno.make(self.join_url(True), error="m").save(
-            out, kind="svg", scale=8, border=2, xmldecl=False, svgclass="qr", lineclass=None,
+            out, kind="svg", border=2, omitsize=True, xmldecl=False, svgclass="qr", lineclass=None,
             dark="#000000", light="#ffffff")
         return out.getvalue().decode()
 

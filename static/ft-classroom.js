@@ -77,9 +77,19 @@
     show(true);
   }
 
+  // The panel sits over the request panel, below the header.
+  function place() {
+    const box = $("classroom");
+    if (!box) return;
+    const top = Math.round(document.querySelector("header.top").getBoundingClientRect().bottom) + 8;
+    box.style.top = `${top}px`;
+    box.style.maxHeight = `calc(100vh - ${top + 12}px)`;
+  }
+
   function show(on) {
     const box = $("classroom");
     box.hidden = !on;
+    place();
     clearInterval(pollTimer);
     if (on) { poll(); pollTimer = setInterval(poll, POLL_MS); }
   }
@@ -115,5 +125,7 @@
     else if (ev.role === "presenter" && !app.embed) panel(room);
   }
 
+  // The header wraps as its figures widen: follow it.
+  new ResizeObserver(place).observe(document.querySelector("header.top"));
   FT.classroom = {init(a) { app = a; }, onHello};
 })();
