@@ -23,6 +23,8 @@ Modules, one job each:
     stats      rolling percentiles and throughput
     loadgen    open-loop Poisson arrivals with real prompts
     bandwidth  measured memory bandwidth and the decode-step floor it implies
+    measure    the page's decode-cost sweep (batch x context; KV cache on vs off)
+    presets    the teaching presets: settings plus timed bursts, one name each
     engine     Engine: step() = admit, schedule, forward, sample, finish -> events (no threads)
     driver     EngineDriver: the engine thread, the inbox, the load thread, failure handling
     backend    the Backend protocol the web layer serves from (the driver, observe mode)

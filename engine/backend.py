@@ -47,8 +47,15 @@ class Backend(Protocol):
     def update_settings(self, changes: dict) -> dict:
         """Validate every change (SettingError, nothing applied, on any bad one), then apply."""
 
-    def burst(self, n: int) -> None: ...
+    def burst(self, n: int, seed: int | None = None) -> None:
+        """`n` load-generator requests now; a `seed` makes their prompts repeatable."""
 
     def reset(self) -> None: ...
+
+    def apply_preset(self, name: str) -> None:
+        """Reset and set up a teaching preset (engine/presets.py); SettingError if unknown."""
+
+    def measure(self) -> None:
+        """Sweep decode cost (engine/measure.py); the results arrive as `measure` events."""
 
     def shutdown(self) -> None: ...

@@ -16,12 +16,14 @@ SettingError. Cancels, resets and queue clearings always go in (they free capaci
 cancel per request in flight), so the bound holds within that margin.
 """
 import queue
+import random
 import threading
 import traceback
 
 from .backend import RequestHandle
 from .broadcast import Broadcaster
 from .events import Error, Rejected
+from . import presets
 from .settings import SettingError, coerce, validate
 
 STATS_EVERY_S = 0.5
@@ -47,6 +49,7 @@ class EngineDriver:
         self._load_wake = threading.Event()
         self._stop = False
         self._threads = []
+        self._actions = []         # a preset's bursts to come: (engine time, presets.Action); engine thread only
 
     # ------------------------------------------------------------------ facts
     def hello(self):
@@ -101,15 +104,34 @@ class EngineDriver:
                                           "nothing changed, try again")
         return changes
 
-    def burst(self, n):
-        for _ in range(coerce("n", "int", n, 1, 64)):
-            self._submit_load()
+    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None):
+        """`n` load-generator requests now; with a `seed`, the same prompts every time."""
+        n = coerce("n", "int", n, 1, 64)
+        rng = None if seed is None else random.Random(coerce("seed", "int", seed, 0, 2**63 - 1))
+        for _ in range(n):
+            self._submit_load(prompt_tokens, shared_prefix, rng)
 
     def reset(self):
         self._command("reset", None)
 
     def clear_queue(self):
         self._command("clear_queue", None)
+
+    def apply_preset(self, name):
+        """Reset, then the preset's settings, then its timed bursts (engine/presets.py)."""
+        preset = presets.get(name)   # SettingError: nothing changed
+        with self._lock:
+            queued = self._put(("preset", preset))
+        if not queued:
+            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
+                                          "nothing changed, try again")
+
+    def measure(self):
+        """Pause serving for a decode-cost sweep (engine/measure.py); results arrive as events."""
+        with self._lock:
+            queued = self._put(("measure", None))
+        if not queued:
+            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); try again")
 
     def _command(self, kind, arg):
         """A command that must land whatever the bound (cancel, reset)."""
@@ -142,9 +164,10 @@ class EngineDriver:
         try:
             while not self._stop:
                 self._drain_inbox()
+                self._run_due_actions()
                 self._publish(eng.step())
                 if not eng.busy:
-                    self._wake.wait(eng.idle_timeout())
+                    self._wake.wait(self._wait_s())
                     self._wake.clear()
         except Exception as e:  # noqa: BLE001 -- the one place a fault outside a forward lands
             self._die(e)
@@ -164,9 +187,35 @@ class EngineDriver:
                 self._publish(eng.apply_settings(arg))
                 self._load_wake.set()   # the generator redraws its next gap under the new rate
             elif kind == "reset":
+                self._actions.clear()
                 self._publish(eng.reset())
             elif kind == "clear_queue":
                 self._publish(eng.clear_queue())
+            elif kind == "preset":
+                self._actions[:] = [(self.clock.now() + a.at, a) for a in arg.actions]
+                self._publish(eng.apply_preset(arg))
+                self._load_wake.set()
+            elif kind == "measure":
+                self._publish(eng.measure_start())
+                self._publish(eng.measure())
+
+    def _run_due_actions(self):
+        """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).
+        A burst is cut to fit the context with the preset's max_new_tokens."""
+        now = self.clock.now()
+        due = [a for at, a in self._actions if at <= now]
+        self._actions[:] = [(at, a) for at, a in self._actions if at > now]
+        for a in due:
+            n = a.prompt_tokens or self.settings["prompt_tokens"]
+            n = max(1, min(n, self.max_context - self.settings["max_new_tokens"]))
+            self.burst(a.burst, n, a.shared_prefix, seed=a.seed)
+
+    def _wait_s(self):
+        """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""
+        wait = self.engine.idle_timeout()
+        if self._actions:
+            wait = min(wait, max(0.0, min(at for at, _ in self._actions) - self.clock.now()))
+        return wait
 
     def _die(self, error):
         message = f"{type(error).__name__}: {error}"
@@ -203,8 +252,8 @@ class EngineDriver:
                 with self._lock:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
-    def _submit_load(self):
-        n = self.settings["prompt_tokens"]
+    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None):
+        n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
-            text = self.engine.loadgen.prompt(n)
+            text = self.engine.loadgen.prompt(n, shared_prefix, rng)
         self.submit(prompt=text, source="load", prompt_tokens=n)

@@ -14,11 +14,11 @@ fails everything in flight.
 import itertools
 import queue
 
-from . import bandwidth, sampler
+from . import bandwidth, measure, presets, sampler
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Preempted, Prefill, Rejected, Request,
-                     Reset, Settings, Stats, Step, Token, Tokenized)
+from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Measure, Preempted, Prefill, Preset,
+                     Rejected, Request, Reset, Settings, Stats, Step, Token, Tokenized)
 from .kv_cache import BlockManager, PagedKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
 from .runner import Runner
@@ -81,7 +81,8 @@ class Engine:
             hidden=cfg.hidden_size, vocab=cfg.vocab_size, kv_bytes_per_token=self.bytes_per_token,
             block_size=self.blocks.block_size, cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
-            limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench)
+            limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench,
+            presets=[p.describe() for p in presets.PRESETS.values()])
 
     @property
     def in_flight(self):
@@ -223,6 +224,43 @@ class Engine:
         self._emit(Reset(t=self.clock.now()))
         return self._take()
 
+    def apply_preset(self, preset):
+        """Reset, then every setting as `preset` has it (presets.Preset); its bursts are the
+        driver's to time. Returns reset, settings and `preset` events."""
+        events = self.reset()
+        events += self.apply_settings(preset.full_settings(self.specs))
+        events.append(Preset(t=self.clock.now(), name=preset.name, title=preset.title, explain=preset.explain,
+                             watch=preset.watch))
+        return events
+
+    def _measure_plan(self):
+        return measure.plan(self.settings["slots"], self.max_context)
+
+    def measure_start(self):
+        """The `measure` event that announces the pause (the sweep follows on this thread)."""
+        batches, contexts, _ = self._measure_plan()
+        return [Measure(t=self.clock.now(), status="running", batches=batches, contexts=contexts)]
+
+    def measure(self):
+        """Sweep decode step time (batch x context) and KV cache on vs off on this engine's runner
+        and free blocks (engine/measure.py); the requests in flight wait meanwhile."""
+        batches, contexts, lengths = self._measure_plan()
+        t0 = self.clock.now()
+        bps = self.weight_bytes / self.bandwidth["floor_s"]
+
+        def floor(batch, context):
+            return (self.weight_bytes + batch * context * self.bytes_per_token) / bps
+
+        vocab = self.bundle.model.config.vocab_size
+        try:
+            decode, skipped = measure.decode_sweep(self.runner, self.blocks, vocab, batches, contexts, floor)
+            kv = measure.kv_sweep(self.runner, self.blocks, vocab, lengths)
+        except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
+            return [Measure(t=self.clock.now(), status="error", batches=batches, contexts=contexts,
+                            message=f"{type(e).__name__}: {e}")]
+        return [Measure(t=self.clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
+                        skipped=skipped, seconds=self.clock.now() - t0)]
+
     def fail_all(self, message):
         """End every request in flight with reason "error" (the driver's answer to a fault
         outside any forward), best effort: their clients must hear of it."""
@@ -246,6 +284,8 @@ class Engine:
         now = self.clock.now()
         for seq in plan.preempted:
             seq.preempted_at = now
+            if seq.first_delivered is not None and seq.recovering_since is None:
+                seq.recovering_since = now
             self._emit(Preempted(t=now, id=seq.id, tokens=seq.num_tokens, preemptions=seq.preemptions))
         for seq, reason in plan.refused:
             self._refuse_waiting(seq, reason)
@@ -296,6 +336,7 @@ class Engine:
                 self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n,
                                    done=seg.logits))
             self.scheduler.computed(seg)
+        self._account_later(segments, t1 - t0, prefill_tokens)
         kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
         self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
                         tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
@@ -303,9 +344,26 @@ class Engine:
                         per_request={g.seq.id: g.start + g.n for g in segments}))
         sampling = [g.seq for g in segments if g.logits]
         if sampling:
-            self._sample_and_deliver(sampling, logits, t1 - t0)
+            self._sample_and_deliver(sampling, logits)
 
-    def _sample_and_deliver(self, seqs, logits, forward_s):
+    def _account_later(self, segments, forward_s, prefill_tokens):
+        """Charge this forward to every running request past its first token: to `decode` or
+        `mixed` (other requests' prompt chunks shared the forward) if it was in the forward, to
+        `stalled` if it waited outside it. A request recovering from preemption is charged as a
+        whole when its next token comes (`preempted`)."""
+        inside = {seg.seq.id: seg for seg in segments}
+        for seq in self.scheduler.running:
+            if seq.first_delivered is None or seq.recovering_since is not None:
+                continue
+            seg = inside.get(seq.id)
+            if seg is None:
+                seq.later_stalled_s += forward_s
+            elif prefill_tokens:
+                seq.later_mixed_s += forward_s
+            else:
+                seq.later_decode_s += forward_s
+
+    def _sample_and_deliver(self, seqs, logits):
         t0 = self.clock.now()
         failed = {}
         try:
@@ -331,7 +389,9 @@ class Engine:
             if first:
                 seq.first_sampled, seq.first_sample_s, seq.first_delivered = sampled, sample_s, delivered
             else:
-                seq.later_decode_s += forward_s
+                if seq.recovering_since is not None:
+                    seq.later_preempted_s += t0 - seq.recovering_since
+                    seq.recovering_since = None
                 seq.later_sample_s += sample_s
                 seq.later_delivery_s += delivered - sampled
                 self.stats.gap(delivered - seq.last_delivered)

@@ -41,10 +41,39 @@ class Stages(TypedDict):
 
 
 class Later(TypedDict):
-    """Mean seconds per later token, by what the request was doing."""
-    decode: float
+    """Mean seconds per later token, by what the request was doing (forwards are measured
+    whole; what is left of `tpot` is engine time between forwards)."""
+    decode: float      # forwards it was part of with no other request's prompt tokens
+    mixed: float       # forwards it was part of that also computed other requests' prompt chunks
+    stalled: float     # forwards it was not part of while running (others' prefill ran; it waited)
+    preempted: float   # from being preempted to its next token (waiting again, then recompute)
     sample: float
     delivery: float
+
+
+class PresetInfo(TypedDict):
+    """A teaching preset (engine/presets.py): what it sets, what it does, what to watch."""
+    name: str
+    title: str
+    explain: str
+    watch: str
+    settings: dict[str, Any]
+    actions: list[dict[str, Any]]
+
+
+class DecodePoint(TypedDict):
+    """One measured decode step: `batch` requests each `context` tokens long."""
+    batch: int
+    context: int
+    step_s: float       # median of the timed forwards
+    floor_s: float      # estimate: weights plus the batch's KV read once at the measured bandwidth
+
+
+class KVPoint(TypedDict):
+    """One new token at sequence length `tokens`: with the KV cache, and recomputing everything."""
+    tokens: int
+    cached_s: float
+    recompute_s: float
 
 
 class Percentiles(TypedDict):
@@ -100,6 +129,7 @@ class Hello(Event):
     limits: dict[str, dict[str, Any]]
     bandwidth: dict[str, Any] | None
     bench: dict[str, Any] | None
+    presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
     role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
@@ -261,6 +291,28 @@ class Stats(Event):
 
 
 @dataclass(slots=True)
+class Preset(Event):
+    type: ClassVar[str] = "preset"
+    name: str
+    title: str
+    explain: str
+    watch: str
+
+
+@dataclass(slots=True)
+class Measure(Event):
+    type: ClassVar[str] = "measure"
+    status: Literal["running", "done", "error"]
+    batches: list[int]
+    contexts: list[int]
+    decode: list[DecodePoint] | None = None
+    kv: list[KVPoint] | None = None
+    skipped: list[str] | None = None   # points the free KV blocks could not hold, and why
+    seconds: float | None = None
+    message: str | None = None         # status "error": what went wrong
+
+
+@dataclass(slots=True)
 class Sync(Event):
     type: ClassVar[str] = "sync"
     client_t: float
@@ -287,4 +339,4 @@ class Error(Event):
 
 
 EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Preempted, Prefill, Step, Token,
-               Finished, Rejected, Stats, Sync, Reset, Dropped, Error)
+               Finished, Rejected, Stats, Preset, Measure, Sync, Reset, Dropped, Error)

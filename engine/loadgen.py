@@ -17,10 +17,14 @@ class LoadGenerator:
         self.rng = random.Random(seed)
         self.next_arrival = None
 
-    def prompt(self, n_tokens):
-        """Text of about `n_tokens` tokens, starting at a random place (the corpus wraps round)."""
-        start = self.rng.randrange(len(self.ids))
-        window = [self.ids[(start + i) % len(self.ids)] for i in range(n_tokens)]
+    def prompt(self, n_tokens, shared_prefix=0, rng=None):
+        """Text of about `n_tokens` tokens, starting at a random place (the corpus wraps round).
+        The first `shared_prefix` tokens are the corpus's opening ones, the same for every call:
+        prompts that share a system prompt. `rng` (a seeded random.Random) picks the places
+        instead of the generator's own: the same seed gives the same prompts."""
+        shared = min(shared_prefix, n_tokens)
+        start = (rng or self.rng).randrange(len(self.ids))
+        window = self.ids[:shared] + [self.ids[(start + i) % len(self.ids)] for i in range(n_tokens - shared)]
         return self.tokenizer.decode(window)
 
     def due(self, now, on, rate):

@@ -54,9 +54,14 @@ class Sequence:
     first_sampled: float | None = None
     first_delivered: float | None = None
     last_delivered: float | None = None
-    later_decode_s: float = 0.0     # summed over later tokens
+    # summed over later tokens (Later in engine/events.py says what each holds)
+    later_decode_s: float = 0.0
+    later_mixed_s: float = 0.0
+    later_stalled_s: float = 0.0
+    later_preempted_s: float = 0.0
     later_sample_s: float = 0.0
     later_delivery_s: float = 0.0
+    recovering_since: float | None = None   # preempted after its first token, not yet back to a new one
     # tokens handed to an in-process consumer (the API); None when nobody listens
     sink: queue.Queue | None = None
 
@@ -89,7 +94,7 @@ class Sequence:
         n_later = len(self.output_ids) - 1
         later = None
         if n_later > 0:
-            later = {"decode": self.later_decode_s / n_later, "sample": self.later_sample_s / n_later,
-                     "delivery": self.later_delivery_s / n_later}
+            later = {k: getattr(self, f"later_{k}_s") / n_later
+                     for k in ("decode", "mixed", "stalled", "preempted", "sample", "delivery")}
         tpot = (self.last_delivered - self.first_delivered) / n_later if n_later > 0 else None
         return ttft, tpot, stages, later

@@ -1,7 +1,7 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `sync`; in classroom mode the presenter's `clear_queue` and `remove_client`): parsed
-and validated here, transport-free, so every bad message gets an `error` reply naming the
-field and changes nothing. A classroom viewer may send `sync` only."""
+`reset`, `preset`, `measure`, `sync`; in classroom mode the presenter's `clear_queue` and
+`remove_client`): parsed and validated here, transport-free, so every bad message gets an
+`error` reply naming the field and changes nothing. A classroom viewer may send `sync` only."""
 import json
 
 from engine.events import Error, Sync
@@ -37,9 +37,13 @@ def handle(backend, raw, role="solo", classroom=None):
         elif kind == "load":
             backend.update_settings({"load": msg.get("on")})
         elif kind == "burst":
-            backend.burst(msg.get("n", 8))
+            backend.burst(msg.get("n", 8), seed=msg.get("seed"))
         elif kind == "reset":
             backend.reset()
+        elif kind == "preset":
+            backend.apply_preset(msg.get("name"))
+        elif kind == "measure":
+            backend.measure()
         elif kind == "submit":
             chat = msg.get("chat", True)
             if not isinstance(chat, bool):
@@ -57,7 +61,8 @@ def handle(backend, raw, role="solo", classroom=None):
             classroom.control(backend, role, msg)
         else:
             return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                    "reset or sync; clear_queue or remove_client in classroom mode)", "type")]
+                                    "reset, preset, measure or sync; clear_queue or remove_client in classroom "
+                                    "mode)", "type")]
     except SettingError as e:
         return [_error(backend, e.message, e.field)]
     return []

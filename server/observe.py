@@ -189,9 +189,19 @@ class Observer:
         self._wake.set()
         return changes
 
-    def burst(self, n):
+    def burst(self, n, seed=None):
+        if seed is not None:
+            raise SettingError("seed", "observe mode draws its own prompts; a seeded burst needs this app's engine")
         for _ in range(coerce("n", "int", n, 1, 64)):
             self._start_load()
+
+    def apply_preset(self, name):
+        raise SettingError("preset", "presets set up this app's own engine; observe mode only watches "
+                                     "another server")
+
+    def measure(self):
+        raise SettingError("measure", "measuring decode cost needs this app's own engine; observe mode "
+                                      "only watches another server")
 
     def reset(self):
         with self._lock:

@@ -11,7 +11,9 @@
   let detailKey = "";
 
   // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
-  const LATER = [["decode", "decode step"], ["sample", "sample"], ["delivery", "delivery (server)"]];
+  const LATER = [["decode", "decode step"], ["mixed", "step shared with others' prefill"],
+                 ["stalled", "waiting: others' prefill"], ["preempted", "preempted"], ["sample", "sample"],
+                 ["delivery", "delivery (server)"]];
   const SHOW_WAITING = 40;
 
   // One stacked bar with its legend: parts [{cls, name, v}] in seconds.
@@ -44,7 +46,7 @@
                         (here !== null ? ` · + ${fmtS(here)} to reach this page` : ""), "time to first token"));
     if (r.later) {
       const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
-      lp.push({cls: "other", name: "other", v: r.tpot - (r.later.decode + r.later.sample + r.later.delivery)});
+      lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});
       out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token (mean of ${r.outputTokens - 1})`, "each later token"));
     }
     return out;

@@ -175,6 +175,12 @@ def test_preemption_recomputes_and_the_output_is_unchanged(tiny, engine):
     assert max(e.cache_blocks_used for e in run.of(ev.Step)) <= 7
     assert run.tokens(a) == reference(tiny, PROMPTS[1], 30)
     assert run.tokens(b) == reference(tiny, PROMPTS[3], 30)
+    # Preempted after its first token: the time until its next one is named `preempted`.
+    victim = pre[0]
+    assert run.of(ev.Token, victim.id)[0].t < victim.t
+    fin = run.finished(victim.id)
+    back = next(e for e in run.of(ev.Token, victim.id) if e.t > victim.t)
+    assert fin.later["preempted"] * (fin.output_tokens - 1) == pytest.approx(back.sampled - victim.t, abs=1e-3)
     assert_clean(engine)
 
 
@@ -201,10 +207,19 @@ def test_prefix_cache_reuses_full_prompt_blocks(tiny, engine):
     assert_clean(engine)
 
 
+def later_total(run, rid, steps):
+    """Seconds of `steps` (Step events) between `rid`'s first token and its finish."""
+    first = run.of(ev.Token, rid)[0].t
+    end = run.finished(rid).t
+    return sum(e.end - e.start for e in steps if first <= e.start and e.end <= end)
+
+
 def test_mixed_steps_keep_decodes_flowing_during_a_long_prefill(engine):
     """A 300-token prompt arrives while another request decodes: under `mixed` its prefill is
     chunked by the 64-token budget and every step also carries the running decode; under
-    `prefill-first` the decode waits for the whole prompt."""
+    `prefill-first` the decode waits for the whole prompt. The decoding request's later-token
+    accounting names that time: forwards shared with the prompt (`mixed`) or spent waiting
+    outside them (`stalled`)."""
     def decode_during_prefill(policy):
         engine.apply_settings({"schedule": policy, "max_batched_tokens": 64})
         run = Run(engine)
@@ -213,12 +228,21 @@ def test_mixed_steps_keep_decodes_flowing_during_a_long_prefill(engine):
         b = run.add(LONG, prompt_tokens=300, max_new_tokens=2)
         run.until_idle()
         steps = [e for e in run.of(ev.Step) if b in e.ids and e.prefill_tokens]
-        return steps, a
-    steps, a = decode_during_prefill("mixed")
+        return run, steps, a
+    run, steps, a = decode_during_prefill("mixed")
     assert len(steps) >= 5 and all(a in e.ids and e.kind == "mixed" for e in steps)
     assert all(e.tokens <= 64 for e in steps)
-    steps, a = decode_during_prefill("prefill-first")
+    fin = run.finished(a)
+    n_later = fin.output_tokens - 1
+    assert fin.later["mixed"] * n_later == pytest.approx(later_total(run, a, steps), rel=1e-9)
+    assert fin.later["stalled"] == 0 and fin.later["decode"] > 0
+    assert sum(fin.later.values()) <= fin.tpot
+
+    run, steps, a = decode_during_prefill("prefill-first")
     assert len(steps) == 1 and steps[0].ids == [steps[0].ids[0]] and a not in steps[0].ids
+    fin = run.finished(a)
+    assert fin.later["stalled"] * (fin.output_tokens - 1) == pytest.approx(later_total(run, a, steps), rel=1e-9)
+    assert fin.later["stalled"] > 0 and fin.later["mixed"] == 0
     assert_clean(engine)
 
 

@@ -19,7 +19,9 @@ BAD = [
     ('{"type":"submit","prompt":"hi","temperature":"hot"}', "temperature"),
     ('{"type":"submit","prompt":"hi","chat":"yes"}', "chat"),
     ('{"type":"burst","n":1000}', "n"), ('{"type":"load","on":"yes"}', "load"),
-    ('{"type":"sync","client_t":"x"}', "client_t"), ("x" * 300_000, "message")]
+    ('{"type":"sync","client_t":"x"}', "client_t"), ("x" * 300_000, "message"),
+    ('{"type":"preset","name":"fast"}', "name"), ('{"type":"preset"}', "name"),
+    ('{"type":"burst","n":2,"seed":-1}', "seed"), ('{"type":"burst","n":2,"seed":"x"}', "seed")]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,145 @@
+"""Teaching presets: each of the article's situations as one named setup of the engine.
+
+A preset is every setting (defaults, then its own values, clamped to this engine's capacity)
+plus a few timed actions: bursts of load-generator requests, optionally of another prompt
+length or sharing a prompt prefix. Applying one resets the engine, so what the class sees
+afterwards is that situation alone. The page (`/?preset=NAME`, the presets panel, the tour),
+`python app.py record --preset NAME` and the tests all apply presets through
+`EngineDriver.apply_preset`, so they set up exactly the same thing.
+
+`explain` says what to watch in two or three sentences; `watch` names the number that
+proves it. Timings in the texts are for the bundled model on a CPU and are described
+relatively, since the page shows the measured ones.
+"""
+from dataclasses import dataclass, field
+
+from .settings import SettingError
+
+
+@dataclass(frozen=True)
+class Action:
+    """At `at` seconds after the preset is applied: `burst` load-generator requests, of
+    `prompt_tokens` (default: the preset's setting), the first `shared_prefix` tokens of
+    each prompt identical across the burst (a shared system prompt), drawn with `seed` so
+    that every run of the preset (and both sides of a comparison) gets the same prompts."""
+    at: float
+    burst: int
+    prompt_tokens: int | None = None
+    shared_prefix: int = 0
+    seed: int = 0         # the burst's prompts: the same every time the preset runs
+
+    def describe(self):
+        out = {"at": self.at, "burst": self.burst}
+        if self.prompt_tokens is not None:
+            out["prompt_tokens"] = self.prompt_tokens
+        if self.shared_prefix:
+            out["shared_prefix"] = self.shared_prefix
+        return out
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    title: str
+    explain: str
+    watch: str
+    settings: dict = field(default_factory=dict)
+    actions: tuple = ()
+
+    def describe(self):
+        return {"name": self.name, "title": self.title, "explain": self.explain, "watch": self.watch,
+                "settings": dict(self.settings), "actions": [a.describe() for a in self.actions]}
+
+    def full_settings(self, specs):
+        """Every setting: its default, overridden by this preset, clamped to the engine's bounds."""
+        out = {name: spec.default for name, spec in specs.items()}
+        for name, value in self.settings.items():
+            spec = specs[name]
+            if spec.kind in ("int", "float"):
+                value = min(max(value, spec.min), spec.max)
+            out[name] = value
+        return out
+
+
+# Bursts that queue behind a first request start after its prefill, so every admission after
+# the first is alone: each prefill then does the same work, and only the queueing grows.
+PRESETS = {p.name: p for p in (
+    Preset("idle", "One short prompt, idle server",
+           "One short prompt arrives at an idle server. It never queues: almost all of its time to "
+           "first token is prefill (reading the prompt), then one token per decode step.",
+           "TTFT ≈ prefill",
+           {"prompt_tokens": 64, "max_new_tokens": 32}, (Action(0, 1),)),
+    Preset("queueing", "The same prompt behind many others",
+           "Twelve requests of the same length arrive at a server with two batch slots. Each one's "
+           "prefill takes as long as before, but later arrivals wait for a slot: the queue grows and "
+           "so does their time to first token. The model did not get slower; the server got busy.",
+           "TTFT grows while prefill stays flat",
+           {"slots": 2, "prompt_tokens": 128, "max_new_tokens": 48, "prefix_caching": False},
+           (Action(0, 1), Action(1.0, 11, seed=1))),
+    Preset("long-document", "A long document as the prompt",
+           "One prompt of 1024 tokens. Prefill reads every prompt token (in chunks of the step's "
+           "token budget), so it takes far longer than a short prompt's: time to first token grows "
+           "with prompt length, while each later token costs about the same.",
+           "prefill time vs prompt tokens",
+           {"prompt_tokens": 1024, "max_new_tokens": 32}, (Action(0, 1),)),
+    Preset("many-users", "Many users at once",
+           "Requests arrive at three per second and share the batch. Each decode step reads the "
+           "weights once for every running request, so total tokens/s rises well above a single "
+           "stream's, while each stream slows a little.",
+           "total tokens/s vs one stream's",
+           {"load": True, "rate": 3.0, "prompt_tokens": 64, "max_new_tokens": 64}),
+    Preset("small-cache", "A small KV cache",
+           "Eight requests share a KV cache of 512 tokens. Each needs cache for its prompt and every "
+           "token it generates, so some wait for blocks (the queue says 'waiting on: cache') and "
+           "running ones are preempted when the cache fills, then recomputed.",
+           "blocks in use at the budget; preemptions",
+           {"cache_tokens": 512, "prompt_tokens": 96, "max_new_tokens": 128}, (Action(0, 8),)),
+    Preset("kv-cache-off", "No KV cache",
+           "Without a KV cache every decode step recomputes the whole sequence so far, so each step "
+           "takes longer than the last: step time grows with sequence length. With the cache, a step "
+           "computes one new token per request.",
+           "decode step time vs sequence length",
+           {"kv_cache": False, "prompt_tokens": 32, "max_new_tokens": 128}, (Action(0, 1),)),
+    Preset("shared-prefix", "A shared system prompt",
+           "Six requests start with the same 448-token prefix (a long system prompt). The first "
+           "computes it; the others find its KV blocks in the prefix cache and prefill only their "
+           "own last tokens, so their prefill is a fraction of the first's.",
+           "prefix-cache hits; later prefills vs the first",
+           {"prompt_tokens": 512, "max_new_tokens": 32},
+           (Action(0, 1, shared_prefix=448), Action(2.5, 5, shared_prefix=448, seed=1))),
+    Preset("static-batching", "Static batching",
+           "Requests arrive steadily, but a batch runs until all of its requests finish before the "
+           "next one starts. Arrivals wait ('waiting on: batch') even while slots sit empty.",
+           "TTFT and tokens/s against continuous batching",
+           {"schedule": "static", "slots": 8, "load": True, "rate": 2.0, "prompt_tokens": 64,
+            "max_new_tokens": 64}),
+    Preset("continuous-batching", "Continuous batching",
+           "The same arrivals as static batching, but a request joins the running batch at the next "
+           "step and leaves when it is done. Slots never sit empty while others wait, so time to "
+           "first token drops.",
+           "TTFT and tokens/s against static batching",
+           {"schedule": "mixed", "slots": 8, "load": True, "rate": 2.0, "prompt_tokens": 64,
+            "max_new_tokens": 64}),
+    Preset("chunked-prefill", "Chunked prefill",
+           "Four short requests are streaming when a 1024-token prompt arrives. Each step carries "
+           "the decodes plus at most a 64-token chunk of the long prompt, so the others keep "
+           "streaming at nearly their pace while it prefills (vLLM V1, SGLang).",
+           "others' inter-token gaps while the long prompt prefills",
+           {"schedule": "mixed", "max_batched_tokens": 64, "prompt_tokens": 32, "max_new_tokens": 96},
+           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
+    Preset("prefill-first", "Prefill first (no chunking)",
+           "The same four streams and long prompt, but prompts are computed whole before any decode "
+           "step (vLLM v0's default). While the long prompt prefills, the others' streams stop.",
+           "others' inter-token gaps while the long prompt prefills",
+           {"schedule": "prefill-first", "max_batched_tokens": 1024, "prompt_tokens": 32,
+            "max_new_tokens": 96},
+           (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
+)}
+
+
+def get(name):
+    """The preset called `name`; SettingError naming the known ones otherwise."""
+    preset = PRESETS.get(name) if isinstance(name, str) else None
+    if preset is None:
+        raise SettingError("name", f"unknown preset {str(name)[:40]!r} (known: {', '.join(PRESETS)})")
+    return preset

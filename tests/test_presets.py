@@ -1,0 +1,156 @@
+"""Teaching presets and the decode-cost sweep, through the driver and the websocket control
+messages, on the tiny model (the page's presets panel and tour are tested in Chromium)."""
+import json
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, EngineDriver, SettingError, presets
+from engine.settings import validate
+from helpers import schema_validator
+
+
+@pytest.fixture
+def driver(tiny):
+    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512))).start()
+    yield d
+    d.shutdown()
+
+
+def collect(sub, until, timeout=20.0):
+    """Events from `sub` until `until(events)` holds (or fail after `timeout` seconds)."""
+    events, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += sub.get(0.2)
+        if until(events):
+            return events
+    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
+
+
+def of(events, kind):
+    return [e for e in events if e["type"] == kind]
+
+
+def test_every_preset_is_valid_on_a_small_and_a_full_engine(tiny):
+    for config in (EngineConfig(slots=4, kv_tokens=2048, max_context=512), EngineConfig()):
+        specs = Engine(tiny, config).specs
+        for p in presets.PRESETS.values():
+            full = p.full_settings(specs)
+            assert validate(specs, full) == full, p.name
+            assert set(full) == set(specs)
+            assert p.explain.count(".") >= 2 and p.watch, p.name
+
+
+def test_a_preset_resets_sets_everything_announces_and_bursts_on_time(driver):
+    sub = driver.events.subscribe(replay=False)
+    driver.update_settings({"temperature": 0.7, "load": True, "rate": 0.2})   # undone by the preset
+    driver.apply_preset("queueing")
+    events = collect(sub, lambda ev: len(of(ev, "request")) >= 12 and of(ev, "stats")
+                     and of(ev, "stats")[-1]["queue"] > 0)
+    kinds = [e["type"] for e in events]
+    assert kinds.index("reset") < kinds.index("preset")
+    settings = [e for e in of(events, "settings") if "schedule" in e["changed"]][0]["settings"]
+    assert settings["slots"] == 2 and settings["temperature"] == 0.0 and settings["load"] is False
+    (announced,) = of(events, "preset")
+    assert announced["name"] == "queueing" and announced["explain"] == presets.PRESETS["queueing"].explain
+    requests = of(events, "request")
+    assert all(r["source"] == "load" and r["prompt_tokens"] == 128 for r in requests)
+    # one at once, eleven a second later
+    assert requests[1]["t"] - requests[0]["t"] >= 0.9 and requests[-1]["t"] - requests[1]["t"] < 0.5
+
+
+def test_reset_cancels_a_presets_bursts_to_come(driver):
+    sub = driver.events.subscribe(replay=False)
+    driver.apply_preset("queueing")
+    time.sleep(0.3)
+    driver.reset()
+    time.sleep(1.5)
+    events = sub.get(0)
+    resets = [i for i, e in enumerate(events) if e["type"] == "reset"]
+    assert len(resets) == 2
+    assert not of(events[resets[-1]:], "request")
+
+
+def test_shared_prefix_preset_hits_the_prefix_cache(driver):
+    sub = driver.events.subscribe(replay=False)
+    driver.apply_preset("shared-prefix")
+    events = collect(sub, lambda ev: len(of(ev, "admitted")) >= 6)
+    first, *rest = of(events, "admitted")
+    assert first["cached_tokens"] == 0
+    # the 448 shared tokens are 28 full blocks; the seam may cost the last one
+    assert all(a["cached_tokens"] >= 27 * 16 for a in rest)
+
+
+def test_unknown_preset_is_a_clear_error(driver):
+    with pytest.raises(SettingError, match="unknown preset 'nope'.*queueing"):
+        driver.apply_preset("nope")
+    with pytest.raises(SettingError):
+        driver.apply_preset(None)
+
+
+def test_preset_over_the_websocket_and_an_unknown_one_changes_nothing(live):
+    from simple_websocket import Client
+    ws = Client.connect(live.ws_url)
+    try:
+        hello = json.loads(ws.receive(5))[0]
+        assert [p["name"] for p in hello["presets"]] == list(presets.PRESETS)
+        ws.send(json.dumps({"type": "preset", "name": "long-documentx"}))
+        ws.send(json.dumps({"type": "preset", "name": "kv-cache-off"}))
+        seen = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(e["type"] == "preset" for e in seen):
+            seen += json.loads(ws.receive(5) or "[]")
+    finally:
+        ws.close()
+    errors = of(seen, "error")
+    assert errors[0]["field"] == "name" and "long-documentx" in errors[0]["message"]
+    assert of(seen, "reset") and of(seen, "preset")[0]["name"] == "kv-cache-off"
+    assert live.driver.settings["kv_cache"] is False
+
+
+def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
+    sub = driver.events.subscribe(replay=False)
+    driver.update_settings({"cache_tokens": 1024})   # too small for 4 x 1024 tokens: skipped, said so
+    driver.measure()
+    events = collect(sub, lambda ev: any(e["type"] == "measure" and e["status"] != "running" for e in ev), 120)
+    running, done = of(events, "measure")
+    assert running["status"] == "running" and done["status"] == "done", done["message"]
+    assert running["batches"] == [1, 2, 4] and running["contexts"] == [128]
+    points = {(p["batch"], p["context"]) for p in done["decode"]}
+    assert points == {(1, 128), (2, 128), (4, 128)}
+    assert all(0 < p["floor_s"] < p["step_s"] for p in done["decode"])
+    assert [k["tokens"] for k in done["kv"]] == [33, 65, 129, 257]
+    assert all(k["cached_s"] > 0 and k["recompute_s"] > 0 for k in done["kv"])
+    assert done["seconds"] > 0 and done["skipped"] == []
+    check = schema_validator()
+    for e in (running, done):
+        check.validate(e)
+    eng = driver.engine
+    assert eng.blocks.used == 0 and len(eng.blocks.free) == eng.blocks.capacity
+
+
+def test_measure_skips_what_the_free_blocks_cannot_hold(tiny):
+    eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=1024))
+    eng.apply_settings({"cache_tokens": 1024})
+    (done,) = eng.measure()
+    assert done.status == "done"
+    assert {(p["batch"], p["context"]) for p in done.decode} == {(1, 128), (2, 128), (4, 128), (1, 512)}
+    assert len(done.skipped) == 2 and all("free KV blocks" in s for s in done.skipped)
+    assert eng.blocks.used == 0
+
+
+def test_a_seeded_burst_repeats_its_prompts_and_presets_repeat_theirs(driver):
+    sub = driver.events.subscribe(replay=False)
+
+    def previews(action, n=3):
+        sub.get(0)
+        action()
+        events = collect(sub, lambda ev: len(of(ev, "request")) >= n)
+        return [r["preview"] for r in of(events, "request")[:n]]
+
+    a = previews(lambda: driver.burst(3, seed=7))
+    b = previews(lambda: driver.burst(3, seed=7))
+    c = previews(lambda: driver.burst(3, seed=8))
+    assert a == b and a != c and len(set(a)) == 3
+    twice = [previews(lambda: driver.apply_preset("queueing"), 12) for _ in range(2)]
+    assert twice[0] == twice[1] and len(set(twice[0])) == 12
