@@ -242,9 +242,11 @@ class Classroom:
         if removed:
             backend.cancel(rid)
 
-    def release(self, s):
+    def release(self, s, rid):
+        """Request `rid` of this student ended (only that one: a late call never frees a newer one)."""
         with self._lock:
-            s.request = None
+            if s.request == rid:
+                s.request = None
 
     def remove(self, backend, client_id):
         with self._lock:
@@ -392,12 +394,15 @@ def ask():
     try:
         handle = backend.submit(prompt=prompt.strip(), source="join", label=s.name, chat=True, stream=True)
     except SettingError as e:
-        room.release(s)
+        room.release(s, "")
         return Refused(400, f"{e.field}: {e.message}", "bad_prompt").response()
     room.started(backend, s, handle.id)
     items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ))
-    return Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    response = Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    # Also when the stream never started (the phone left at once): cancel and free the student.
+    response.call_on_close(lambda: (items.close(), room.release(s, handle.id)))
+    return response
 
 
 def _answer(room, student, rid, items):
@@ -427,4 +432,4 @@ def _answer(room, student, rid, items):
         pass
     finally:
         items.close()       # cancels the request unless it ended
-        room.release(student)
+        room.release(student, rid)
