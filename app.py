@@ -12,6 +12,9 @@ pool of threads (each page's websocket holds one), as flask-sock supports.
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
 the engine headless and writes one (engine/record.py); `python app.py export TRACE -o
 page.html` writes a self-contained replay page (server/export.py).
+
+`--classroom` (server/classroom.py) serves a class: it binds every interface unless --host
+says otherwise, and prints the presenter's secret address and the students' join address.
 """
 import argparse
 import math
@@ -75,9 +78,9 @@ def observe_url(text):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="app.py", description="First Token: watch an LLM server work.")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only); any other address "
-                        "serves other machines too, on gunicorn")
+    p.add_argument("--host", default=None,
+                   help="address to bind (default 127.0.0.1: this machine only; with --classroom "
+                        "0.0.0.0: the network); any other address serves other machines too, on gunicorn")
     p.add_argument("--port", type=positive_int("--port"), default=5000, help="port (default 5000)")
     p.add_argument("--model", default=None,
                    help="a local transformers model directory or .gguf file (default: the bundled "
@@ -111,7 +114,24 @@ def parse_args(argv=None):
                    default=REQUEST_TIMEOUT_S,
                    help=f"deadline of one API request: past it the request is cancelled and the "
                         f"client gets an error (default {REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--classroom", action="store_true",
+                   help="classroom mode: the presenter's page (its address is printed) drives the engine, "
+                        "other pages only watch, students send prompts from their phones at /join")
+    p.add_argument("--join-code", metavar="CODE", default=None,
+                   help="with --classroom: students must type this code to join")
     args = p.parse_args(argv)
+    if args.host is None:
+        args.host = "0.0.0.0" if args.classroom else "127.0.0.1"
+    if args.join_code is not None and not args.classroom:
+        p.error("--join-code needs --classroom")
+    if args.classroom and args.observe:
+        p.error("--classroom needs a model of its own: it cannot be combined with --observe")
+    if args.join_code is not None:
+        from server.classroom import check_join_code
+        try:
+            check_join_code(args.join_code)
+        except ValueError as e:
+            p.error(f"--join-code: {e}")
     if args.port > 65535:
         p.error("--port must be at most 65535")
     if args.model is not None and not Path(args.model).exists():
@@ -121,10 +141,20 @@ def parse_args(argv=None):
     return args
 
 
-def build(args):
+def classroom_banner(args, room):
+    """The lines `--classroom` prints at start: a warning when the network can reach the app,
+    the presenter's secret address, the join address (and code)."""
+    lines = []
+    if args.host not in LOOPBACK:
+        lines.append(f"WARNING: classroom mode listens on {args.host}:{args.port}: anyone on this network "
+                     "can open the page and join; only the presenter address below controls the engine.")
+    return lines + room.banner()
+
+
+def build(args, room=None):
     """The app, with its backend starting: the model loading in the background, or the observer."""
     app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
-                      "REQUEST_TIMEOUT": args.request_timeout})
+                      "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room})
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import Observer
@@ -135,7 +165,7 @@ def build(args):
     return app
 
 
-def serve_gunicorn(args):
+def serve_gunicorn(args, room):
     from gunicorn.app.base import BaseApplication
 
     class Gunicorn(BaseApplication):
@@ -151,7 +181,7 @@ def serve_gunicorn(args):
 
         def load(self):
             # In the worker, after the fork: the engine's threads must start in the process that serves.
-            return build(args)
+            return build(args, room)
     Gunicorn().run()
 
 
@@ -204,10 +234,16 @@ def main(argv=None):
         return export.main(argv[1:])
     args = parse_args(argv)
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
+    room = None
+    if args.classroom:
+        from server.classroom import Classroom, base_url
+        # Made before gunicorn forks its worker, so the key printed here is the worker's.
+        room = Classroom(join_code=args.join_code, base=base_url(args.host, args.port))
+        print("\n".join(classroom_banner(args, room)), flush=True)
     if args.host in LOOPBACK:
-        build(args).run(host=args.host, port=args.port, threaded=True)
+        build(args, room).run(host=args.host, port=args.port, threaded=True)
     else:
-        serve_gunicorn(args)
+        serve_gunicorn(args, room)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ class Backend(Protocol):
         """(/healthz body, HTTP status)."""
 
     def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False) -> RequestHandle:
+               top_p=None, seed=None, stop=(), chat=None, stream=False, label=None) -> RequestHandle:
         """Queue one request; SettingError (nothing queued) for a bad parameter."""
 
     def cancel(self, rid: str) -> None: ...

@@ -1,7 +1,7 @@
 """The driver: the one thread that calls `Engine.step()`, and the one place that handles failure.
 
 Web threads call the thread-safe methods here (`submit`, `cancel`, `update_settings`,
-`burst`, `reset`); they validate in the caller's thread, then queue a command in the inbox.
+`burst`, `reset`, `clear_queue`); they validate in the caller's thread, then queue a command in the inbox.
 The engine thread drains the inbox, applies the commands, calls `step()` and publishes every
 event they return. The load generator has a thread of its own and submits like any client,
 so its arrivals happen on time even while a long forward runs (open loop).
@@ -12,7 +12,7 @@ If anything raises outside a forward (a forward's own failure only fails its bat
 
 The inbox is bounded so that no web thread ever waits on the engine: past `inbox` commands
 waiting, a submit is rejected at once (code `queue_full`) and a settings change gets a
-SettingError. Cancels and resets always go in (they free capacity; there is at most one
+SettingError. Cancels, resets and queue clearings always go in (they free capacity; there is at most one
 cancel per request in flight), so the bound holds within that margin.
 """
 import queue
@@ -114,6 +114,9 @@ class EngineDriver:
     def reset(self):
         self._command("reset", None)
 
+    def clear_queue(self):
+        self._command("clear_queue", None)
+
     def apply_preset(self, name, settings=None):
         """Reset, then the preset's settings (with `settings` over them: one side of a
         comparison), then its timed bursts (engine/presets.py)."""
@@ -188,6 +191,8 @@ class EngineDriver:
             elif kind == "reset":
                 self._actions.clear()
                 self._publish(eng.reset())
+            elif kind == "clear_queue":
+                self._publish(eng.clear_queue())
             elif kind == "preset":
                 preset, overrides = arg
                 self._actions[:] = [(self.clock.now() + a.at, a) for a in preset.actions]

@@ -29,6 +29,7 @@ from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
 MAX_PROMPT_CHARS = 200_000
+MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
 CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
 
 
@@ -90,18 +91,21 @@ class Engine:
     # ------------------------------------------- any thread: validate + tokenize
     def new_sequence(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
                      top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None,
-                     ignore_eos=False, min_tokens=0):
+                     ignore_eos=False, min_tokens=0, label=None):
         """A validated, tokenized request, not yet known to the engine (hand it to `add`).
 
-        `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length).
-        Raises SettingError for invalid parameters."""
+        `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length);
+        `label` names who asked (the `request` event carries it). Raises SettingError for
+        invalid parameters."""
         arrival = self.clock.now()
+        if label is not None and (not isinstance(label, str) or not label or len(label) > MAX_LABEL_CHARS):
+            raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
         params = self._params(max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens)
         text, ids = self._tokenize(prompt, messages, chat)
         if prompt_tokens is not None:
             ids = ids[:prompt_tokens]
         return Sequence(id=f"r{next(self._ids)}", source=source, prompt=text, prompt_ids=ids, params=params,
-                        arrival=arrival, tokenize_end=self.clock.now(),
+                        arrival=arrival, tokenize_end=self.clock.now(), label=label,
                         sink=queue.Queue() if stream else None)
 
     def _params(self, max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens):
@@ -152,7 +156,7 @@ class Engine:
         """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
         n = len(seq.prompt_ids)
         self._emit(Request(t=seq.arrival, id=seq.id, source=seq.source, prompt_tokens=n,
-                           max_new_tokens=seq.params.max_new_tokens, preview=seq.prompt[:80]))
+                           max_new_tokens=seq.params.max_new_tokens, preview=seq.prompt[:80], label=seq.label))
         # Token chips: a person's own prompt in full (up to 512), a generated one abridged, to
         # keep the stream small under heavy load.
         shown = seq.prompt_ids[:CHIPS_LOAD if seq.source == "load" else CHIPS_OWN]
@@ -191,6 +195,12 @@ class Engine:
     def cancel(self, rid):
         seq = self._by_id.get(rid)
         if seq is not None:
+            self._finish(seq, "cancelled")
+        return self._take()
+
+    def clear_queue(self):
+        """Cancel every waiting request (running ones carry on): the classroom's "clear the queue"."""
+        for seq in list(self.scheduler.waiting):
             self._finish(seq, "cancelled")
         return self._take()
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 PROTOCOL = 4   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
-Source = Literal["page", "load", "api", "observe"]
+Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
 
 
@@ -132,6 +132,8 @@ class Hello(Event):
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
+    role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
+    classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
 
 
 @dataclass(slots=True)
@@ -158,6 +160,7 @@ class Request(Event):
     max_new_tokens: int
     preview: str
     estimated: bool = False          # observe mode: prompt_tokens is an estimate
+    label: str | None = None         # classroom: the student's name (source "join")
 
 
 @dataclass(slots=True)

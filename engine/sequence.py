@@ -23,11 +23,12 @@ class SamplingParams:
 @dataclass
 class Sequence:
     id: str
-    source: str               # page | load | api
+    source: str               # page | load | api | join
     prompt: str
     prompt_ids: list
     params: SamplingParams
     kv_cache: bool = True     # decided at admission from the engine setting
+    label: str | None = None  # who asked, shown on the timeline (a classroom student's name)
     # --- scheduling state
     slot: int | None = None   # the UI's batch slot (stable while running)
     block_table: list = field(default_factory=list)   # KV blocks holding positions 0, bs, 2bs, ...

@@ -5,6 +5,7 @@
     live     /ws: hello, replayed history, live events; control messages from the page
     api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible)
     metrics  /metrics (Prometheus, vLLM's names)
+    classroom /join, /join/session, /join/ask, /classroom/clients (--classroom; server/classroom.py)
 
 App state lives in `app.extensions["first_token"]` (server/state.py). `python app.py`
 creates the app, then loads the model in the background (server/loader.py) so /healthz
@@ -12,13 +13,14 @@ reports progress from the first second; tests hand a ready backend in the config
 """
 from flask import Flask
 
-from . import api, control, live, metrics, openai_api, pages, security
+from . import api, classroom, control, live, metrics, openai_api, pages, security
 from .state import State
 
 DEFAULTS = {
     "ALLOWED_ORIGINS": (),                             # --allow-origin: other origins that may use /ws and /v1
     "FRAME_ANCESTORS": "*",                            # --frame-ancestors: who may frame /embed
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
+    "CLASSROOM": None,                                 # --classroom: a server.classroom.Classroom
     # A websocket message larger than this closes the connection before it is buffered whole;
     # up to it, an oversized control message gets an `error` reply (server/control.py).
     "SOCK_SERVER_OPTIONS": {"max_message_size": 4 * control.MAX_MESSAGE_BYTES},
@@ -35,7 +37,7 @@ def create_app(config=None):
     security.init_app(app)
     state = State()
     app.extensions["first_token"] = state
-    for bp in (pages.bp, live.bp, api.bp, metrics.bp):
+    for bp in (pages.bp, live.bp, api.bp, metrics.bp, classroom.bp):
         app.register_blueprint(bp)
     live.sock.init_app(app)
     if app.config.get("BACKEND") is not None:

@@ -1,10 +1,12 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `preset`, `measure`, `sync`): parsed and validated here, transport-free, so every bad message gets
-an `error` reply naming the field and changes nothing."""
+`reset`, `preset`, `measure`, `sync`; in classroom mode the presenter's `clear_queue` and
+`remove_client`): parsed and validated here, transport-free, so every bad message gets an
+`error` reply naming the field and changes nothing. A classroom viewer may send `sync` only."""
 import json
 
 from engine.events import Error, Sync
 from engine.settings import SettingError
+from .classroom import VIEWER_REFUSED
 
 MAX_MESSAGE_BYTES = 256 * 1024
 
@@ -13,8 +15,9 @@ def _error(backend, message, field=None):
     return Error(t=backend.clock.now(), message=message, field=field)
 
 
-def handle(backend, raw):
-    """Apply one raw client message; return the events to send back to that client only."""
+def handle(backend, raw, role="solo", classroom=None):
+    """Apply one raw client message from a page of this `role` ("solo", "presenter", "viewer");
+    return the events to send back to that client only. `classroom`: the Classroom, if any."""
     if isinstance(raw, bytes) or raw is None:
         return [_error(backend, "messages must be JSON text frames", "message")]
     if len(raw) > MAX_MESSAGE_BYTES:
@@ -26,6 +29,8 @@ def handle(backend, raw):
     if not isinstance(msg, dict):
         return [_error(backend, "message must be a JSON object", "message")]
     kind = msg.get("type")
+    if role == "viewer" and kind != "sync":
+        return [_error(backend, VIEWER_REFUSED, "type")]
     try:
         if kind == "set":
             backend.update_settings(msg.get("settings"))
@@ -52,9 +57,12 @@ def handle(backend, raw):
                 raise SettingError("client_t", "must be a number")
             now = backend.clock.now()
             return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
+        elif kind in ("clear_queue", "remove_client") and classroom is not None:
+            classroom.control(backend, role, msg)
         else:
             return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                    "reset, preset, measure or sync)", "type")]
+                                    "reset, preset, measure or sync; clear_queue or remove_client in classroom "
+                                    "mode)", "type")]
     except SettingError as e:
         return [_error(backend, e.message, e.field)]
     return []

@@ -1,12 +1,14 @@
 """The live websocket (/ws): hello, then replayed history, then live events, coalesced into one
-JSON array per tick; the page's control messages are handled between sends (server/control.py)."""
+JSON array per tick; the page's control messages are handled between sends (server/control.py).
+In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
+and that role decides which control messages it may send."""
 import json
 
 from flask import Blueprint
 from flask_sock import Sock
 
 from engine.events import Error, Loading
-from . import control
+from . import classroom, control
 from .state import current
 
 SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
@@ -27,12 +29,15 @@ def ws(conn):
             return
         _send(conn, [Loading(t=0.0, **state.progress).to_dict()])
     backend = state.backend
+    role, info, room = classroom.connection_role()
+    hello = backend.hello()
+    hello.role, hello.classroom = role, info
     sub = backend.events.subscribe()
     try:
-        _send(conn, [backend.hello().to_dict()])
+        _send(conn, [hello.to_dict()])
         while True:
             raw = conn.receive(timeout=SEND_EVERY_S)
-            out = [e.to_dict() for e in control.handle(backend, raw)] if raw is not None else []
+            out = [e.to_dict() for e in control.handle(backend, raw, role, room)] if raw is not None else []
             out += sub.get(timeout=0)
             if out:
                 _send(conn, out)

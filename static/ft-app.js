@@ -20,20 +20,23 @@
   };
   const {s, ui, perf} = app;
 
-  const {connection, controls, panels, charts, canvases, replay} = FT;
+  const {connection, controls, panels, charts, canvases, replay, classroom} = FT;
   connection.init(app, replay.logLive);
   // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
   Object.assign(app, {clock: connection.clock, send: connection.send, setConn: connection.setConn,
                       liveNow: connection.engineNow, stopLive: connection.stop, show,
                       engineNow: () => (replay.active() ? replay.now() : connection.engineNow())});
-  for (const part of [controls, panels, charts, canvases, replay]) part.init(app);
+  for (const part of [controls, panels, charts, canvases, replay, classroom]) part.init(app);
   FT.teach.init(app);   // presets, tour, diagnosis, measure, compare, presenter (ft-teach.js)
 
   function show(events, at) {
     for (const ev of events) {
       FT.ingest(s, ev, at);
       FT.teach.onEvent(ev);   // before the controls: a URL's preset goes out before its settings
-      if (ev.type === "hello") { ui.selected = null; panels.showModel(ev); if (!replay.active()) controls.onHello(); }
+      if (ev.type === "hello") {
+        ui.selected = null; panels.showModel(ev);
+        if (!replay.active()) { controls.onHello(); classroom.onHello(ev); }   // a trace's page controls nothing
+      }
       else if (ev.type === "error" && ev.fatal) stopped(ev);
       else if (ev.type === "error") FT.toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
       else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }

@@ -169,9 +169,14 @@
     });
   }
 
-  // The first hello applies the page's URL; every hello (re)builds the controls.
+  // The first hello applies the page's URL, except on a classroom viewer's page: its URL
+  // settings stay its own (only the presenter changes the engine); every hello (re)builds the controls.
   function onHello() {
-    if (!urlApplied) { urlApplied = true; applyUrl(); }
+    if (!urlApplied) {
+      urlApplied = true;
+      if (s.hello.role !== "viewer") applyUrl();
+      else if (location.search) FT.toast("viewing a class: URL settings are not sent; the presenter controls the engine");
+    }
     if (!embed) buildControls();
   }
 

@@ -152,8 +152,11 @@
     if (info) info.textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
   }
 
+  // A request's chip: its id, or a classroom student's name (the id in the tooltip).
   function chip(id) {
-    const c = el("button", "rchip", id);
+    const r = s.reqs.get(id), label = r && r.label;
+    const c = el("button", "rchip", label || id);
+    if (label) c.title = id;
     c.style.setProperty("--req-color", FT.reqColor(id));
     c.addEventListener("click", () => app.select(id));
     return c;
@@ -220,7 +223,7 @@
     }
     const state = r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
       r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
-    $("d-title").textContent = `${r.id} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
+    $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
     $("d-sched").textContent = schedNote(r);
     const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
     if (key === detailKey) return;

@@ -53,7 +53,7 @@
     // Events for a request whose `request` fell out of the replayed history still draw.
     let r = s.reqs.get(id);
     if (!r) {
-      r = {id, source: "?", promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
+      r = {id, source: "?", label: null, promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
            tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
            admitted: null, slot: null, queueS: null, prefills: [],
            admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
@@ -96,7 +96,8 @@
     dropped(s, ev) { s.dropped += ev.count; },
     error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
     request(s, ev) {
-      Object.assign(req(s, ev.id, ev.t), {source: ev.source, promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
+      Object.assign(req(s, ev.id, ev.t), {source: ev.source, label: ev.label ?? null,
+                                          promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
                                           preview: ev.preview, arrival: ev.t, partial: false});
     },
     tokenized(s, ev) {

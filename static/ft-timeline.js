@@ -217,6 +217,14 @@
     ctx.fillStyle = C.preempt; ctx.fill();
   }
 
+  // `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter).
+  function fitText(ctx, text, width) {
+    if (ctx.measureText(text).width <= width) return text;
+    let n = text.length;
+    while (n > 1 && ctx.measureText(text.slice(0, n) + "…").width > width) n--;
+    return text.slice(0, n) + "…";
+  }
+
   // Row labels when there is room to read them, the "now" line, and how many rows did not fit.
   function drawLabels(ctx, f, g, compact, view, now) {
     const {shown, rowH, top, plotH} = g;
@@ -224,8 +232,8 @@
       ctx.font = `${Math.min(compact ? 11 : 15, rowH - 2)}px ui-monospace, monospace`;
       ctx.textAlign = "right"; ctx.textBaseline = "middle";
       shown.forEach((r, i) => {
-        ctx.fillStyle = r.source === "page" ? C.now : r.source === "api" ? C.api : C.muted;
-        ctx.fillText(r.id, f.gutter - 6, top + i * rowH + rowH / 2);
+        ctx.fillStyle = r.source === "page" ? C.now : r.source === "api" ? C.api : r.source === "join" ? C.firstSample : C.muted;
+        ctx.fillText(r.label ? fitText(ctx, r.label, f.gutter - 8) : r.id, f.gutter - 6, top + i * rowH + rowH / 2);
       });
     }
     if (!view.paused) {

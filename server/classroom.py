@@ -1,0 +1,435 @@
+"""Classroom mode (`python app.py --classroom`): one presenter drives the engine from the
+projected page; students join from their phones at /join, each with a name and one prompt
+at a time, and watch their request on the projection while the answer streams to the phone.
+
+Who can do what:
+* The presenter is whoever opened the page with the secret key printed at start
+  (`/?key=...`): that request sets an HttpOnly cookie and redirects to the page without the
+  key, so the projected address bar never shows it. A page with that cookie is `presenter`;
+  every other page is a `viewer`, whose control messages that change anything are refused
+  (server/control.py), `sync` excepted.
+* A student joins (`POST /join/session`: name, and the join code when one is set) and gets a
+  client id in an HttpOnly cookie. `POST /join/ask` queues one prompt (source "join", labelled
+  with the name) and streams the answer back as server-sent events. Limits: one request in
+  flight per client (409), a token bucket per client (429), prompts and names bounded (400), a
+  wrong join code (403); a client the presenter removed is refused (403). A student who closes
+  the stream has the request cancelled.
+* POST /v1 (the OpenAI API) would let anyone on the network queue unlimited work past these
+  limits: in classroom mode it requires the presenter key, as `Authorization: Bearer KEY`
+  (the openai client's api_key) or the presenter's cookie. GET /v1/models stays open.
+* The presenter's page can clear the queue (every waiting request cancelled) and remove a
+  client (its request cancelled, its later requests refused): `clear_queue` and
+  `remove_client` control messages, handled here.
+
+A removed student can join again under another name (no accounts; IP addresses are not
+trusted to tell phones apart behind a classroom's NAT): the presenter removes again, or
+restarts with a new join code.
+"""
+import hmac
+import io
+import json
+import secrets
+import socket
+import threading
+import time
+import unicodedata
+from dataclasses import dataclass
+
+from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
+
+from engine.settings import SettingError
+from . import openai_api as oa
+
+PRESENTER_COOKIE = "ft_presenter"
+CLIENT_COOKIE = "ft_client"
+MAX_NAME = 24           # characters of a student's name
+MAX_PROMPT = 500        # characters of a student's prompt
+MAX_CLIENTS = 500       # students joined at once (each costs a few hundred bytes)
+MAX_CODE = 64
+RATE_BURST = 3          # token bucket: prompts a student may send back to back...
+RATE_EVERY_S = 15.0     # ...then one more every this many seconds
+VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
+
+bp = Blueprint("classroom", __name__)
+
+
+class Refused(Exception):
+    """A student's request refused: HTTP status, message, stable code."""
+
+    def __init__(self, status, message, code, retry_after=None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
+
+    def response(self):
+        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after else {}
+        return jsonify({"error": {"message": self.message, "code": self.code}}), self.status, headers
+
+
+@dataclass
+class Student:
+    id: str
+    name: str
+    joined: float
+    tokens: float = RATE_BURST        # the bucket's level
+    refilled: float = 0.0             # monotonic time the level was computed at
+    request: str | None = None        # the engine request in flight
+    asked: int = 0                    # requests queued so far
+    removed: bool = False
+
+
+def clean_name(raw):
+    """A name as shown on the projection: control and format characters (newlines, bidi
+    overrides, zero-width joiners) removed, whitespace collapsed, at most MAX_NAME
+    characters; SettingError when nothing is left."""
+    if not isinstance(raw, str):
+        raise SettingError("name", "must be a string")
+    kept = "".join(" " if c.isspace() else c for c in raw if unicodedata.category(c)[0] != "C" or c.isspace())
+    name = " ".join(kept.split())[:MAX_NAME].strip()
+    if not name:
+        raise SettingError("name", "must have at least one visible character")
+    return name
+
+
+def check_join_code(code):
+    """ValueError unless `code` can be typed on a phone and shown: 1..MAX_CODE printable characters."""
+    if not code or len(code) > MAX_CODE or not code.isprintable() or code != code.strip():
+        raise ValueError(f"the join code must be 1 to {MAX_CODE} printable characters, "
+                         "without spaces at either end")
+    return code
+
+
+def lan_address():
+    """This machine's address on the local network, found without sending anything: a UDP
+    socket 'connected' to a private address only asks the kernel which interface would route
+    there. Falls back to the hostname's address, then to loopback."""
+    for probe in ("10.254.254.254", "192.168.254.254"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 1))
+                addr = s.getsockname()[0]
+            if not addr.startswith(("127.", "0.")):
+                return addr
+        except OSError:
+            pass
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+        if not addr.startswith("127."):
+            return addr
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+def base_url(host, port):
+    """Where others reach the app: the LAN address when bound to every interface."""
+    if host in ("0.0.0.0", "::", ""):
+        host = lan_address()
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+class Classroom:
+    """The classroom's state: the presenter key, the join code, the students."""
+
+    def __init__(self, join_code=None, base=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
+                 max_clients=MAX_CLIENTS):
+        if join_code is not None:
+            check_join_code(join_code)
+        self.key = secrets.token_urlsafe(18)
+        self.join_code = join_code
+        self.base = base              # "http://host:port"; None: the address the page was reached at
+        self.rate_burst, self.rate_every_s, self.max_clients = rate_burst, rate_every_s, max_clients
+        self.students = {}            # client id -> Student
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ addresses
+    def join_url(self, with_code=False):
+        root = self.base or request.host_url.rstrip("/")
+        url = f"{root}/join"
+        if with_code and self.join_code:
+            from urllib.parse import quote
+            url += "?code=" + quote(self.join_code, safe="")
+        return url
+
+    def presenter_url(self):
+        return f"{self.base or request.host_url.rstrip('/')}/?key={self.key}"
+
+    def banner(self):
+        """What `python app.py --classroom` prints (call with `base` set)."""
+        lines = [f"Classroom mode. Presenter (keep this private; open it on the projected machine):",
+                 f"  {self.presenter_url()}",
+                 f"Students join at: {self.join_url()}"]
+        if self.join_code:
+            lines.append(f"  join code: {self.join_code}  (or scan the QR code: {self.join_url(True)})")
+        return lines
+
+    def qr_svg(self):
+        """The join URL (with the code) as a QR code: an SVG document made here, with no network."""
+        import segno
+        out = io.BytesIO()
+        segno.make(self.join_url(True), error="m").save(
+            out, kind="svg", border=2, omitsize=True, xmldecl=False, svgclass="qr", lineclass=None,
+            dark="#000000", light="#ffffff")
+        return out.getvalue().decode()
+
+    # ------------------------------------------------------------------ roles
+    def is_presenter(self):
+        got = request.cookies.get(PRESENTER_COOKIE, "")
+        auth = request.headers.get("Authorization", "")
+        bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        return any(hmac.compare_digest(x.encode(), self.key.encode()) for x in (got, bearer) if x)
+
+    def hello_fields(self):
+        """(hello.role, hello.classroom) for the connection being opened."""
+        info = {"join_url": self.join_url(), "code_required": self.join_code is not None}
+        if not self.is_presenter():
+            return "viewer", info
+        info.update(join_code=self.join_code, join_url_with_code=self.join_url(True), qr_svg=self.qr_svg(),
+                    clients_url="/classroom/clients", limits={"name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT,
+                                                              "burst": self.rate_burst, "every_s": self.rate_every_s})
+        return "presenter", info
+
+    # ------------------------------------------------------------------ students
+    def join(self, name, code):
+        if self.join_code is not None and not (isinstance(code, str) and
+                                               hmac.compare_digest(code.encode(), self.join_code.encode())):
+            raise Refused(403, "wrong join code: ask the presenter for it", "bad_code")
+        try:
+            name = clean_name(name)
+        except SettingError as e:
+            raise Refused(400, f"name: {e.message}", "bad_name") from None
+        with self._lock:
+            if len(self.students) >= self.max_clients:
+                raise Refused(503, f"the classroom is full ({self.max_clients} joined)", "full")
+            student = Student(id=secrets.token_urlsafe(12), name=name, joined=time.time(),
+                              tokens=self.rate_burst, refilled=time.monotonic())
+            self.students[student.id] = student
+        return student
+
+    def student(self, client_id):
+        s = self.students.get(client_id or "")
+        if s is None:
+            raise Refused(401, "join first: this phone has not joined the class (or the app restarted)",
+                          "not_joined")
+        if s.removed:
+            raise Refused(403, "the presenter removed you from the class", "removed")
+        return s
+
+    def claim(self, client_id):
+        """Admit one request of this client (limits checked), or Refused."""
+        with self._lock:
+            s = self.student(client_id)
+            if s.request is not None:
+                raise Refused(409, "you already have a request in flight: wait for its answer", "in_flight")
+            now = time.monotonic()
+            s.tokens = min(self.rate_burst, s.tokens + (now - s.refilled) / self.rate_every_s)
+            s.refilled = now
+            if s.tokens < 1:
+                wait = (1 - s.tokens) * self.rate_every_s
+                raise Refused(429, f"slow down: one prompt every {self.rate_every_s:g} s "
+                                   f"(after {self.rate_burst} in a row); try again in {wait:.0f} s",
+                              "rate_limited", retry_after=wait)
+            s.tokens -= 1
+            s.request = ""            # held until the engine's id is known
+            s.asked += 1
+            return s
+
+    def started(self, backend, s, rid):
+        """The engine took the request; if the presenter removed this student meanwhile, cancel it."""
+        with self._lock:
+            s.request = rid
+            removed = s.removed
+        if removed:
+            backend.cancel(rid)
+
+    def release(self, s, rid):
+        """Request `rid` of this student ended (only that one: a late call never frees a newer one)."""
+        with self._lock:
+            if s.request == rid:
+                s.request = None
+
+    def remove(self, backend, client_id):
+        with self._lock:
+            s = self.students.get(client_id if isinstance(client_id, str) else "")
+            if s is None:
+                raise SettingError("client", "no such client")
+            s.removed = True
+            rid = s.request
+        if rid:
+            backend.cancel(rid)
+
+    def roster(self):
+        with self._lock:
+            return [{"id": s.id, "name": s.name, "joined": s.joined, "asked": s.asked,
+                     "in_flight": s.request or None, "removed": s.removed}
+                    for s in sorted(self.students.values(), key=lambda s: s.joined)]
+
+    # ------------------------------------------------------------------ control messages
+    def control(self, backend, role, msg):
+        """The presenter's `clear_queue` and `remove_client` (SettingError for anyone else)."""
+        if role != "presenter":
+            raise SettingError("type", "only the presenter's page can manage the class")
+        if msg["type"] == "clear_queue":
+            backend.clear_queue()
+        else:
+            self.remove(backend, msg.get("client"))
+
+
+def current():
+    """The app's Classroom, or None outside classroom mode."""
+    return current_app.config.get("CLASSROOM")
+
+
+def connection_role():
+    """(hello.role, hello.classroom, classroom) for a websocket being opened."""
+    room = current()
+    if room is None:
+        return "solo", None, None
+    role, info = room.hello_fields()
+    return role, info, room
+
+
+def _cookie(response, name, value):
+    response.set_cookie(name, value, httponly=True, samesite="Strict", path="/")
+    return response
+
+
+@bp.before_app_request
+def guard():
+    """The presenter's key becomes a cookie (and leaves the address bar); POST /v1 needs it."""
+    room = current()
+    if room is None:
+        return None
+    if request.path == "/" and "key" in request.args:
+        if not hmac.compare_digest(request.args["key"].encode(), room.key.encode()):
+            return "wrong presenter key: use the address printed when the app started", 403
+        rest = {k: v for k, v in request.args.items() if k != "key"}
+        from urllib.parse import urlencode
+        return _cookie(redirect("/" + (f"?{urlencode(rest)}" if rest else "")), PRESENTER_COOKIE, room.key)
+    if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
+        message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
+                   "printed at start); students ask at /join")
+        return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                  "code": "classroom_presenter_only"}}), 403
+    return None
+
+
+def _room():
+    room = current()
+    if room is None:
+        raise Refused(404, "classroom mode is off: start the app with --classroom", "not_classroom")
+    return room
+
+
+@bp.get("/join")
+def join_page():
+    room = current()
+    if room is None:
+        return "classroom mode is off: start the app with --classroom", 404
+    return render_template("join.html", code_required=room.join_code is not None,
+                           max_name=MAX_NAME, max_prompt=MAX_PROMPT)
+
+
+@bp.get("/join/session")
+def who_am_i():
+    try:
+        s = _room().student(request.cookies.get(CLIENT_COOKIE))
+    except Refused as e:
+        return e.response()
+    return jsonify({"name": s.name})
+
+
+@bp.post("/join/session")
+def join():
+    try:
+        body = _json_body()
+        s = _room().join(body.get("name"), body.get("code"))
+    except Refused as e:
+        return e.response()
+    return _cookie(jsonify({"name": s.name}), CLIENT_COOKIE, s.id)
+
+
+@bp.get("/classroom/clients")
+def clients():
+    room = current()
+    if room is None or not room.is_presenter():
+        return jsonify({"error": {"message": "only the presenter's page sees the class list",
+                                  "code": "presenter_only"}}), 403
+    return jsonify({"clients": room.roster()})
+
+
+def _json_body():
+    raw = request.get_data(cache=False)
+    if len(raw) > 16 * 1024:
+        raise Refused(413, "request body too large", "too_large")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise Refused(400, "the body must be JSON", "bad_json") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the body must be a JSON object", "bad_json")
+    return body
+
+
+@bp.post("/join/ask")
+def ask():
+    """Queue this student's prompt; stream the answer back (server-sent events: `start`, `token`
+    …, then `finished` with the engine's measured TTFT and time per output token, or `error`)."""
+    from .api import _backend, client_gone
+    try:
+        room = _room()
+        body = _json_body()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise Refused(400, "prompt: write something first", "bad_prompt")
+        if len(prompt) > MAX_PROMPT:
+            raise Refused(400, f"prompt: at most {MAX_PROMPT} characters", "bad_prompt")
+        try:
+            backend = _backend()
+        except oa.ApiError as e:
+            raise Refused(e.status, e.message, e.code) from None
+        s = room.claim(request.cookies.get(CLIENT_COOKIE))
+    except Refused as e:
+        return e.response()
+    try:
+        handle = backend.submit(prompt=prompt.strip(), source="join", label=s.name, chat=True, stream=True)
+    except SettingError as e:
+        room.release(s, "")
+        return Refused(400, f"{e.field}: {e.message}", "bad_prompt").response()
+    room.started(backend, s, handle.id)
+    items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ))
+    response = Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    # Also when the stream never started (the phone left at once): cancel and free the student.
+    response.call_on_close(lambda: (items.close(), room.release(s, handle.id)))
+    return response
+
+
+def _answer(room, student, rid, items):
+    """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
+    try:
+        yield oa.sse({"type": "start", "id": rid, "name": student.name})
+        for item in items:
+            if item is None:
+                yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
+            elif item[0] == "token":
+                yield oa.sse({"type": "token", "text": item[1]})
+            elif item[0] == "rejected":
+                yield oa.sse({"type": "error", "message": f"the engine refused it: {item[1]}", "code": item[2]})
+            else:
+                ev = item[1]
+                if ev.reason in ("cancelled", "error"):
+                    why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
+                        if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
+                    yield oa.sse({"type": "error", "message": why, "code": ev.reason})
+                else:
+                    yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
+                                  "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
+                                  "output_tokens": ev.output_tokens})
+    except oa.ApiError as e:
+        yield oa.sse({"type": "error", "message": e.message, "code": e.code})
+    except oa.ClientGone:
+        pass
+    finally:
+        items.close()       # cancels the request unless it ended
+        room.release(student, rid)

@@ -1,0 +1,133 @@
+// First Token: classroom mode on the main page (hello.role, hello.classroom; server/classroom.py).
+// The presenter's page gets a panel with the join address, its QR code (an SVG made by the
+// server, parsed as XML: no markup from elsewhere runs), the joined students with a remove
+// button each, and "clear the queue"; the presenter can hide it and bring it back. A
+// viewer's page keeps drawing everything but its controls are disabled: only the presenter
+// changes the engine (the server refuses a viewer's control messages anyway).
+"use strict";
+(function () {
+  const FT = window.FT;
+  const {$, el} = FT;
+  const POLL_MS = 2000;   // the class list, while the panel is open
+  let app, pollTimer = null;
+
+  function svgNode(text) {
+    const doc = new DOMParser().parseFromString(text, "image/svg+xml");
+    const svg = doc.documentElement;
+    return svg.nodeName === "svg" ? document.importNode(svg, true) : el("span", "muted", "(no QR code)");
+  }
+
+  function viewer(room) {
+    document.body.dataset.role = "viewer";
+    const controls = $("controls");
+    if (!controls) return;   // /embed: nothing to disable
+    // Everything that would change the engine; `data-view` marks what changes only this page's
+    // view (presenter mode, saving or loading a trace, slow motion).
+    for (const input of controls.querySelectorAll("input, button, textarea")) input.disabled = !("view" in input.dataset);
+    if (!$("viewer-note")) {
+      const note = el("p", "viewer-note", "The presenter controls the engine; this page watches. " +
+                      `Ask the model from your phone: ${room.join_url}`);
+      note.id = "viewer-note";
+      controls.prepend(note);
+    }
+  }
+
+  // ------------------------------------------------------------ presenter
+  function panel(room) {
+    let box = $("classroom");
+    if (box) box.remove();
+    box = el("aside", "classroom-panel");
+    box.id = "classroom";
+    const head = el("div", "cls-head");
+    const hide = el("button", "", "Hide");
+    hide.id = "cls-hide";
+    hide.addEventListener("click", () => show(false));
+    head.append(el("h2", "", "Join the class from your phone"), hide);
+    const qr = el("div", "cls-qr");
+    qr.append(svgNode(room.qr_svg));
+    const url = el("div", "cls-url", room.join_url);
+    url.id = "cls-url";
+    box.append(head, qr, url);
+    if (room.join_code) {
+      const code = el("div", "cls-code");
+      code.append(el("span", "muted", "join code "), el("b", "", room.join_code));
+      box.append(code);
+    }
+    const lim = room.limits;
+    box.append(el("p", "note", `One prompt at a time per student, ${lim.burst} in a row, then one every ` +
+                  `${lim.every_s} s; names up to ${lim.name_chars} characters, prompts up to ${lim.prompt_chars}.`));
+    const listHead = el("div", "cls-head");
+    const clear = el("button", "danger", "Clear the queue");
+    clear.id = "cls-clear";
+    clear.title = "cancel every waiting request (running ones finish)";
+    clear.addEventListener("click", () => app.send({type: "clear_queue"}));
+    const count = el("h3", "", "Students");
+    count.id = "cls-count";
+    listHead.append(count, clear);
+    const list = el("ul", "cls-list");
+    list.id = "cls-list";
+    box.append(listHead, list);
+    document.body.append(box);
+
+    let toggle = $("btn-classroom");
+    if (!toggle) {
+      toggle = el("button", "cls-toggle", "Classroom");
+      toggle.id = "btn-classroom";
+      toggle.addEventListener("click", () => show(box.hidden));
+      $("conn").after(toggle);
+    }
+    show(true);
+  }
+
+  // The panel sits over the request panel, below the header.
+  function place() {
+    const box = $("classroom");
+    if (!box) return;
+    const top = Math.round(document.querySelector("header.top").getBoundingClientRect().bottom) + 8;
+    box.style.top = `${top}px`;
+    box.style.maxHeight = `calc(100vh - ${top + 12}px)`;
+  }
+
+  function show(on) {
+    const box = $("classroom");
+    box.hidden = !on;
+    place();
+    clearInterval(pollTimer);
+    if (on) { poll(); pollTimer = setInterval(poll, POLL_MS); }
+  }
+
+  async function poll() {
+    let clients;
+    try {
+      const res = await fetch("/classroom/clients");
+      if (!res.ok) return;
+      clients = (await res.json()).clients;
+    } catch (e) { return; }
+    const here = clients.filter((c) => !c.removed);
+    $("cls-count").textContent = `Students (${here.length})`;
+    $("cls-list").replaceChildren(...(here.length ? here.map(row) : [el("li", "muted", "nobody has joined yet")]));
+  }
+
+  function row(c) {
+    const li = el("li");
+    li.dataset.client = c.id;
+    const state = c.in_flight ? `asking (${c.in_flight})` : `${c.asked} asked`;
+    const remove = el("button", "cls-remove", "Remove");
+    remove.title = `cancel ${c.name}'s request and refuse any more`;
+    remove.addEventListener("click", () => { app.send({type: "remove_client", client: c.id}); setTimeout(poll, 300); });
+    li.append(el("span", "cls-name", c.name), el("span", "muted", state), remove);
+    return li;
+  }
+
+  function onHello(ev) {
+    document.body.dataset.role = ev.role || "solo";
+    const room = ev.classroom;
+    if (!room) return;
+    if (ev.role === "viewer") viewer(room);
+    else if (ev.role === "presenter" && !app.embed) panel(room);
+  }
+
+  // The header wraps as its figures widen: follow it.
+  new ResizeObserver(place).observe(document.querySelector("header.top"));
+  FT.classroom = {init(a) { app = a; }, onHello};
+})();

@@ -1,0 +1,384 @@
+"""Classroom mode (server/classroom.py) on the in-process app with the tiny model: students
+join over HTTP on loopback (one `requests` session each, as separate phones), their requests
+appear labelled in the event stream and their answers reach only them; the limits hold (one
+request in flight, the rate limit, the join code, names and prompts); the presenter's page
+(its key as a cookie) controls the engine and manages the class while a viewer's cannot; /v1
+needs the presenter key; and the start-up printout names the addresses."""
+import json
+import re
+import threading
+import time
+
+import pytest
+import requests
+from simple_websocket import Client
+
+import app as app_mod
+from engine import EngineConfig
+from engine.settings import SettingError
+from helpers import frames, schema_validator
+from server.classroom import MAX_NAME, MAX_PROMPT, VIEWER_REFUSED, Classroom, base_url, clean_name, lan_address
+
+NAMES = ["Ada", "Grace", "Alan", "Katherine"]
+
+
+@pytest.fixture
+def room(tiny):
+    """The app in classroom mode with join code "owl"; students get 2 prompts in a row, then
+    one a minute. `room.gate` paused (cleared) holds every request in the queue: the engine
+    thread keeps draining its inbox (cancels, clearing) but runs no step."""
+    from conftest import LiveApp
+    classroom = Classroom(join_code="owl", rate_burst=2, rate_every_s=60)
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    live.classroom = classroom
+    classroom.base = live.url   # as app.py sets it at start: the address students reach
+    live.driver.update_settings({"max_new_tokens": 6})
+    assert wait_for(lambda: live.driver.settings["max_new_tokens"] == 6)
+    eng, step = live.driver.engine, live.driver.engine.step
+    live.gate = threading.Event()
+    live.gate.set()
+
+    def gated():
+        if not live.gate.is_set():
+            time.sleep(0.01)
+            return []
+        return step()
+    eng.step = gated
+    yield live
+    live.gate.set()
+    live.stop()
+
+
+def student(room, name, code="owl"):
+    s = requests.Session()
+    r = s.post(room.url + "/join/session", json={"name": name, "code": code}, timeout=10)
+    assert r.status_code == 200, r.text
+    return s
+
+
+def ask(session, room, prompt, events=None, timeout=60):
+    """POST /join/ask; (status, parsed SSE events) — events also appended to `events` as they come."""
+    events = [] if events is None else events
+    with session.post(room.url + "/join/ask", json={"prompt": prompt}, stream=True, timeout=timeout) as r:
+        if r.status_code != 200:
+            return r.status_code, r.json()
+        for line in r.iter_lines(decode_unicode=True):
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return 200, events
+
+
+def presenter_ws(room):
+    return Client.connect(room.ws_url, headers={"Cookie": f"ft_presenter={room.classroom.key}"})
+
+
+def hello_of(conn):
+    (hello, *_) = json.loads(conn.receive(timeout=10))
+    assert hello["type"] == "hello"
+    return hello
+
+
+def has_error(events):
+    return any(e["type"] == "error" for e in events)
+
+
+def wait_for(pred, seconds=20):
+    end = time.time() + seconds
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# ------------------------------------------------------------------ students
+
+
+def test_students_requests_appear_labelled_and_each_answer_reaches_only_its_student(room):
+    sub = room.driver.events.subscribe(replay=False)
+    sessions = {name: student(room, name) for name in NAMES}
+    results = {}
+
+    def run(name):
+        results[name] = ask(sessions[name], room, f"{name} asks: what is a token?")
+    threads = [threading.Thread(target=run, args=(n,)) for n in NAMES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    events, end = [], time.time() + 10
+    while time.time() < end and sum(e["type"] == "finished" for e in events) < len(NAMES):
+        events += sub.get(timeout=0.5)
+    check = schema_validator()
+    for e in events:
+        check.validate(e)
+    requests_by_label = {e["label"]: e for e in events if e["type"] == "request"}
+    assert set(requests_by_label) == set(NAMES)
+    texts = set()
+    for name in NAMES:
+        status, got = results[name]
+        assert status == 200, got
+        start, *tokens, fin = got
+        rid = requests_by_label[name]["id"]
+        assert requests_by_label[name]["source"] == "join" and name in requests_by_label[name]["preview"]
+        assert start == {"type": "start", "id": rid, "name": name}
+        assert fin["type"] == "finished" and fin["reason"] in ("stop", "length")
+        (engine_fin,) = [e for e in events if e["type"] == "finished" and e["id"] == rid]
+        # the phone gets exactly its own request's tokens and the engine's own measurements
+        mine = [e["text"] for e in events if e["type"] == "token" and e["id"] == rid]
+        assert [t["text"] for t in tokens] == mine and len(mine) == engine_fin["output_tokens"] >= 1
+        assert fin["ttft"] == engine_fin["ttft"] > 0 and fin["tpot"] == engine_fin["tpot"]
+        assert fin["output_tokens"] == engine_fin["output_tokens"] and engine_fin["source"] == "join"
+        texts.add((rid, "".join(mine)))
+    assert len({rid for rid, _ in texts}) == len(NAMES)
+    roster = {c["name"]: c for c in room.classroom.roster()}
+    assert set(roster) == set(NAMES) and all(c["asked"] == 1 and c["in_flight"] is None for c in roster.values())
+
+
+def test_one_request_in_flight_per_student_then_the_rate_limit(room):
+    ada = student(room, "Ada")
+    room.gate.clear()   # the first request waits in the queue
+    first = []
+    t = threading.Thread(target=ask, args=(ada, room, "one", first))
+    t.start()
+    assert wait_for(lambda: first)
+    status, body = ask(ada, room, "two")
+    assert status == 409 and body["error"]["code"] == "in_flight"
+    other = student(room, "Grace")   # another student is not held up by Ada's limit
+    second = []
+    t2 = threading.Thread(target=ask, args=(other, room, "hello", second))
+    t2.start()
+    assert wait_for(lambda: second)
+    room.gate.set()
+    t.join(30)
+    t2.join(30)
+    assert first[-1]["type"] == "finished" and second[-1]["type"] == "finished"
+    # 2 in a row allowed (the 409 did not spend one), then one a minute
+    assert ask(ada, room, "again")[0] == 200
+    r = ada.post(room.url + "/join/ask", json={"prompt": "and again"}, timeout=10)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+    assert 1 <= int(r.headers["Retry-After"]) <= 60 and "slow down" in r.json()["error"]["message"]
+
+
+def test_join_code_names_and_prompts_are_checked(room):
+    s = requests.Session()
+    for code in (None, "", "OWL", "owl ", 5):
+        r = s.post(room.url + "/join/session", json={"name": "Eve", "code": code}, timeout=10)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "bad_code", code
+    for bad in ("", "   ", "\n\t\r", "\x00\x07\u200b\u202e", None, 12, ["Ada"]):
+        r = s.post(room.url + "/join/session", json={"name": bad, "code": "owl"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_name", bad
+    assert s.post(room.url + "/join/session", data="not json", timeout=10).status_code == 400
+    assert room.classroom.students == {}
+    r = s.post(room.url + "/join/session", json={"name": "  Ada\u202e\n  Love\x00lace" + "x" * 40, "code": "owl"},
+               timeout=10)
+    assert r.status_code == 200
+    name = r.json()["name"]
+    assert name == ("Ada Lovelace" + "x" * 40)[:MAX_NAME] and s.get(room.url + "/join/session").json()["name"] == name
+    for prompt in ("", "   ", "x" * (MAX_PROMPT + 1), None):
+        r = s.post(room.url + "/join/ask", json={"prompt": prompt}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_prompt", prompt
+    # never joined (no cookie, or a made-up one)
+    for cookies in ({}, {"ft_client": "made-up"}):
+        r = requests.post(room.url + "/join/ask", json={"prompt": "hi"}, cookies=cookies, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "not_joined"
+
+
+def test_clean_name():
+    assert clean_name(" a\tb  c ") == "a b c"
+    assert clean_name("\u202eevil\u200d") == "evil"
+    assert len(clean_name("é" * 100)) == MAX_NAME
+    with pytest.raises(SettingError):
+        clean_name("\x1b\x00\u200b")
+
+
+def test_a_student_who_leaves_has_the_request_cancelled(room):
+    sub = room.driver.events.subscribe(replay=False)
+    ada = student(room, "Ada")
+    room.gate.clear()
+    r = ada.post(room.url + "/join/ask", json={"prompt": "long wait"}, stream=True, timeout=10)
+    line = next(x for x in r.iter_lines(decode_unicode=True) if x.startswith("data: "))
+    rid = json.loads(line[6:])["id"]
+    r.close()   # the phone closes the stream
+    evs = []
+    assert wait_for(lambda: evs.extend(sub.get(timeout=0.2)) or
+                    any(e["type"] == "finished" and e["id"] == rid for e in evs), 10)
+    (fin,) = [e for e in evs if e["type"] == "finished" and e["id"] == rid]
+    assert fin["reason"] == "cancelled"
+    assert wait_for(lambda: room.classroom.roster()[0]["in_flight"] is None, 5)
+
+
+# ------------------------------------------------------------------ presenter and viewers
+
+
+def test_the_presenter_key_becomes_a_cookie_and_a_wrong_one_is_refused(room):
+    r = requests.get(room.url + "/?key=wrong", allow_redirects=False, timeout=10)
+    assert r.status_code == 403
+    r = requests.get(room.url + f"/?key={room.classroom.key}&rate=2", allow_redirects=False, timeout=10)
+    assert r.status_code == 302 and r.headers["Location"] == "/?rate=2"
+    cookie = r.headers["Set-Cookie"]
+    assert f"ft_presenter={room.classroom.key}" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+
+
+def test_hello_says_each_connection_its_role(room):
+    viewer, presenter = Client.connect(room.ws_url), presenter_ws(room)
+    try:
+        v, p = hello_of(viewer), hello_of(presenter)
+    finally:
+        viewer.close()
+        presenter.close()
+    schema_validator().validate(v)
+    schema_validator().validate(p)
+    assert v["role"] == "viewer" and p["role"] == "presenter"
+    assert v["classroom"] == {"join_url": room.url + "/join", "code_required": True}   # no code for viewers
+    room_p = p["classroom"]
+    assert room_p["join_code"] == "owl" and room_p["join_url_with_code"] == room.url + "/join?code=owl"
+    assert room_p["qr_svg"].startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in room_p["qr_svg"]
+    assert "http" not in room_p["qr_svg"].split(">", 1)[1]   # a QR code of paths, nothing fetched
+
+
+def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
+    before = dict(room.driver.settings)
+    sub = room.driver.events.subscribe(replay=False)
+    viewer = Client.connect(room.ws_url)
+    try:
+        hello_of(viewer)
+        refused = [{"type": "set", "settings": {"rate": 4.0}}, {"type": "load", "on": True}, {"type": "burst", "n": 3},
+                   {"type": "reset"}, {"type": "submit", "prompt": "hi"}, {"type": "preset", "name": "idle"},
+                   {"type": "measure"}, {"type": "clear_queue"}, {"type": "remove_client", "client": "x"}]
+        for msg in refused:
+            viewer.send(json.dumps(msg))
+        viewer.send(json.dumps({"type": "sync", "client_t": 7.0}))
+        got = frames(viewer, 10, until=lambda ev: any(e["type"] == "sync" for e in ev) and
+                     sum(e["type"] == "error" for e in ev) >= len(refused))
+    finally:
+        viewer.close()
+    errors = [e for e in got if e["type"] == "error"]
+    assert len(errors) == len(refused) and all(e["message"] == VIEWER_REFUSED and e["field"] == "type" for e in errors)
+    assert any(e["type"] == "sync" and e["client_t"] == 7.0 for e in got)
+    time.sleep(0.3)
+    assert room.driver.settings == before
+    assert not [e for e in sub.get(timeout=0) if e["type"] in ("request", "reset", "preset", "measure") or
+                (e["type"] == "settings" and "max_new_tokens" not in e["changed"])]
+    presenter = presenter_ws(room)
+    try:
+        hello_of(presenter)
+        presenter.send(json.dumps({"type": "set", "settings": {"rate": 4.0}}))
+        got = frames(presenter, 10, until=lambda ev: any(e["type"] == "settings" and "rate" in e["changed"] for e in ev))
+    finally:
+        presenter.close()
+    assert not [e for e in got if e["type"] == "error"] and room.driver.settings["rate"] == 4.0
+
+
+def test_the_presenter_clears_the_queue_and_removes_a_student(room):
+    sub = room.driver.events.subscribe(replay=False)
+    sessions = {name: student(room, name) for name in NAMES}
+    room.gate.clear()
+    streams = {name: [] for name in NAMES}
+    threads = [threading.Thread(target=ask, args=(sessions[n], room, f"{n} waits", streams[n])) for n in NAMES]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: all(streams.values()))
+    ids = {n: streams[n][0]["id"] for n in NAMES}
+    presenter, viewer = presenter_ws(room), Client.connect(room.ws_url)
+    try:
+        hello_of(presenter)
+        hello_of(viewer)
+        ada = next(c["id"] for c in room.classroom.roster() if c["name"] == "Ada")
+        viewer.send(json.dumps({"type": "remove_client", "client": ada}))
+        assert [e["message"] for e in frames(viewer, 5, until=has_error) if e["type"] == "error"] == [VIEWER_REFUSED]
+        presenter.send(json.dumps({"type": "remove_client", "client": "nobody"}))
+        (err,) = [e for e in frames(presenter, 5, until=has_error)
+                  if e["type"] == "error"]
+        assert err["field"] == "client"
+        presenter.send(json.dumps({"type": "remove_client", "client": ada}))
+        threads[0].join(10)
+        assert streams["Ada"][-1]["type"] == "error" and streams["Ada"][-1]["code"] == "cancelled"
+        assert all(t.is_alive() for t in threads[1:])   # the others still wait
+        assert all(streams[n][-1]["type"] == "start" for n in NAMES[1:])
+        presenter.send(json.dumps({"type": "clear_queue"}))
+        for t in threads[1:]:
+            t.join(10)
+    finally:
+        presenter.close()
+        viewer.close()
+        room.gate.set()
+    for n in NAMES[1:]:
+        assert streams[n][-1] == {"type": "error", "code": "cancelled", "message": streams[n][-1]["message"]}
+    evs = sub.get(timeout=1)
+    assert {e["id"] for e in evs if e["type"] == "finished" and e["reason"] == "cancelled"} == set(ids.values())
+    r = sessions["Ada"].post(room.url + "/join/ask", json={"prompt": "back?"}, timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "removed"
+    assert ask(sessions["Grace"], room, "after the clearing")[1][-1]["type"] == "finished"
+
+
+def test_clients_list_is_the_presenters_only(room):
+    student(room, "Ada")
+    assert requests.get(room.url + "/classroom/clients", timeout=10).status_code == 403
+    r = requests.get(room.url + "/classroom/clients", cookies={"ft_presenter": room.classroom.key}, timeout=10)
+    assert [c["name"] for c in r.json()["clients"]] == ["Ada"]
+
+
+def test_the_api_needs_the_presenter_key_in_classroom_mode(room):
+    body = {"model": room.driver.api_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = requests.post(room.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "classroom_presenter_only"
+    r = requests.post(room.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 403
+    r = requests.post(room.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {room.classroom.key}"})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    assert requests.get(room.url + "/v1/models", timeout=10).status_code == 200
+
+
+# ------------------------------------------------------------------ outside classroom mode
+
+
+def test_solo_mode_is_unchanged(live):
+    conn = Client.connect(live.ws_url)
+    try:
+        hello = hello_of(conn)
+        conn.send(json.dumps({"type": "clear_queue"}))
+        (err,) = [e for e in frames(conn, 5, until=has_error) if e["type"] == "error"]
+    finally:
+        conn.close()
+    assert hello["role"] == "solo" and hello["classroom"] is None and err["field"] == "type"
+    assert requests.get(live.url + "/join", timeout=10).status_code == 404
+    r = requests.post(live.url + "/join/session", json={"name": "Ada"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_classroom"
+
+
+def test_the_engine_checks_a_label(live):
+    for bad in (5, "", "x" * 65):
+        with pytest.raises(SettingError) as e:
+            live.driver.submit(prompt="hi", label=bad)
+        assert e.value.field == "label"
+
+
+# ------------------------------------------------------------------ start-up
+
+
+def test_classroom_start_binds_the_network_unless_told_and_prints_the_addresses():
+    args = app_mod.parse_args(["--classroom", "--join-code", "owl", "--port", "5050"])
+    assert args.host == "0.0.0.0"
+    assert app_mod.parse_args(["--classroom", "--host", "127.0.0.1"]).host == "127.0.0.1"
+    assert app_mod.parse_args([]).host == "127.0.0.1"
+    ip = lan_address()
+    assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", ip)
+    room = Classroom(join_code="owl", base=base_url(args.host, args.port))
+    text = "\n".join(app_mod.classroom_banner(args, room))
+    assert "WARNING" in text and "anyone on this network" in text
+    assert f"http://{ip}:5050/?key={room.key}" in text and f"http://{ip}:5050/join" in text and "owl" in text
+    assert Classroom().key != room.key   # random per start
+    loop = app_mod.parse_args(["--classroom", "--host", "127.0.0.1"])
+    text = "\n".join(app_mod.classroom_banner(loop, Classroom(base=base_url(loop.host, loop.port))))
+    assert "WARNING" not in text and "http://127.0.0.1:5000/join" in text
+
+
+@pytest.mark.parametrize("argv", [["--join-code", "x"], ["--classroom", "--join-code", " x"],
+                                  ["--classroom", "--observe", "http://127.0.0.1:9/v1"]])
+def test_bad_classroom_flags_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        app_mod.parse_args(argv)
+    assert "error" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""Classroom mode in Chromium (the in-process app on the tiny model): /join on a phone-sized
+viewport sends a prompt and the answer streams in with TTFT shown; a viewer's page (its URL
+asking for other settings) cannot change the engine while the presenter's page can, shows the
+QR code and manages the class. Screenshots go to test-artifacts/."""
+import threading
+
+import pytest
+
+from helpers import ARTIFACTS
+from test_classroom import ask, room, student, wait_for  # noqa: F401  (room: a fixture)
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture
+def context(browser):
+    """A fresh browser profile per role: cookies (the presenter key, a student's id) are its own."""
+    made = []
+
+    def make(viewport):
+        ctx = browser.new_context(viewport=viewport)
+        page = ctx.new_page()
+        page.errors = []
+        page.on("pageerror", lambda e: page.errors.append(str(e)))
+        made.append(ctx)
+        return page
+    yield make
+    for ctx in made:
+        ctx.close()
+
+
+def test_join_on_a_phone_streams_the_answer_with_its_ttft(room, context):
+    ARTIFACTS.mkdir(exist_ok=True)
+    room.driver.update_settings({"max_new_tokens": 24})
+    assert wait_for(lambda: room.driver.settings["max_new_tokens"] == 24)
+    sub = room.driver.events.subscribe(replay=False)
+    page = context(PHONE)
+    page.goto(room.url + "/join?code=owl")
+    page.wait_for_selector("#join-form:not([hidden])")
+    assert page.input_value("#code") == "owl"   # the QR code's address carries the code
+    page.fill("#name", "Ada")
+    page.click("#join-form button")
+    page.wait_for_selector("#ask-form:not([hidden])")
+    assert page.text_content("#who") == "you are Ada"
+    page.fill("#prompt", "What is a token?")
+    page.screenshot(path=str(ARTIFACTS / "join-390x844-before.png"))
+    page.click("#btn-ask")
+    page.wait_for_function("document.getElementById('f-ttft-engine').textContent !== '—'", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "join-390x844-after.png"))
+    events = sub.get(timeout=1)
+    (req,) = [e for e in events if e["type"] == "request"]
+    (fin,) = [e for e in events if e["type"] == "finished"]
+    assert req["label"] == "Ada" and req["source"] == "join"
+    mine = "".join(e["text"] for e in events if e["type"] == "token" and e["id"] == req["id"])
+    assert page.text_content("#answer") == mine and mine
+    # the engine's figure, exactly as the page's formatter writes it
+    assert page.text_content("#f-ttft-engine") == page.evaluate(f"FT.fmtS({fin['ttft']!r})")
+    assert page.text_content("#f-ttft-phone").endswith(("ms", " s"))
+    if fin["output_tokens"] >= 2:
+        assert float(page.text_content("#f-tps-engine")) == pytest.approx(1 / fin["tpot"], rel=0.01, abs=0.05)
+        assert float(page.text_content("#f-tps-phone")) > 0
+    # nothing overflows the phone's width
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert page.errors == []
+
+
+def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context):
+    before = dict(room.driver.settings)
+    viewer = context({"width": 1280, "height": 900})
+    viewer.goto(room.url + "/?rate=4&load=true")
+    viewer.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+    assert viewer.evaluate("firstToken.state.hello.role") == "viewer"
+    assert viewer.is_visible("#viewer-note") and viewer.is_disabled("#btn-load") and viewer.is_disabled("#set-rate")
+    # even a message sent by hand is refused
+    viewer.evaluate("firstToken.send({type: 'set', settings: {rate: 8}})")
+    viewer.wait_for_function("document.getElementById('toast').textContent.includes('viewers cannot change')")
+    assert room.driver.settings == before and room.driver.settings["load"] is False
+    assert not viewer.is_visible("#classroom")
+
+    presenter = context({"width": 1920, "height": 1080})
+    presenter.goto(room.url + f"/?key={room.classroom.key}&rate=2")
+    presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+    assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
+    assert room.classroom.key not in presenter.url   # the key left the address bar
+    assert wait_for(lambda: room.driver.settings["rate"] == 2.0)   # the presenter's URL settings apply
+    assert presenter.is_visible("#classroom svg") and presenter.text_content("#cls-url") == room.url + "/join"
+    assert "owl" in presenter.text_content("#classroom")
+    presenter.reload()   # the cookie keeps it the presenter
+    presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+    assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
+    presenter.click("#cls-hide")
+    assert not presenter.is_visible("#classroom")
+    presenter.click("#btn-classroom")
+    assert presenter.is_visible("#classroom")
+    assert viewer.errors == [] and presenter.errors == []
+
+
+def test_the_presenter_sees_students_on_the_timeline_and_removes_one(room, context):
+    ARTIFACTS.mkdir(exist_ok=True)
+    presenter = context({"width": 1920, "height": 1080})
+    presenter.goto(room.url + f"/?key={room.classroom.key}")
+    presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+    sessions = {n: student(room, n) for n in ("Ada", "Grace", "Alan")}
+    threads = [threading.Thread(target=ask, args=(s, room, f"{n} asks something")) for n, s in sessions.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    presenter.wait_for_function("[...firstToken.state.reqs.values()].filter(r => r.label).length === 3")
+    assert sorted(presenter.evaluate("[...firstToken.state.reqs.values()].map(r => r.label)")) == ["Ada", "Alan", "Grace"]
+    presenter.wait_for_selector("#cls-list li[data-client] >> text=Grace")
+    assert presenter.text_content("#cls-count") == "Students (3)"
+    presenter.screenshot(path=str(ARTIFACTS / "classroom-presenter-1920x1080.png"))
+    presenter.click("#cls-list li:has-text('Grace') .cls-remove")
+    assert wait_for(lambda: [c["name"] for c in room.classroom.roster() if c["removed"]] == ["Grace"], 5)
+    presenter.wait_for_function("document.getElementById('cls-count').textContent === 'Students (2)'")
+    r = sessions["Grace"].post(room.url + "/join/ask", json={"prompt": "still here?"}, timeout=10)
+    assert r.status_code == 403
+    assert presenter.errors == []
