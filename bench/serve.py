@@ -29,7 +29,7 @@ import urllib.request
 from simple_websocket import Client
 
 from bench.contenders import prompts
-from bench.launch import ROOT, App
+from bench.launch import ROOT, App, healthz
 from engine.loadgen import CORPUS
 
 
@@ -94,6 +94,7 @@ def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
     loop (each request sent at its Poisson arrival time at `rate` per second, whatever is running)."""
     results, lock, todo = [], threading.Lock(), list(enumerate(batch))
     events.take()
+    before = engine_thread(app)
     t0 = time.perf_counter()
 
     def one(i, text):
@@ -123,7 +124,19 @@ def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
         t.join()
     wall = time.perf_counter() - t0
     time.sleep(0.3)             # the last events reach the websocket
-    return summarise(results, events.take(), wall)
+    out = summarise(results, events.take(), wall)
+    after = engine_thread(app)
+    between = after["between_forwards_s"] - before["between_forwards_s"]
+    cpu = after["between_forwards_cpu_s"] - before["between_forwards_cpu_s"]
+    out["between_s"], out["waiting_share"] = between, (1 - cpu / between) if between > 0 else None
+    return out
+
+
+def engine_thread(app):
+    """The engine thread's time between forwards so far, and the CPU time it ran (/healthz):
+    what it did not run of that time, it waited for the GIL or a core."""
+    status, body = healthz(app.url)
+    return body["engine_thread"]
 
 
 def summarise(results, evs, wall):
@@ -216,20 +229,24 @@ def main(argv=None):
 
 def report(r):
     ms = lambda v: "—" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
+    pct = lambda v: "—" if v is None else f"{100 * v:.0f}%"  # noqa: E731
     lines = ["", "streaming /v1/chat/completions, greedy, ignore_eos; L1: 8 in flight, 128-token prompts -> 32 new; "
              "L2: 16 in flight, 32 -> 128; open: L1's requests as Poisson arrivals at 2/s",
              f"{'run':18s} {'tok/s':>6s} {'TTFT p50':>9s} {'p99':>9s} {'ITL p50':>9s} {'p99':>9s} "
-             f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s} {'gap p50':>8s}  steps (prefill/decode/mixed)"]
+             f"{'fwd p50':>8s} {'stall':>6s} {'busy':>5s} {'gap p50':>8s} {'wait':>5s}  steps (prefill/decode/mixed)"]
     rows = [(f"L1 {k}", v) for k, v in r["L1"].items()] + [("L2 mixed", r["L2"]), ("open mixed", r["open_loop"])]
     for name, x in rows + [(f"{k} x16", v) for k, v in r["continuous"].items()]:
         st = x["steps"]
         lines.append(f"{name:18s} {x['tokens_per_s']:6.1f} {ms(x['ttft_p50']):>9s} {ms(x['ttft_p99']):>9s} "
                      f"{ms(x['itl_p50']):>9s} {ms(x['itl_p99']):>9s} {ms(x['median_forward_s']):>8s} "
-                     f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}% {ms(x['between_p50_s']):>8s}  "
+                     f"{x['stall_factor']:6.2f} {100 * x['busy']:4.0f}% {ms(x['between_p50_s']):>8s} "
+                     f"{pct(x['waiting_share']):>5s}  "
                      f"{st['prefill']}/{st['decode']}/{st['mixed']}")
     lines.append("(x16: 16 requests at once through 4 slots, outputs of 8..128 tokens: continuous vs static batching; stall: mean "
                  "gap between a request's tokens / median forward; busy: share of wall time in forwards; gap: "
-                 "engine time between one forward's end and the next one's start)")
+                 "engine time between one forward's end and the next one's start; wait: share of that engine-thread "
+                 "time it was ready but not running (thread CPU time vs wall): the GIL, held by the web threads that "
+                 "stream each token, or a busy core)")
     lines += ["", "shared ~500-token system prompt, requests one at a time:"]
     for p in r["prefix"]:
         f = p["first"]

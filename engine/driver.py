@@ -18,6 +18,7 @@ cancel per request in flight), so the bound holds within that margin.
 import queue
 import random
 import threading
+import time
 import traceback
 
 from .backend import RequestHandle
@@ -50,6 +51,10 @@ class EngineDriver:
         self._stop = False
         self._threads = []
         self._actions = []         # a preset's bursts to come: (engine time, presets.Action); engine thread only
+        # The engine thread's turns that ran a forward, outside the forward: wall seconds, and the
+        # CPU seconds it ran. The difference is time it was ready but not running: waiting for
+        # the GIL (every streaming request's thread wakes per token) or for a core.
+        self.between_wall_s = self.between_cpu_s = 0.0
 
     # ------------------------------------------------------------------ facts
     def hello(self):
@@ -62,7 +67,9 @@ class EngineDriver:
         b = eng.bundle
         return {"status": "ok", "model": b.name, "device": b.device, "dtype": b.dtype_name,
                 "load_s": round(b.load_s, 3), "weights_from_cache": b.from_cache,
-                "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting)}, 200
+                "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting),
+                "engine_thread": {"between_forwards_s": self.between_wall_s,
+                                  "between_forwards_cpu_s": self.between_cpu_s}}, 200
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -165,9 +172,14 @@ class EngineDriver:
         eng = self.engine
         try:
             while not self._stop:
+                w0, c0 = time.perf_counter(), time.thread_time()
+                f0w, f0c = eng.runner.wall_s, eng.runner.cpu_s
                 self._drain_inbox()
                 self._run_due_actions()
                 self._publish(eng.step())
+                if eng.runner.wall_s != f0w:   # a forward ran: the rest of this turn was between forwards
+                    self.between_wall_s += time.perf_counter() - w0 - (eng.runner.wall_s - f0w)
+                    self.between_cpu_s += time.thread_time() - c0 - (eng.runner.cpu_s - f0c)
                 if not eng.busy:
                     self._wake.wait(self._wait_s())
                     self._wake.clear()

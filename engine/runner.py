@@ -13,6 +13,7 @@ its first token, attending only to itself.
 """
 from copy import deepcopy
 from dataclasses import dataclass
+import time
 
 import torch
 import torch.nn.functional as F
@@ -206,6 +207,8 @@ class Runner:
         self.head = OutputHead(model.get_output_embeddings())
         self.store = store
         self.device = next(model.parameters()).device
+        # Summed over every forward: wall seconds, and CPU seconds of the calling (engine) thread.
+        self.wall_s = self.cpu_s = 0.0
 
     @torch.inference_mode()
     def forward(self, segments):
@@ -217,6 +220,14 @@ class Runner:
             pos += range(seg.start, seg.start + seg.n)
             if seg.logits:
                 last.append(len(ids) - 1)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return self._forward(ids, pos, last, segments)
+        finally:
+            self.wall_s += time.perf_counter() - w0
+            self.cpu_s += time.thread_time() - c0
+
+    def _forward(self, ids, pos, last, segments):
         plan = Plan(self.store, segments, self.device)
         out = self.decoder(input_ids=torch.tensor([ids], device=self.device),
                            position_ids=torch.tensor([pos], device=self.device), use_cache=False, ft_plan=plan)

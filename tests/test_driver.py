@@ -33,6 +33,21 @@ def test_submit_streams_tokens_then_finished(driver):
     assert last[0] == "finished" and last[1].output_tokens == len(ids) and 1 <= len(ids) <= 5
 
 
+def test_engine_thread_time_between_forwards_is_measured(driver):
+    """/healthz carries the engine thread's time between forwards and the CPU time it ran: all
+    of it is outside the forwards (the runner's own sums), none of it while idle."""
+    t0 = time.perf_counter()
+    drain(driver.submit(prompt="We hold these truths", max_new_tokens=20, stream=True))
+    wait_idle(driver)
+    time.sleep(0.2)   # the engine thread's last turn ends after the scheduler empties
+    elapsed = time.perf_counter() - t0
+    first = driver.health()[0]["engine_thread"]
+    assert 0 < first["between_forwards_cpu_s"] <= first["between_forwards_s"] * 1.05 + 1e-3
+    assert first["between_forwards_s"] + driver.engine.runner.wall_s < elapsed
+    time.sleep(0.6)   # idle: stats ticks, no forward, nothing counted
+    assert driver.health()[0]["engine_thread"] == first
+
+
 @pytest.mark.parametrize("bad,field", [
     ({"slots": 0}, "slots"), ({"slots": "4"}, "slots"), ({"slots": 2.5}, "slots"), ({"nope": 1}, "nope"),
     ({"rate": float("nan")}, "rate"), ({"kv_cache": 1}, "kv_cache"), ({"schedule": "fifo"}, "schedule"),
