@@ -332,11 +332,15 @@ def join_page():
 
 @bp.get("/join/session")
 def who_am_i():
+    """Whether this phone has joined (a fresh phone has not: that is no error, so 200)."""
+    client = request.cookies.get(CLIENT_COOKIE)
+    if (client or "") not in _room().students:
+        return jsonify({"joined": False})
     try:
-        s = _room().student(request.cookies.get(CLIENT_COOKIE))
-    except Refused as e:
+        s = _room().student(client)
+    except Refused as e:   # removed by the presenter
         return e.response()
-    return jsonify({"name": s.name})
+    return jsonify({"joined": True, "name": s.name})
 
 
 @bp.post("/join/session")

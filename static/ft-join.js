@@ -39,7 +39,8 @@
     if (codeRequired && code) $("code").value = code;
     try {
       const res = await fetch("/join/session");
-      if (res.ok) { joined((await res.json()).name); return; }
+      const body = res.ok ? await res.json() : null;
+      if (body && body.joined) { joined(body.name); return; }
     } catch (e) { say(`cannot reach the class: ${e.message}`, true); }
     showJoin();
   }

@@ -78,11 +78,12 @@
     if (ev.type === "hello") { result = null; return; }
     if (ev.type !== "measure") return;
     const status = $("m-status");
+    const replayed = app.s.connectT !== null && ev.t < app.s.connectT;   // history sent on connect: no pop-up
     if (ev.status === "running") {
-      show(true);
+      if (!replayed) show(true);
       status.dataset.status = "running";
       status.textContent = "Measuring: the engine has paused serving (waiting requests wait) while it times decode steps…";
-      FT.toast("measuring decode cost: serving is paused for a few seconds");
+      if (!replayed) FT.toast("measuring decode cost: serving is paused for a few seconds");
     } else if (ev.status === "done") {
       result = ev;
       status.dataset.status = "done";

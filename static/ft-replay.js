@@ -164,11 +164,7 @@
     $("rp-credit").textContent = `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
     const preset = trace.find((ev) => ev.type === "preset");
     $("rp-preset").hidden = !preset;
-    if (preset) {
-      $("rp-preset-title").textContent = preset.title || preset.name;
-      $("rp-preset-explain").textContent = preset.explain || "";
-      $("rp-preset-watch").textContent = preset.watch || "";
-    }
+    if (preset) $("rp-preset-title").textContent = preset.title || preset.name;   // its explanation: the lesson banner
   }
 
   // Play `trace` from its start; the live connection (if any) is closed for good: a page in

@@ -174,7 +174,7 @@ def test_join_code_names_and_prompts_are_checked(room):
                timeout=10)
     assert r.status_code == 200
     name = r.json()["name"]
-    assert name == ("Ada Lovelace" + "x" * 40)[:MAX_NAME] and s.get(room.url + "/join/session").json()["name"] == name
+    assert name == ("Ada Lovelace" + "x" * 40)[:MAX_NAME] and s.get(room.url + "/join/session").json() == {"joined": True, "name": name}
     for prompt in ("", "   ", "x" * (MAX_PROMPT + 1), None):
         r = s.post(room.url + "/join/ask", json={"prompt": prompt}, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_prompt", prompt
@@ -182,6 +182,8 @@ def test_join_code_names_and_prompts_are_checked(room):
     for cookies in ({}, {"ft_client": "made-up"}):
         r = requests.post(room.url + "/join/ask", json={"prompt": "hi"}, cookies=cookies, timeout=10)
         assert r.status_code == 401 and r.json()["error"]["code"] == "not_joined"
+        r = requests.get(room.url + "/join/session", cookies=cookies, timeout=10)
+        assert r.status_code == 200 and r.json() == {"joined": False}
 
 
 def test_clean_name():

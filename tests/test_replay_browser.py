@@ -185,7 +185,8 @@ def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_pa
     assert page.js("document.getElementById('d-text').textContent") == "".join(ev["text"] for ev in last)
     assert page.js("document.getElementById('rp-credit').textContent").startswith(
         "Recorded with First Token on tiny-random-llama, cpu, ")
-    assert page.js("document.getElementById('rp-preset-explain').textContent") == PRESETS["queueing"].explain
+    assert page.js("document.getElementById('lesson-text').textContent") == PRESETS["queueing"].explain
+    assert page.js("document.getElementById('rp-preset-title').textContent") == PRESETS["queueing"].title
     assert page.sockets == [] and refused == [] and page.errors == []
     page.shot("export-file.png")
     context.close()
