@@ -88,6 +88,15 @@ def tpage(browser, live):
     p.close()
 
 
+@pytest.fixture
+def midpage(browser, midsize):
+    """A page on the midsize engine, which outlives the test: left idle with default settings."""
+    p = TeachPage(browser, midsize.url + "/")
+    yield p
+    p.idle()
+    p.close()
+
+
 def test_every_preset_button_applies_its_settings_and_shows_its_lesson(tpage):
     presets = tpage.js("firstToken.state.hello.presets")
     assert len(presets) >= 11
@@ -105,22 +114,13 @@ def test_every_preset_button_applies_its_settings_and_shows_its_lesson(tpage):
     assert tpage.errors == []
 
 
-def test_queueing_preset_grows_ttft_while_prefill_stays_flat(browser, midsize):
-    tpage = TeachPage(browser, midsize.url + "/")
-    try:
-        queueing_checks(tpage)
-    finally:
-        tpage.idle()
-        tpage.close()
-
-
-def queueing_checks(tpage):
-    tpage.finished_since(tpage.preset("idle"), 1)   # a warm engine: the first forwards also pay for allocations
+def test_queueing_preset_grows_ttft_while_prefill_stays_flat(midpage):
+    midpage.finished_since(midpage.preset("idle"), 1)   # a warm engine: the first forwards also pay for allocations
     # Prompts of 384 tokens instead of 128: on this small model a 128-token forward takes ~45 ms,
     # where a page drawing on the same machine moves single forwards by ±20 %.
-    t0 = tpage.preset_with("queueing", {"prompt_tokens": 384, "max_batched_tokens": 384})
-    done = tpage.finished_since(t0, 12)
-    assert tpage.max_stat("queue", t0) >= 3                       # requests waited
+    t0 = midpage.preset_with("queueing", {"prompt_tokens": 384, "max_batched_tokens": 384})
+    done = midpage.finished_since(t0, 12)
+    assert midpage.max_stat("queue", t0) >= 3                       # requests waited
     queued = sorted(done, key=lambda r: r["arrival"])[1:]          # the burst behind the first
     ttfts = [r["ttft"] for r in queued]
     assert ttfts[-1] > 3 * ttfts[0]                                # the last waited for all the others
@@ -129,12 +129,12 @@ def queueing_checks(tpage):
     # and the same time, within 15 %, between the first and second half of the queue. Each
     # half's fastest prefill is compared: single forwards of a few ms on a shared CPU are
     # slowed by whatever else runs, never sped up, so the minimum is the stable figure.
-    work = tpage.js("ids => ids.map(id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0))",
+    work = midpage.js("ids => ids.map(id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0))",
                     [r["id"] for r in queued])
     assert set(work) == {queued[0]["prompt"]}
     # The preset computes each prompt whole and alone (prefill-first, a budget of one prompt), so
     # every request's prefill figure is one forward of its own prompt and nothing else.
-    alone = tpage.js("""ids => ids.map(id => { const s = firstToken.state, p = s.reqs.get(id).prefills;
+    alone = midpage.js("""ids => ids.map(id => { const s = firstToken.state, p = s.reqs.get(id).prefills;
         const st = s.steps.find(x => x.start === p[0].start && x.kind !== 'release');
         return p.length === 1 && st.tokens === p[0].tokens; })""", [r["id"] for r in queued])
     assert all(alone)
@@ -144,49 +144,31 @@ def queueing_checks(tpage):
     print(f"queueing: TTFT {ttfts[0] * 1000:.0f} → {ttfts[-1] * 1000:.0f} ms; fastest prefill early {early * 1000:.2f} ms, "
           f"late {late * 1000:.2f} ms")
     assert abs(late - early) <= 0.15 * max(early, late)
-    tpage.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
-    assert tpage.errors == []
+    midpage.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
+    assert midpage.errors == []
 
 
-def test_long_document_prefills_longer_than_idle(browser, midsize):
-    tpage = TeachPage(browser, midsize.url + "/")
-    try:
-        long_document_checks(tpage)
-    finally:
-        tpage.idle()
-        tpage.close()
-
-
-def long_document_checks(tpage):
+def test_long_document_prefills_longer_than_idle(midpage):
     prefill = {}
     for name in ("idle", "long-document"):
-        t0 = tpage.preset(name)
-        (r,) = tpage.finished_since(t0, 1)
+        t0 = midpage.preset(name)
+        (r,) = midpage.finished_since(t0, 1)
         prefill[name] = (r["prefill"], r["prompt"])
     print(f"prefill: {prefill}")
     assert prefill["long-document"][1] > 4 * prefill["idle"][1]
     assert prefill["long-document"][0] > 2 * prefill["idle"][0]
-    tpage.wait("() => /prefill median .* for \\d+-token prompts/.test(document.getElementById('lesson-live').textContent)",
+    midpage.wait("() => /prefill median .* for \\d+-token prompts/.test(document.getElementById('lesson-live').textContent)",
                timeout=5_000)
 
 
-def test_kv_cache_off_step_time_grows_with_sequence_length(browser, midsize):
-    tpage = TeachPage(browser, midsize.url + "/")
-    try:
-        kv_off_checks(tpage)
-    finally:
-        tpage.idle()
-        tpage.close()
-
-
-def kv_off_checks(tpage):
-    t0 = tpage.preset("kv-cache-off")
-    tpage.finished_since(t0, 1)
-    k = tpage.js("t0 => FT.figures.recomputeSlope(firstToken.state, t0)", t0)
+def test_kv_cache_off_step_time_grows_with_sequence_length(midpage):
+    t0 = midpage.preset("kv-cache-off")
+    midpage.finished_since(t0, 1)
+    k = midpage.js("t0 => FT.figures.recomputeSlope(firstToken.state, t0)", t0)
     print(f"kv-cache-off: {k}")
     assert k["long"]["len"] > 2 * k["short"]["len"]
     assert k["long"]["ms"] > 1.5 * k["short"]["ms"]
-    live = tpage.page.text_content("#lesson-live")
+    live = midpage.page.text_content("#lesson-live")
     assert "decode step" in live and "cache off" in live
 
 

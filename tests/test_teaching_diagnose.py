@@ -4,7 +4,7 @@ prefill) names the cause with the measured numbers, the request panel shows it, 
 live tiny engine a request queued behind a full batch is diagnosed as queueing."""
 import pytest
 
-from test_teaching import TeachPage
+from test_teaching import tpage  # noqa: F401  (a fixture)
 
 
 def request_events(rid, arrival, *, queue, prefill, tokens, later, prompt=64, first_sample=0.002, delivery=0.001):
@@ -82,13 +82,6 @@ def situations():
         "decode-bound": (d, "dx", "decode", 119 * (LATER["decode"] + LATER["sample"]) + 0.002, ["119 later tokens"]),
         "stalled": (st, "sx", "stalled", 39 * 0.06, ["waiting behind other requests' prefill"]),
     }
-
-
-@pytest.fixture
-def tpage(browser, live):
-    p = TeachPage(browser, live.url + "/")
-    yield p
-    p.close()
 
 
 def test_diagnose_names_the_cause_with_the_measured_numbers(tpage):
