@@ -107,6 +107,10 @@ def parse_args(argv=None):
                    help="another origin (e.g. https://course.example.org) whose pages may use the "
                         "websocket and the API from a browser; repeatable "
                         "(default: only this app's own pages)")
+    p.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="on a loopback address, another host name to answer to besides localhost/127.0.0.1/::1 "
+                        "(the public name of a reverse proxy in front); repeatable. Other names are refused "
+                        "(DNS rebinding)")
     p.add_argument("--frame-ancestors", metavar="ORIGINS", type=frame_ancestors, default="*",
                    help="who may frame /embed in an iframe: * (default: any site) or origins separated by "
                         "spaces (\"https://a.org https://b.org\"); every other page is framed only by this app")
@@ -153,8 +157,10 @@ def classroom_banner(args, room):
 
 def build(args, room=None):
     """The app, with its backend starting: the model loading in the background, or the observer."""
+    # On loopback, only loopback names (and a proxy's, --allow-host): the DNS-rebinding guard.
+    hosts = (*LOOPBACK, *args.allow_host) if args.host in LOOPBACK else None
     app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
-                      "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room})
+                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room})
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import Observer

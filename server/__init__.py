@@ -19,6 +19,7 @@ from .state import State
 DEFAULTS = {
     "ALLOWED_ORIGINS": (),                             # --allow-origin: other origins that may use /ws and /v1
     "FRAME_ANCESTORS": "*",                            # --frame-ancestors: who may frame /embed
+    "ALLOWED_HOSTS": None,                             # Host names answered (None: any); app.py sets it on loopback
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
     "CLASSROOM": None,                                 # --classroom: a server.classroom.Classroom
     # A websocket message larger than this closes the connection before it is buffered whole;

@@ -8,6 +8,13 @@ state-changing request (any method but GET/HEAD/OPTIONS) are refused (403) when 
 (`--allow-origin`, config key ALLOWED_ORIGINS). Requests without `Origin` are not from a web
 page's script (curl, the openai client, server-side code) and pass.
 
+DNS rebinding: a page on evil.example can point that name at 127.0.0.1 after it loads, and its
+requests then reach an app on loopback with `Host: evil.example` and a matching `Origin`, which
+the check above takes for the app's own pages. So when the app listens on loopback only
+(app.py sets ALLOWED_HOSTS then), every request must name a loopback host or one given with
+`--allow-host` (a reverse proxy's public name), or it gets 403. Bound to other interfaces the
+app is reachable by whatever names the network gives it, and no host list applies.
+
 Framing (`Content-Security-Policy: frame-ancestors`): /embed is made for iframes on other
 sites (articles, course pages), so any origin may frame it by default; `--frame-ancestors`
 (config key FRAME_ANCESTORS) narrows that to a list of origins. Every other page is framed
@@ -87,6 +94,28 @@ def _allowed():
     return current_app.config["ALLOWED_ORIGINS_NORMALIZED"]
 
 
+def host_name(host_header):
+    """The host name of a `Host` header, lower-cased, without port or IPv6 brackets ("" if none)."""
+    try:
+        return urlsplit("//" + (host_header or "")).hostname or ""
+    except ValueError:   # a malformed port
+        return ""
+
+
+def check_host():
+    """before_request: with ALLOWED_HOSTS set (a loopback bind), refuse any other `Host` (403)."""
+    hosts = current_app.config["ALLOWED_HOSTS"]
+    if hosts is None:
+        return None
+    name = host_name(request.host)
+    if name in hosts:
+        return None
+    message = (f"host {name or request.host!r} is not one this app answers to: it listens on this machine "
+               "only, and other names could be DNS rebinding; behind a proxy, start it with --allow-host NAME")
+    return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                              "code": "host_not_allowed"}}), 403
+
+
 def parse_frame_ancestors(text):
     """`--frame-ancestors`: "*" (any origin) or origins separated by spaces, as the CSP source
     list for /embed (this origin is always added); ValueError names a bad entry."""
@@ -119,5 +148,8 @@ def init_app(app):
     origins = app.config.get("ALLOWED_ORIGINS") or ()
     app.config["ALLOWED_ORIGINS_NORMALIZED"] = frozenset(normalize_origin(o) for o in origins)
     app.config["FRAME_ANCESTORS"] = parse_frame_ancestors(app.config.get("FRAME_ANCESTORS") or "*")
+    hosts = app.config.get("ALLOWED_HOSTS")
+    app.config["ALLOWED_HOSTS"] = None if hosts is None else frozenset(h.strip("[]").lower() for h in hosts)
+    app.before_request(check_host)
     app.before_request(check_origin)
     app.after_request(frame_headers)

@@ -414,3 +414,20 @@ def test_limit_flags_are_validated():
 def test_default_bind_is_loopback():
     from app import parse_args
     assert parse_args([]).host == "127.0.0.1"
+
+
+def test_on_loopback_other_host_names_are_refused_against_dns_rebinding(live):
+    """A page whose name was rebound to 127.0.0.1 sends its own name as Host (and as Origin, which
+    then looks same-site): with ALLOWED_HOSTS (app.py sets it on loopback binds) it gets 403."""
+    from server import create_app
+    guarded = create_app({"BACKEND": live.driver, "ALLOWED_HOSTS": ("localhost", "127.0.0.1", "::1",
+                                                                     "Proxy.Example.org")}).test_client()
+    for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost:bad"):
+        for r in (guarded.get("/healthz", headers={"Host": host}),
+                  guarded.get("/", headers={"Host": host}),
+                  guarded.post("/v1/completions", json={}, headers={"Host": host, "Origin": f"http://{host}"})):
+            assert r.status_code == 403 and r.json["error"]["code"] == "host_not_allowed", (host, r.status_code)
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "proxy.example.org"):
+        assert guarded.get("/healthz", headers={"Host": host}).status_code == 200, host
+    open_app = create_app({"BACKEND": live.driver}).test_client()   # bound beyond loopback: any name
+    assert open_app.get("/healthz", headers={"Host": "evil.example"}).status_code == 200
