@@ -53,27 +53,24 @@ def seconds(name):
     return parse
 
 
-def origin(text):
-    try:
-        return normalize_origin(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+def checked(parse):
+    """An argparse `type` from a parser that raises ValueError with a message for the user."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e))
+    return convert
 
 
-def frame_ancestors(text):
-    try:
-        parse_frame_ancestors(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+def _frame_ancestors(text):
+    parse_frame_ancestors(text)   # checked here; create_app parses the text it is given
     return text
 
 
-def observe_url(text):
-    from server.observe import parse_target
-    try:
-        return parse_target(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+def _observe_url(text):
+    from server.observe import parse_target   # observe mode's module loads only when asked for
+    return parse_target(text)
 
 
 def parse_args(argv=None):
@@ -100,10 +97,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="CPU threads for the model (default: torch's, one per core); fewer keeps the "
                         "engine steady when a browser on the same small machine needs a core")
-    p.add_argument("--observe", metavar="URL", type=observe_url, default=None,
+    p.add_argument("--observe", metavar="URL", type=checked(_observe_url), default=None,
                    help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
                         "instead of loading a model: the page shows what its client measures")
-    p.add_argument("--allow-origin", metavar="ORIGIN", type=origin, action="append", default=[],
+    p.add_argument("--allow-origin", metavar="ORIGIN", type=checked(normalize_origin), action="append", default=[],
                    help="another origin (e.g. https://course.example.org) whose pages may use the "
                         "websocket and the API from a browser; repeatable "
                         "(default: only this app's own pages)")
@@ -111,7 +108,7 @@ def parse_args(argv=None):
                    help="on a loopback address, another host name to answer to besides localhost/127.0.0.1/::1 "
                         "(the public name of a reverse proxy in front); repeatable. Other names are refused "
                         "(DNS rebinding)")
-    p.add_argument("--frame-ancestors", metavar="ORIGINS", type=frame_ancestors, default="*",
+    p.add_argument("--frame-ancestors", metavar="ORIGINS", type=checked(_frame_ancestors), default="*",
                    help="who may frame /embed in an iframe: * (default: any site) or origins separated by "
                         "spaces (\"https://a.org https://b.org\"); every other page is framed only by this app")
     p.add_argument("--request-timeout", metavar="SECONDS", type=seconds("--request-timeout"),

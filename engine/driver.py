@@ -104,11 +104,7 @@ class EngineDriver:
 
     def update_settings(self, changes):
         changes = validate(self.specs, changes)
-        with self._lock:
-            queued = self._put(("set", changes))
-        if not queued:
-            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
-                                          "nothing changed, try again")
+        self._put_or_refuse(("set", changes))
         return changes
 
     def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None):
@@ -129,18 +125,19 @@ class EngineDriver:
         comparison), then its timed bursts (engine/presets.py)."""
         preset = presets.get(name)   # SettingError: nothing changed
         overrides = validate(self.specs, settings) if settings is not None else {}
-        with self._lock:
-            queued = self._put(("preset", (preset, overrides)))
-        if not queued:
-            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
-                                          "nothing changed, try again")
+        self._put_or_refuse(("preset", (preset, overrides)))
 
     def measure(self):
         """Pause serving for a decode-cost sweep (engine/measure.py); results arrive as events."""
+        self._put_or_refuse(("measure", None))
+
+    def _put_or_refuse(self, command):
+        """Queue a command that may be refused: SettingError (nothing changed) when the inbox is full."""
         with self._lock:
-            queued = self._put(("measure", None))
+            queued = self._put(command)
         if not queued:
-            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); try again")
+            raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
+                                          "nothing changed, try again")
 
     def _command(self, kind, arg):
         """A command that must land whatever the bound (cancel, reset)."""

@@ -352,12 +352,11 @@ class Engine:
         `mixed` (other requests' prompt chunks shared the forward) if it was in the forward, to
         `stalled` if it waited outside it. A request recovering from preemption is charged as a
         whole when its next token comes (`preempted`)."""
-        inside = {seg.seq.id: seg for seg in segments}
+        inside = {seg.seq.id for seg in segments}
         for seq in self.scheduler.running:
             if seq.first_delivered is None or seq.recovering_since is not None:
                 continue
-            seg = inside.get(seq.id)
-            if seg is None:
+            if seq.id not in inside:
                 seq.later_stalled_s += forward_s
             elif prefill_tokens:
                 seq.later_mixed_s += forward_s

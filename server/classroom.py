@@ -156,7 +156,7 @@ class Classroom:
 
     def banner(self):
         """What `python app.py --classroom` prints (call with `base` set)."""
-        lines = [f"Classroom mode. Presenter (keep this private; open it on the projected machine):",
+        lines = ["Classroom mode. Presenter (keep this private; open it on the projected machine):",
                  f"  {self.presenter_url()}",
                  f"Students join at: {self.join_url()}"]
         if self.join_code:
@@ -333,12 +333,13 @@ def join_page():
 @bp.get("/join/session")
 def who_am_i():
     """Whether this phone has joined (a fresh phone has not: that is no error, so 200)."""
-    client = request.cookies.get(CLIENT_COOKIE)
-    if (client or "") not in _room().students:
-        return jsonify({"joined": False})
+    client = request.cookies.get(CLIENT_COOKIE) or ""
     try:
-        s = _room().student(client)
-    except Refused as e:   # removed by the presenter
+        room = _room()
+        if client not in room.students:
+            return jsonify({"joined": False})
+        s = room.student(client)
+    except Refused as e:   # classroom mode is off, or the presenter removed this phone
         return e.response()
     return jsonify({"joined": True, "name": s.name})
 

@@ -21,7 +21,7 @@ PANELS = ("timeline", "kv", "blocks", "queue", "slots", "detail")   # the page's
 EMBED_PANELS = ("timeline",)                                          # /embed's default
 THEMES = ("dark", "light")
 EXAMPLE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
-TRACE_PARAM = re.compile(r"examples/([a-z0-9][a-z0-9-]{0,63})\.json")
+TRACE_PARAM = re.compile(rf"examples/({EXAMPLE_NAME.pattern})\.json")
 bp = Blueprint("pages", __name__)
 
 

@@ -349,6 +349,8 @@ def test_solo_mode_is_unchanged(live):
     assert requests.get(live.url + "/join", timeout=10).status_code == 404
     r = requests.post(live.url + "/join/session", json={"name": "Ada"}, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_classroom"
+    r = requests.get(live.url + "/join/session", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_classroom"
 
 
 def test_the_engine_checks_a_label(live):
