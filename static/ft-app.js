@@ -75,9 +75,14 @@
     requestAnimationFrame(loop);
   }
 
+  // Everything drawn now, not at its next tick: what a test reads is then the state's.
+  function refresh() {
+    canvases.draw(); panels.update(); FT.teach.update(); charts.update();
+  }
+
   // For tests, benchmarks and the console.
   window.firstToken = Object.assign({state: s, view: app.view, ui, clock: app.clock, perf, send: app.send,
-                                     select: app.select}, replay.api);
+                                     select: app.select, refresh}, replay.api);
   controls.wire();
   canvases.wire();
   replay.wire();

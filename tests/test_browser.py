@@ -102,7 +102,7 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
         assert "bogus" in p.page.text_content("#toast")
         ids = p.burst(3)
         p.wait_finished(ids)
-        p.page.wait_for_timeout(1200)   # a DOM tick (4 Hz) and a chart tick (2 Hz)
+        p.js("firstToken.refresh()")   # the panels and charts now, not at their next tick
         s = p.js("""() => { const s = firstToken.state, ids = %s;
             return {rows: firstToken.ui.layouts.timeline.shown.length,
                     prompts: ids.map(id => s.reqs.get(id).promptTokens),
@@ -281,7 +281,7 @@ def test_prompt_box_streams_and_renders_markup_as_text(page):
     page.page.press("#prompt", "Enter")
     page.wait("prev => firstToken.ui.selected && firstToken.ui.selected !== prev && "
               "firstToken.state.reqs.get(firstToken.ui.selected).pieces", rid)
-    page.page.wait_for_timeout(600)
+    page.js("firstToken.refresh()")   # the panels now, not at their next tick
     assert evil in page.page.text_content("#d-chips")
     assert page.js("document.scripts.length") == scripts
     assert page.js("document.querySelectorAll('#d-chips script, #d-text *').length") == 0

@@ -64,9 +64,8 @@ class Watch:
         self.page.set_input_files("#trace-file", str(path))
 
     def to_end(self):
-        """Scrub to the end of the replay, then let the panels (4 Hz) and charts (2 Hz) catch up."""
-        self.js("firstToken.replay.seek(Infinity)")
-        self.page.wait_for_timeout(800)
+        """Scrub to the end of the replay, then draw the panels and charts (else at 4 and 2 Hz)."""
+        self.js("firstToken.replay.seek(Infinity); firstToken.refresh()")
 
     def shot(self, name):
         ARTIFACTS.mkdir(exist_ok=True)
@@ -89,7 +88,8 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     assert len(ids) >= 3
     watcher.wait("ids => ids.every((id) => { const r = firstToken.state.reqs.get(id); return r && r.end !== null; })", ids)
     live.driver.publishing = False   # nothing more reaches the watcher: its figures are final
-    watcher.page.wait_for_timeout(800)
+    watcher.page.wait_for_timeout(800)   # what was already on the wire arrives
+    watcher.js("firstToken.refresh()")
     seen = watcher.js("firstToken.trace()")
     validate(seen)
     assert seen[0]["type"] == "hello" and not any(ev["type"] == "sync" for ev in seen)
@@ -173,10 +173,10 @@ def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_pa
     page.wait("() => window.firstToken && firstToken.replay.player.mode === 'trace'")
     page.js("firstToken.replay.setSpeed(4)")
     page.wait("() => !firstToken.replay.player.playing", timeout=30_000)   # played to the end
-    page.page.wait_for_timeout(800)
     assert page.js("firstToken.state.events") == len(trace)
     finished = [ev for ev in trace if ev["type"] == "finished"]
     assert page.js("firstToken.state.finishedCount") == len(finished)
+    page.js("firstToken.refresh()")   # else the panels' 4 Hz and the charts' 2 Hz ticks may be due
     # Charts drawn (plotly, inlined), tokens shown (the newest request's output), the credit line.
     assert page.js("document.querySelectorAll('#chart-stages .bars .point').length") > 0
     assert page.js("document.querySelectorAll('#chart-steps .scatterlayer .trace').length") > 0
@@ -232,6 +232,7 @@ def test_embed_replays_a_shipped_trace_in_a_frame_on_another_origin(live, browse
         assert inner.evaluate("firstToken.state.events") == len(trace)
         # Drawn: the timeline has request rows; the headline shows measured figures.
         assert inner.evaluate("firstToken.ui.layouts.timeline.shown.length") > 0
+        inner.evaluate("firstToken.refresh()")   # else the panels' 4 Hz tick may still be due
         assert inner.evaluate("document.getElementById('h-ttft50').textContent") != "—"
         assert inner.evaluate("document.getElementById('kv') !== null && document.getElementById('blocks') === null")
         assert page.sockets == [] and page.errors == []
