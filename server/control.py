@@ -1,7 +1,8 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `preset`, `measure`, `sync`; in classroom mode the presenter's `clear_queue` and
-`remove_client`): parsed and validated here, transport-free, so every bad message gets an
-`error` reply naming the field and changes nothing. A classroom viewer may send `sync` only."""
+`reset`, `preset`, `measure`, `sync`, `leave`; in classroom mode the presenter's `clear_queue`
+and `remove_client`): parsed and validated here, transport-free, so every bad message gets an
+`error` reply naming the field and changes nothing. A classroom viewer may send `sync` and
+`leave` only."""
 import json
 
 from engine.events import Error, Sync
@@ -11,13 +12,18 @@ from .classroom import VIEWER_REFUSED
 MAX_MESSAGE_BYTES = 256 * 1024
 
 
+class Leave(Exception):
+    """The page stops listening (it replays a trace now): the transport closes the connection."""
+
+
 def _error(backend, message, field=None):
     return Error(t=backend.clock.now(), message=message, field=field)
 
 
 def handle(backend, raw, role="solo", classroom=None):
     """Apply one raw client message from a page of this `role` ("solo", "presenter", "viewer");
-    return the events to send back to that client only. `classroom`: the Classroom, if any."""
+    return the events to send back to that client only, or raise Leave. `classroom`: the
+    Classroom, if any."""
     if isinstance(raw, bytes) or raw is None:
         return [_error(backend, "messages must be JSON text frames", "message")]
     if len(raw) > MAX_MESSAGE_BYTES:
@@ -29,6 +35,8 @@ def handle(backend, raw, role="solo", classroom=None):
     if not isinstance(msg, dict):
         return [_error(backend, "message must be a JSON object", "message")]
     kind = msg.get("type")
+    if kind == "leave":
+        raise Leave()
     if role == "viewer" and kind != "sync":
         return [_error(backend, VIEWER_REFUSED, "type")]
     try:
@@ -61,7 +69,7 @@ def handle(backend, raw, role="solo", classroom=None):
             classroom.control(backend, role, msg)
         else:
             return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                    "reset, preset, measure or sync; clear_queue or remove_client in classroom "
+                                    "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "
                                     "mode)", "type")]
     except SettingError as e:
         return [_error(backend, e.message, e.field)]

@@ -1,5 +1,6 @@
 """The live websocket (/ws): hello, then replayed history, then live events, coalesced into one
-JSON array per tick; the page's control messages are handled between sends (server/control.py).
+JSON array per tick; the page's control messages are handled between sends (server/control.py),
+and after a `leave` message it sends nothing more.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
 and that role decides which control messages it may send."""
 import json
@@ -20,6 +21,15 @@ def _send(conn, events):
     conn.send(json.dumps(events, separators=(",", ":")))
 
 
+def _idle(conn, backend, sub):
+    """After `leave`: send nothing more, and hold the socket open, unread, until the page goes.
+    Neither side closes it now: under Werkzeug's server a close while the page is open shows
+    in Chromium as an "Invalid frame header" error (flask-sock issue #20)."""
+    backend.events.unsubscribe(sub)
+    while True:
+        conn.receive()   # raises ConnectionClosed, as in the send loop, when the page goes
+
+
 @sock.route("/ws", bp=bp)
 def ws(conn):
     state = current()
@@ -37,7 +47,11 @@ def ws(conn):
         _send(conn, [hello.to_dict()])
         while True:
             raw = conn.receive(timeout=SEND_EVERY_S)
-            out = [e.to_dict() for e in control.handle(backend, raw, role, room)] if raw is not None else []
+            try:
+                out = [e.to_dict() for e in control.handle(backend, raw, role, room)] if raw is not None else []
+            except control.Leave:
+                _idle(conn, backend, sub)
+                return
             out += sub.get(timeout=0)
             if out:
                 _send(conn, out)

@@ -68,13 +68,17 @@
     setTimeout(connect, wait);
   }
 
-  // Replaying a trace: stop listening for good. The socket is left open and ignored rather
-  // than closed: closing it while the server is mid-send makes Chromium report the server's
-  // next frame as invalid (a console error). Its frames are dropped unread until the page leaves.
+  // Replaying a trace: stop listening for good. The page tells the server (`leave`), which then
+  // sends nothing more, and neither side closes the socket: a close under Werkzeug's server
+  // shows in Chromium as an "Invalid frame header" console error. Frames on the way are dropped.
   function stop() {
     stopped = true;
     clearInterval(clock.timer);
-    if (ws) { ws.onmessage = null; ws.onclose = null; }
+    if (!ws) return;
+    ws.onmessage = null; ws.onclose = null;
+    const leave = () => ws.send(JSON.stringify({type: "leave"}));
+    if (ws.readyState === WebSocket.OPEN) leave();
+    else if (ws.readyState === WebSocket.CONNECTING) ws.onopen = leave;
   }
 
   function connect() {

@@ -76,6 +76,26 @@ def test_bad_messages_over_the_websocket_are_named_and_the_connection_keeps_work
     assert not any(e["type"] == "error" for e in evs)
 
 
+def test_after_leave_the_server_sends_nothing_more(live):
+    listening = live.driver.events.subscribers
+    conn = Client.connect(live.ws_url)
+    try:
+        assert json.loads(conn.receive(timeout=10))[0]["type"] == "hello"
+        assert live.driver.events.subscribers == listening + 1
+        live.driver.update_settings({"load": True, "rate": 16.0})   # events are flowing when the page leaves
+        conn.send(json.dumps({"type": "leave"}))
+        deadline = time.time() + 10
+        while live.driver.events.subscribers > listening and time.time() < deadline:
+            time.sleep(0.05)
+        assert live.driver.events.subscribers == listening
+        while conn.receive(timeout=0.3) is not None:   # what was already on the wire
+            pass
+        assert conn.receive(timeout=1.5) is None and conn.connected   # silent, and still open
+    finally:
+        live.driver.update_settings({"load": False})
+        conn.close()
+
+
 def test_every_event_a_page_receives_under_load_follows_the_schema(live):
     """Load generator on, a burst, a page prompt, one too long, a bad message, a sync, settings
     changes and a reset: every event that reaches the page validates against the schema."""

@@ -6,6 +6,7 @@ that is not a trace changes nothing."""
 import http.server
 import json
 import threading
+import time
 
 import jsonschema
 import pytest
@@ -124,18 +125,26 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     watcher.page.close()
 
 
-def test_a_replaying_page_sends_nothing(live, browser, tmp_path):
+def test_a_replaying_page_leaves_the_live_connection_and_sends_nothing(live, browser, tmp_path):
     trace = record.record(live.driver, 0.5, settings=QUICK, drain=True)
     (tmp_path / "t.json").write_text(json.dumps(trace))
+    listening = live.driver.events.subscribers
     page = Watch(browser, live.url)
     page.wait("() => firstToken.state.hello && firstToken.clock.offset !== null")
+    assert live.driver.events.subscribers == listening + 1
     page.load_file(tmp_path / "t.json")
     page.wait("() => firstToken.replay.player.mode === 'trace'")
+    # The page said `leave` and the server closed: nothing is sent to this tab any more.
+    assert json.loads(page.sent[-1]) == {"type": "leave"}
+    deadline = time.monotonic() + 5
+    while live.driver.events.subscribers > listening and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live.driver.events.subscribers == listening
     sent = len(page.sent)
     page.js("firstToken.replay.setSpeed(4)")
     assert page.js("firstToken.send({type: 'reset'})") is False
     page.page.wait_for_timeout(1500)
-    assert len(page.sent) == sent
+    assert len(page.sent) == sent and page.errors == []
     assert page.js("document.getElementById('controls').offsetParent") is None   # replaced by the replay's
     assert page.js("document.getElementById('replay').offsetParent") is not None
     page.page.close()

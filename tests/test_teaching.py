@@ -2,6 +2,7 @@
 the engine as they say (read from the page's own event stream), the guided tour applies them
 and spots the page's parts, presenter mode and its shortcuts, the measure sheet and the
 side-by-side comparison."""
+import numpy
 import pytest
 
 from conftest import LiveApp
@@ -165,9 +166,15 @@ def test_kv_cache_off_step_time_grows_with_sequence_length(midpage):
     t0 = midpage.preset("kv-cache-off")
     midpage.finished_since(t0, 1)
     k = midpage.js("t0 => FT.figures.recomputeSlope(firstToken.state, t0)", t0)
-    print(f"kv-cache-off: {k}")
+    steps = midpage.js("""t0 => firstToken.state.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0)
+                                .map((st) => [st.tokens / st.ids.length, st.end - st.start])""", t0)
+    # Rank correlation of step time with sequence length over every step: robust to the odd
+    # slow step a busy machine adds, where a ratio of two medians alone is at its mercy.
+    ranks = [numpy.argsort(numpy.argsort(col)) for col in numpy.array(steps).T]
+    rho = numpy.corrcoef(ranks)[0, 1]
+    print(f"kv-cache-off: {k}, {len(steps)} steps, rank correlation {rho:.2f}")
     assert k["long"]["len"] > 2 * k["short"]["len"]
-    assert k["long"]["ms"] > 1.5 * k["short"]["ms"]
+    assert rho > 0.5 and k["long"]["ms"] > 1.25 * k["short"]["ms"]
     live = midpage.page.text_content("#lesson-live")
     assert "decode step" in live and "cache off" in live
 
