@@ -103,7 +103,7 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
         ids = p.burst(3)
         p.wait_finished(ids)
         # The headline's TTFT comes with the engine's next `stats` event after a finish.
-        p.wait("() => { const L = firstToken.state.last; return L && L.ttft && L.ttft.p50 !== undefined; }")
+        p.wait("() => { const L = firstToken.state.last; return L && L.ttft && L.ttft.p50 !== null; }")
         p.js("firstToken.refresh()")   # the panels and charts now, not at their next tick
         s = p.js("""() => { const s = firstToken.state, ids = %s;
             return {rows: firstToken.ui.layouts.timeline.shown.length,
