@@ -115,8 +115,9 @@ def test_every_preset_button_applies_its_settings_and_shows_its_lesson(tpage):
     assert tpage.errors == []
 
 
-def test_queueing_preset_grows_ttft_while_prefill_stays_flat(midpage):
-    midpage.finished_since(midpage.preset("idle"), 1)   # a warm engine: the first forwards also pay for allocations
+def queueing_run(midpage):
+    """One run of `queueing`: check what is exact (requests waited, TTFT grew, every prefill
+    computed the same prompt alone); return the fastest prefill of the early and late halves."""
     # Prompts of 384 tokens instead of 128: on this small model a 128-token forward takes ~45 ms,
     # where a page drawing on the same machine moves single forwards by ±20 %.
     t0 = midpage.preset_with("queueing", {"prompt_tokens": 384, "max_batched_tokens": 384})
@@ -126,26 +127,38 @@ def test_queueing_preset_grows_ttft_while_prefill_stays_flat(midpage):
     ttfts = [r["ttft"] for r in queued]
     assert ttfts[-1] > 3 * ttfts[0]                                # the last waited for all the others
     assert sum(r["queue"] for r in queued[-4:]) > sum(r["queue"] for r in queued[:4])
-    # Prefill stays flat: the same prompt work for every request (the engine's prefill events),
-    # and the same time, within 15 %, between the first and second half of the queue. Each
-    # half's fastest prefill is compared: single forwards of a few ms on a shared CPU are
-    # slowed by whatever else runs, never sped up, so the minimum is the stable figure.
+    # The same prompt work for every request (the engine's prefill events)...
     work = midpage.js("ids => ids.map(id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0))",
-                    [r["id"] for r in queued])
+                      [r["id"] for r in queued])
     assert set(work) == {queued[0]["prompt"]}
-    # The preset computes each prompt whole and alone (prefill-first, a budget of one prompt), so
-    # every request's prefill figure is one forward of its own prompt and nothing else.
+    # ...computed whole and alone (prefill-first, a budget of one prompt), so every request's
+    # prefill figure is one forward of its own prompt and nothing else.
     alone = midpage.js("""ids => ids.map(id => { const s = firstToken.state, p = s.reqs.get(id).prefills;
         const st = s.steps.find(x => x.start === p[0].start && x.kind !== 'release');
         return p.length === 1 && st.tokens === p[0].tokens; })""", [r["id"] for r in queued])
     assert all(alone)
+    midpage.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
+    # Each half's fastest prefill: single forwards on a shared CPU are slowed by whatever else
+    # runs, never sped up, so the minimum is the stable figure.
     prefill = [r["prefill"] for r in queued]
     half = len(prefill) // 2
     early, late = min(prefill[:half]), min(prefill[half:])
     print(f"queueing: TTFT {ttfts[0] * 1000:.0f} → {ttfts[-1] * 1000:.0f} ms; fastest prefill early {early * 1000:.2f} ms, "
           f"late {late * 1000:.2f} ms")
+    return early, late
+
+
+def test_queueing_preset_grows_ttft_while_prefill_stays_flat(midpage):
+    midpage.finished_since(midpage.preset("idle"), 1)   # a warm engine: the first forwards also pay for allocations
+    # Prefill stays flat: the same time, within 15 %, early and late in the queue. A busy machine
+    # (two cores shared with Chromium, which redraws more as rows pile up) can slow every forward
+    # of one half, so a second run decides when the first's halves differ; an engine whose
+    # prefill grew with the queue fails both.
+    for _ in range(2):
+        early, late = queueing_run(midpage)
+        if abs(late - early) <= 0.15 * max(early, late):
+            break
     assert abs(late - early) <= 0.15 * max(early, late)
-    midpage.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
     assert midpage.errors == []
 
 
