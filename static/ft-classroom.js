@@ -1,7 +1,8 @@
 // First Token: classroom mode on the main page (hello.role, hello.classroom; server/classroom.py).
 // The presenter's page gets a panel with the join address, its QR code (an SVG made by the
 // server, parsed as XML: no markup from elsewhere runs), the joined students with a remove
-// button each, and "clear the queue"; the presenter can hide it and bring it back. A
+// button each, and "clear the queue"; the presenter can hide it (the header keeps the join
+// address) and bring it back. A
 // viewer's page keeps drawing everything but its controls are disabled: only the presenter
 // changes the engine (the server refuses a viewer's control messages anyway).
 "use strict";
@@ -9,7 +10,7 @@
   const FT = window.FT;
   const {$, el} = FT;
   const POLL_MS = 2000;   // the class list, while the panel is open
-  let app, pollTimer = null;
+  let app, pollTimer = null, room = null;   // room: hello.classroom, on the presenter's page
 
   function svgNode(text) {
     const doc = new DOMParser().parseFromString(text, "image/svg+xml");
@@ -33,7 +34,8 @@
   }
 
   // ------------------------------------------------------------ presenter
-  function panel(room) {
+  function panel(joined) {
+    room = joined;
     let box = $("classroom");
     if (box) box.remove();
     box = el("aside", "classroom-panel");
@@ -88,9 +90,12 @@
     box.style.maxHeight = `calc(100vh - ${top + 12}px)`;
   }
 
+  // Hidden, the panel leaves its address on the toggle, so a late student can still join.
   function show(on) {
     const box = $("classroom");
     box.hidden = !on;
+    $("btn-classroom").textContent = on ? "Classroom" :
+      `Join: ${room.join_url}${room.join_code ? ` · code ${room.join_code}` : ""}`;
     place();
     clearInterval(pollTimer);
     if (on) { poll(); pollTimer = setInterval(poll, POLL_MS); }

@@ -90,8 +90,9 @@ def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context)
     assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
     presenter.click("#cls-hide")
     assert not presenter.is_visible("#classroom")
+    assert presenter.text_content("#btn-classroom") == f"Join: {room.url}/join · code owl"   # late students
     presenter.click("#btn-classroom")
-    assert presenter.is_visible("#classroom")
+    assert presenter.is_visible("#classroom") and presenter.text_content("#btn-classroom") == "Classroom"
     assert viewer.errors == [] and presenter.errors == []
 
 
