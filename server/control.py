@@ -13,7 +13,7 @@ MAX_MESSAGE_BYTES = 256 * 1024
 
 
 class Leave(Exception):
-    """The page stops listening (it replays a trace now): the transport closes the connection."""
+    """The page stops listening (it replays a trace now): the transport sends it nothing more."""
 
 
 def _error(backend, message, field=None):
