@@ -68,7 +68,7 @@ class Page:
         self.page.close()
 
 
-def restore_engine(page):
+def restore_engine(page, timeout=90_000):
     """Every setting back to its default (from hello.limits), load off, engine reset."""
     page.js("""() => {
         const lim = firstToken.state.limits, d = {};
@@ -77,7 +77,7 @@ def restore_engine(page):
         firstToken.send({type: 'reset'});
     }""")
     page.wait("() => { const s = firstToken.state; return !s.settings.load && s.last && "
-              "s.last.running === 0 && s.last.queue === 0; }", timeout=90_000)
+              "s.last.running === 0 && s.last.queue === 0; }", timeout=timeout)
 
 
 @pytest.fixture

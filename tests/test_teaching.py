@@ -7,7 +7,7 @@ import pytest
 
 from conftest import LiveApp
 from helpers import tiny_tokenizer
-from test_browser import Page
+from test_browser import Page, restore_engine
 
 
 def midsize_bundle():
@@ -75,11 +75,7 @@ class TeachPage(Page):
 
     def idle(self):
         """Load off, every setting back to its default, nothing running."""
-        self.js("""() => { const lim = firstToken.state.limits, d = {};
-            for (const n in lim) d[n] = lim[n].default;
-            firstToken.send({type: 'reset'}); firstToken.send({type: 'set', settings: d}); }""")
-        self.wait("() => { const s = firstToken.state; return !s.settings.load && s.last && s.last.running === 0 && "
-                  "s.last.queue === 0; }", timeout=30_000)
+        restore_engine(self, timeout=30_000)
 
 
 @pytest.fixture
