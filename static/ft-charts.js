@@ -18,12 +18,10 @@
   const PLOT_CONFIG = {displayModeBar: false, responsive: true, staticPlot: false};
   const SHOW_FINISHED = 16;   // requests in the stages chart
 
-  // Median step time per batch size.
+  // Median step time per batch size, as a trace's x and y.
   function medians(pts) {
-    const by = new Map();
-    for (const p of pts) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.ms); }
-    const xs = [...by.keys()].sort((a, b) => a - b);
-    return {x: xs, y: xs.map((b) => FT.percentile(by.get(b), 50))};
+    const m = FT.stepMedians(pts);
+    return {x: [...m.keys()], y: [...m.values()]};
   }
   const jitter = (p) => p.batch + ((p.ms * 7919) % 1 - 0.5) * 0.3;   // deterministic spread so dots don't stack
 

@@ -56,7 +56,7 @@
     rs.settings = Object.assign({}, s.settings);
     const first = rec.events.find((e) => e.type === "request");
     const t0 = first ? first.t : 0;
-    for (const ev of rec.events) { const e = shifted(ev, t0); FT.ingest(rs, e, null); FT.noteWaits(rs, e); }
+    for (const ev of rec.events) { const e = shifted(ev, t0); FT.ingest(rs, e, null); }
     return {label: cmp[side][0], settings: rs.settings, s: rs,
             prompts: rec.events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(","))};
   }

@@ -9,18 +9,6 @@
   const FT = window.FT;
   const {$, el, fmtS} = FT;
 
-  // What the queue waited for while this request was in it (stats.blocked_on, sampled ~2 Hz
-  // before its first admission): counts per reason, kept on the request.
-  FT.noteWaits = function (s, ev) {
-    if (ev.type !== "stats" || !ev.blocked_on || !Array.isArray(ev.waiting_ids)) return;
-    for (const id of ev.waiting_ids) {
-      const r = s.reqs.get(id);
-      if (!r || r.admits.length) continue;
-      r.waitOn = r.waitOn || {};
-      r.waitOn[ev.blocked_on] = (r.waitOn[ev.blocked_on] || 0) + 1;
-    }
-  };
-
   const sum = (xs) => xs.reduce((a, b) => a + b, 0);
   const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
@@ -43,23 +31,23 @@
     return {ahead, busy};
   }
 
-  // The median decode-only step at a batch size (the nearest measured size), ms.
-  function decodeOnlyMs(s, batch) {
+  // The median decode-only step at a batch size (the nearest measured size; `medians` from
+  // FT.stepMedians), ms.
+  function decodeOnlyMs(medians, batch) {
     let best = null;
-    const by = new Map();
-    for (const p of s.points) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.ms); }
-    for (const b of by.keys()) if (best === null || Math.abs(b - batch) < Math.abs(best - batch)) best = b;
-    return best === null ? null : FT.percentile(by.get(best), 50);
+    for (const b of medians.keys()) if (best === null || Math.abs(b - batch) < Math.abs(best - batch)) best = b;
+    return best === null ? null : medians.get(best);
   }
 
   // Of the time r spent in mixed forwards (decoding while they also carried others' prompt
   // chunks), the part above a decode-only step at the same batch: its wait for their prefill.
   // Measured from the forwards still in the page's history; null when none are.
   function mixedExcess(r, s) {
+    const medians = FT.stepMedians(s.points);
     let excess = 0, seen = 0;
     for (const st of s.steps) {
       if (st.kind !== "mixed" || !st.decodeIds.includes(r.id)) continue;
-      const base = decodeOnlyMs(s, st.decodeIds.length);
+      const base = decodeOnlyMs(medians, st.decodeIds.length);
       if (base === null) continue;
       seen++;
       excess += Math.max(0, (st.end - st.start) - base / 1000);
@@ -67,9 +55,9 @@
     return seen ? excess : null;
   }
 
-  // Why the queue held it: the reason most stats samples named, if any were taken.
+  // Why the queue held it: the reason most stats samples named (r.waitOn, ft-state.js), if any were taken.
   function waitedFor(r) {
-    const w = r.waitOn || {};
+    const w = r.waitOn;
     let top = null;
     for (const k in w) if (top === null || w[k] > w[top]) top = k;
     return top;
@@ -177,14 +165,20 @@
   const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
                  preempted: "preemption", delivery: "delivery", other: "other"};
 
-  let app, key = "";
-  function update() {
-    const r = FT.panels.selectedReq && FT.panels.selectedReq();
-    const box = $("d-why");
+  // The selected request's diagnosis, computed again only when the request or the engine
+  // second changes: the panel and the tour's last step both read it on the 4 Hz tick.
+  let app, key = "", current = null, drawn;
+  FT.diagnosis = function () {
+    const r = FT.panels.selectedReq();
     const k = r ? `${app.s.epoch}:${r.id}:${r.end}:${r.admits.length}:${r.first}:${Math.floor(app.s.latestT)}` : "";
-    if (k === key) return;
-    key = k;
-    const d = r && FT.diagnose(r, app.s);
+    if (k !== key) { key = k; current = r ? FT.diagnose(r, app.s) : null; }
+    return current;
+  };
+
+  function update() {
+    const d = FT.diagnosis(), box = $("d-why");
+    if (d === drawn) return;
+    drawn = d;
     box.dataset.cause = d ? d.cause : "";
     if (!d) { box.replaceChildren(); return; }
     const parts = Object.entries(d.numbers).filter(([n, v]) => n in NAMES && typeof v === "number" && v > 0);
@@ -192,5 +186,5 @@
     box.replaceChildren(el("p", "why-text", d.text), line);
   }
 
-  FT.teach.register({init(a) { app = a; }, onEvent(ev) { FT.noteWaits(app.s, ev); }, update});
+  FT.teach.register({init(a) { app = a; }, update});
 })();

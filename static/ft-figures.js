@@ -118,5 +118,5 @@
     if (!f) return "";
     return f(s, t0) || WAIT;
   };
-  FT.figures = {finishedSince, ttftParts, recomputeSlope, streamRate, median};
+  FT.figures = {finishedSince, recomputeSlope, median};
 })();

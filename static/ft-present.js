@@ -66,5 +66,4 @@
       if (new URLSearchParams(location.search).get("present") === "1") setPresent(true);
     },
   });
-  FT.present = {setPresent};
 })();

@@ -118,7 +118,7 @@
     player.lastTs = null;
     $("rp-play").textContent = on ? "Pause" : "Play";
     if (on && player.mode === "trace" && player.vt >= player.t1) seek(player.t0);   // play again from the start
-    if (raf === null && player.mode !== "live") raf = requestAnimationFrame(frame);
+    loop();
   }
 
   function setSpeed(x) {

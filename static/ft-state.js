@@ -57,6 +57,7 @@
            tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
            admitted: null, slot: null, queueS: null, prefills: [],
            admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
+           waitOn: {},     // what the queue waited for before its first admission: stats samples per reason
            preempts: [],   // every preemption: {t, tokens, until} (until: readmitted at, null while waiting)
            finalCached: null, finalPreemptions: null,   // as `finished` said
            tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
@@ -188,6 +189,14 @@
         s.slots = slots;
       }
       s.waiting = ev.waiting_ids || [];
+      // The queue's reason (sampled ~2 Hz) counts for each request not yet admitted: the diagnosis
+      // reads what a request mostly waited for.
+      if (ev.blocked_on) {
+        for (const id of s.waiting) {
+          const r = s.reqs.get(id);
+          if (r && !r.admits.length) r.waitOn[ev.blocked_on] = (r.waitOn[ev.blocked_on] || 0) + 1;
+        }
+      }
     },
   };
 
@@ -226,6 +235,14 @@
     return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
   }
 
+  // The median decode step per batch size, from the page's decode-only points: a Map from batch
+  // size (ascending) to ms.
+  function stepMedians(points) {
+    const by = new Map();
+    for (const p of points) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.ms); }
+    return new Map([...by.keys()].sort((a, b) => a - b).map((b) => [b, percentile(by.get(b), 50)]));
+  }
+
   // Seconds a request spent in prefill over all its chunks: its prompt's, or (recompute: true)
   // recomputing after preemptions.
   function prefillTime(r, recompute = false) {
@@ -236,4 +253,5 @@
   FT.prefillTime = prefillTime;
   FT.ingest = ingest;
   FT.percentile = percentile;
+  FT.stepMedians = stepMedians;
 })();

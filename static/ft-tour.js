@@ -11,7 +11,7 @@
   let index = -1;      // the step shown, -1 when the tour is off
   let since = 0;       // engine time the step began (its figures count from the preset after it)
 
-  const selected = () => FT.panels.selectedReq && FT.panels.selectedReq();
+  const selected = () => FT.panels.selectedReq();
   const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
   const live = (name) => FT.proofText(name, s, t0(name));
 
@@ -62,7 +62,7 @@
      text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
        "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
        "behind others' prefill (chunked prefill).",
-     live() { const d = FT.diagnose(selected(), s); return d ? d.text : ""; }},
+     live() { const d = FT.diagnosis(); return d ? d.text : ""; }},
   ];
 
   function spot(step) {

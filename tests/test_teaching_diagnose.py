@@ -91,7 +91,7 @@ def test_diagnose_names_the_cause_with_the_measured_numbers(tpage):
             const s = FT.createState();
             FT.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
             s.settings.slots = 4;
-            for (const ev of evs) { FT.ingest(s, ev, null); FT.noteWaits(s, ev); }
+            for (const ev of evs) FT.ingest(s, ev, null);
             return FT.diagnose(s.reqs.get(rid), s);
         }""", [events, rid])
         assert d["cause"] == cause, (name, d)
@@ -110,7 +110,7 @@ def test_the_request_panel_shows_the_diagnosis_of_the_selected_request(tpage):
     for name in ("queue-bound", "prefill-bound", "decode-bound", "stalled"):
         events, rid, cause, figure, phrases = sit[name]
         tpage.js("""([evs, rid]) => { const s = firstToken.state;
-            for (const ev of evs) { FT.ingest(s, ev, null); FT.noteWaits(s, ev); }
+            for (const ev of evs) FT.ingest(s, ev, null);
             firstToken.select(rid); }""", [events, rid])
         tpage.wait("c => document.getElementById('d-why').dataset.cause === c", cause, timeout=5_000)
         text = tpage.page.text_content("#d-why")
