@@ -59,8 +59,7 @@ def _generate(kind):
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return jsonify(oa.respond(backend, req, timeout_s, gone))
     except oa.ApiError as e:
-        headers = {"Retry-After": "1"} if e.status == 429 else {}
-        return jsonify(e.body()), e.status, headers
+        return e.reply()
     except oa.ClientGone:
         return Response(status=CLIENT_CLOSED)
 
@@ -80,5 +79,5 @@ def models():
     try:
         backend = _backend()
     except oa.ApiError as e:
-        return jsonify(e.body()), e.status
+        return e.reply()
     return jsonify(oa.models_list(backend.api_model, backend.clock.wall0, backend.max_context))

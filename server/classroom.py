@@ -7,7 +7,7 @@ Who can do what:
   (`/?key=...`): that request sets an HttpOnly cookie and redirects to the page without the
   key, so the projected address bar never shows it. A page with that cookie is `presenter`;
   every other page is a `viewer`, whose control messages that change anything are refused
-  (server/control.py), `sync` excepted.
+  (server/control.py), `sync` and `leave` excepted.
 * A student joins (`POST /join/session`: name, and the join code when one is set) and gets a
   client id in an HttpOnly cookie. `POST /join/ask` queues one prompt (source "join", labelled
   with the name) and streams the answer back as server-sent events. Limits: one request in
@@ -18,8 +18,8 @@ Who can do what:
   limits: in classroom mode it requires the presenter key, as `Authorization: Bearer KEY`
   (the openai client's api_key) or the presenter's cookie. GET /v1/models stays open.
 * The presenter's page can clear the queue (every waiting request cancelled) and remove a
-  client (its request cancelled, its later requests refused): `clear_queue` and
-  `remove_client` control messages, handled here.
+  client (its request cancelled, its later requests refused): the `clear_queue` and
+  `remove_client` control messages (server/control.py; `Classroom.remove` here).
 
 A removed student can join again under another name (no accounts; IP addresses are not
 trusted to tell phones apart behind a classroom's NAT): the presenter removes again, or
@@ -27,7 +27,6 @@ restarts with a new join code.
 """
 import hmac
 import io
-import json
 import secrets
 import socket
 import threading
@@ -48,21 +47,10 @@ MAX_CLIENTS = 500       # students joined at once (each costs a few hundred byte
 MAX_CODE = 64
 RATE_BURST = 3          # token bucket: prompts a student may send back to back...
 RATE_EVERY_S = 15.0     # ...then one more every this many seconds
+MAX_BODY = 16 * 1024    # a /join request's JSON body, bytes
 VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
 
 bp = Blueprint("classroom", __name__)
-
-
-class Refused(Exception):
-    """A student's request refused: HTTP status, message, stable code."""
-
-    def __init__(self, status, message, code, retry_after=None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after
-
-    def response(self):
-        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after else {}
-        return jsonify({"error": {"message": self.message, "code": self.code}}), self.status, headers
 
 
 @dataclass
@@ -193,14 +181,14 @@ class Classroom:
     def join(self, name, code):
         if self.join_code is not None and not (isinstance(code, str) and
                                                hmac.compare_digest(code.encode(), self.join_code.encode())):
-            raise Refused(403, "wrong join code: ask the presenter for it", "bad_code")
+            raise oa.ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
         try:
             name = clean_name(name)
         except SettingError as e:
-            raise Refused(400, f"name: {e.message}", "bad_name") from None
+            raise oa.ApiError(400, f"name: {e.message}", code="bad_name") from None
         with self._lock:
             if len(self.students) >= self.max_clients:
-                raise Refused(503, f"the classroom is full ({self.max_clients} joined)", "full")
+                raise oa.ApiError(503, f"the classroom is full ({self.max_clients} joined)", code="full")
             student = Student(id=secrets.token_urlsafe(12), name=name, joined=time.time(),
                               tokens=self.rate_burst, refilled=time.monotonic())
             self.students[student.id] = student
@@ -209,26 +197,27 @@ class Classroom:
     def student(self, client_id):
         s = self.students.get(client_id or "")
         if s is None:
-            raise Refused(401, "join first: this phone has not joined the class (or the app restarted)",
-                          "not_joined")
+            raise oa.ApiError(401, "join first: this phone has not joined the class (or the app restarted)",
+                              code="not_joined")
         if s.removed:
-            raise Refused(403, "the presenter removed you from the class", "removed")
+            raise oa.ApiError(403, "the presenter removed you from the class", code="removed")
         return s
 
     def claim(self, client_id):
-        """Admit one request of this client (limits checked), or Refused."""
+        """Admit one request of this client (limits checked), or ApiError."""
         with self._lock:
             s = self.student(client_id)
             if s.request is not None:
-                raise Refused(409, "you already have a request in flight: wait for its answer", "in_flight")
+                raise oa.ApiError(409, "you already have a request in flight: wait for its answer",
+                                  code="in_flight")
             now = time.monotonic()
             s.tokens = min(self.rate_burst, s.tokens + (now - s.refilled) / self.rate_every_s)
             s.refilled = now
             if s.tokens < 1:
                 wait = (1 - s.tokens) * self.rate_every_s
-                raise Refused(429, f"slow down: one prompt every {self.rate_every_s:g} s "
-                                   f"(after {self.rate_burst} in a row); try again in {wait:.0f} s",
-                              "rate_limited", retry_after=wait)
+                raise oa.ApiError(429, f"slow down: one prompt every {self.rate_every_s:g} s "
+                                       f"(after {self.rate_burst} in a row); try again in {wait:.0f} s",
+                                  code="rate_limited", retry_after=wait)
             s.tokens -= 1
             s.request = ""            # held until the engine's id is known
             s.asked += 1
@@ -263,16 +252,6 @@ class Classroom:
             return [{"id": s.id, "name": s.name, "joined": s.joined, "asked": s.asked,
                      "in_flight": s.request or None, "removed": s.removed}
                     for s in sorted(self.students.values(), key=lambda s: s.joined)]
-
-    # ------------------------------------------------------------------ control messages
-    def control(self, backend, role, msg):
-        """The presenter's `clear_queue` and `remove_client` (SettingError for anyone else)."""
-        if role != "presenter":
-            raise SettingError("type", "only the presenter's page can manage the class")
-        if msg["type"] == "clear_queue":
-            backend.clear_queue()
-        else:
-            self.remove(backend, msg.get("client"))
 
 
 def current():
@@ -309,15 +288,14 @@ def guard():
     if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
         message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
                    "printed at start); students ask at /join")
-        return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                  "code": "classroom_presenter_only"}}), 403
+        return oa.ApiError(403, message, code="classroom_presenter_only").reply()
     return None
 
 
 def _room():
     room = current()
     if room is None:
-        raise Refused(404, "classroom mode is off: start the app with --classroom", "not_classroom")
+        raise oa.ApiError(404, "classroom mode is off: start the app with --classroom", code="not_classroom")
     return room
 
 
@@ -339,8 +317,8 @@ def who_am_i():
         if client not in room.students:
             return jsonify({"joined": False})
         s = room.student(client)
-    except Refused as e:   # classroom mode is off, or the presenter removed this phone
-        return e.response()
+    except oa.ApiError as e:   # classroom mode is off, or the presenter removed this phone
+        return e.reply()
     return jsonify({"joined": True, "name": s.name})
 
 
@@ -349,8 +327,8 @@ def join():
     try:
         body = _json_body()
         s = _room().join(body.get("name"), body.get("code"))
-    except Refused as e:
-        return e.response()
+    except oa.ApiError as e:
+        return e.reply()
     return _cookie(jsonify({"name": s.name}), CLIENT_COOKIE, s.id)
 
 
@@ -358,22 +336,12 @@ def join():
 def clients():
     room = current()
     if room is None or not room.is_presenter():
-        return jsonify({"error": {"message": "only the presenter's page sees the class list",
-                                  "code": "presenter_only"}}), 403
+        return oa.ApiError(403, "only the presenter's page sees the class list", code="presenter_only").reply()
     return jsonify({"clients": room.roster()})
 
 
 def _json_body():
-    raw = request.get_data(cache=False)
-    if len(raw) > 16 * 1024:
-        raise Refused(413, "request body too large", "too_large")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise Refused(400, "the body must be JSON", "bad_json") from None
-    if not isinstance(body, dict):
-        raise Refused(400, "the body must be a JSON object", "bad_json")
-    return body
+    return oa.parse_body(request.stream.read(MAX_BODY + 1), limit=MAX_BODY)
 
 
 @bp.post("/join/ask")
@@ -386,21 +354,18 @@ def ask():
         body = _json_body()
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
-            raise Refused(400, "prompt: write something first", "bad_prompt")
+            raise oa.ApiError(400, "prompt: write something first", code="bad_prompt")
         if len(prompt) > MAX_PROMPT:
-            raise Refused(400, f"prompt: at most {MAX_PROMPT} characters", "bad_prompt")
-        try:
-            backend = _backend()
-        except oa.ApiError as e:
-            raise Refused(e.status, e.message, e.code) from None
+            raise oa.ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
+        backend = _backend()
         s = room.claim(request.cookies.get(CLIENT_COOKIE))
-    except Refused as e:
-        return e.response()
+    except oa.ApiError as e:
+        return e.reply()
     try:
         handle = backend.submit(prompt=prompt.strip(), source="join", label=s.name, chat=True, stream=True)
     except SettingError as e:
         room.release(s, "")
-        return Refused(400, f"{e.field}: {e.message}", "bad_prompt").response()
+        return oa.ApiError(400, f"{e.field}: {e.message}", code="bad_prompt").reply()
     room.started(backend, s, handle.id)
     items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ))
     response = Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",

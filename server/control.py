@@ -65,8 +65,10 @@ def handle(backend, raw, role="solo", classroom=None):
                 raise SettingError("client_t", "must be a number")
             now = backend.clock.now()
             return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
-        elif kind in ("clear_queue", "remove_client") and classroom is not None:
-            classroom.control(backend, role, msg)
+        elif kind == "clear_queue" and classroom is not None:   # (a viewer was refused above)
+            backend.clear_queue()
+        elif kind == "remove_client" and classroom is not None:
+            classroom.remove(backend, msg.get("client"))
         else:
             return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
                                     "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "

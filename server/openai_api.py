@@ -43,21 +43,29 @@ NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
 
 
 class ApiError(Exception):
-    """An error answered in OpenAI's shape with an HTTP status."""
+    """An error answered in OpenAI's shape with an HTTP status (and, when the client may try
+    again later, after how many seconds). Every route's errors use it, the classroom's too."""
 
-    def __init__(self, status, message, param=None, code=None):
+    def __init__(self, status, message, param=None, code=None, retry_after=None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after
 
     def body(self):
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
+    def reply(self):
+        """(body, status, headers): what a Flask view or before_request hook returns."""
+        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after else {}
+        return self.body(), self.status, headers
 
-def parse_body(raw):
-    """The request body as a JSON object, or ApiError (413 too large, 400 not a JSON object)."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"request body larger than {MAX_BODY_BYTES} bytes", code="request_too_large")
+
+def parse_body(raw, limit=MAX_BODY_BYTES):
+    """The request body (read up to `limit` + 1 bytes) as a JSON object, or ApiError (413 too
+    large, 400 not a JSON object)."""
+    if len(raw) > limit:
+        raise ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
     try:
         body = json.loads(raw)
     except ValueError as e:
@@ -220,7 +228,7 @@ def first_output(items, prompt_param):
         if item[0] == "rejected":
             _, reason, code = item
             if code == "queue_full":
-                raise ApiError(429, f"the engine is overloaded: {reason}; retry later", code=code)
+                raise ApiError(429, f"the engine is overloaded: {reason}; retry later", code=code, retry_after=1)
             if code == "engine_error":
                 raise ApiError(503, reason, code=code)
             # exceeds_cache: no cache this server can offer holds the request: its context limit

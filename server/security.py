@@ -24,7 +24,9 @@ framing site nothing: that site's scripts cannot reach into the frame or the web
 """
 from urllib.parse import urlsplit
 
-from flask import current_app, jsonify, request
+from flask import current_app, request
+
+from .openai_api import ApiError
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -86,8 +88,7 @@ def check_origin():
         return None
     message = (f"origin {origin!r} is not allowed here: only this app's own pages and the origins given "
                "with --allow-origin may use its websocket and API from a browser")
-    return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                              "code": "origin_not_allowed"}}), 403
+    return ApiError(403, message, code="origin_not_allowed").reply()
 
 
 def _allowed():
@@ -112,8 +113,7 @@ def check_host():
         return None
     message = (f"host {name or request.host!r} is not one this app answers to: it listens on this machine "
                "only, and other names could be DNS rebinding; behind a proxy, start it with --allow-host NAME")
-    return jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                              "code": "host_not_allowed"}}), 403
+    return ApiError(403, message, code="host_not_allowed").reply()
 
 
 def parse_frame_ancestors(text):
