@@ -189,14 +189,14 @@ class OutputHead:
         self.fast = _onednn_ok(head)
         if self.fast:
             self.wt = w.t().contiguous()
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 1)
+            self.packed = PackedLinear(head)
 
     def __call__(self, h):
         if not self.fast:
             return self.head(h)
         if h.shape[0] == 1:
             return h @ self.wt
-        return torch.ops.mkldnn._linear_pointwise(h.contiguous(), self.packed, None, "none", [], "")
+        return self.packed(h)
 
 
 class Runner:
