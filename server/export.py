@@ -46,12 +46,12 @@ def check(trace):
 
 
 def read_trace(path):
-    """The trace in `path`, checked; TraceError (or OSError) says what is wrong."""
+    """The JSON in `path` (`render` checks that it is a trace); TraceError (or OSError) says
+    what is wrong."""
     try:
-        trace = json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise TraceError(f"not JSON: {e}") from None
-    return check(trace)
 
 
 def _script(text):
@@ -78,7 +78,7 @@ def render(trace, name, theme="dark"):
     check(trace)
     app = create_app({"TESTING": True})
     with app.test_request_context("/"):
-        html = render_template("index.html", embed=False, panels=pages.PANELS, theme=theme, compact=False)
+        html = render_template("index.html", **pages.page_options({"theme": theme}, embed=False))
     data = json.dumps(trace, separators=(",", ":")).replace("<", "\\u003c")
     boot = (f"<script>window.FT_TRACE = {data};\nwindow.FT_TRACE_NAME = "
             f"{json.dumps(name).replace('<', chr(92) + 'u003c')};</script>\n")
