@@ -22,6 +22,7 @@ from pathlib import Path
 import sys
 
 from server import create_app, loader
+from server.classroom import Classroom, base_url, check_join_code
 from server.openai_api import REQUEST_TIMEOUT_S
 from server.security import normalize_origin, parse_frame_ancestors
 
@@ -118,7 +119,7 @@ def parse_args(argv=None):
     p.add_argument("--classroom", action="store_true",
                    help="classroom mode: the presenter's page (its address is printed) drives the engine, "
                         "other pages only watch, students send prompts from their phones at /join")
-    p.add_argument("--join-code", metavar="CODE", default=None,
+    p.add_argument("--join-code", metavar="CODE", type=checked(check_join_code), default=None,
                    help="with --classroom: students must type this code to join")
     args = p.parse_args(argv)
     if args.host is None:
@@ -127,12 +128,6 @@ def parse_args(argv=None):
         p.error("--join-code needs --classroom")
     if args.classroom and args.observe:
         p.error("--classroom needs a model of its own: it cannot be combined with --observe")
-    if args.join_code is not None:
-        from server.classroom import check_join_code
-        try:
-            check_join_code(args.join_code)
-        except ValueError as e:
-            p.error(f"--join-code: {e}")
     if args.port > 65535:
         p.error("--port must be at most 65535")
     if args.model is not None and not Path(args.model).exists():
@@ -239,7 +234,6 @@ def main(argv=None):
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
     room = None
     if args.classroom:
-        from server.classroom import Classroom, base_url
         # Made before gunicorn forks its worker, so the key printed here is the worker's.
         room = Classroom(join_code=args.join_code, base=base_url(args.host, args.port))
         print("\n".join(classroom_banner(args, room)), flush=True)

@@ -39,11 +39,8 @@ def parse_sets(pairs):
 
 def record(backend, seconds, settings=None, preset=None, drain=False, clock=time.monotonic):
     """The trace of `seconds` of `backend` (an EngineDriver), after applying `preset` (a name,
-    `backend.apply_preset`) with `settings` over its own, or `settings` alone (validated as a
-    whole first: SettingError and nothing recorded on a bad one)."""
-    if settings:
-        from .settings import validate
-        settings = validate(backend.specs, settings)   # before anything changes
+    `backend.apply_preset`) with `settings` over its own, or `settings` alone (both validate
+    them as a whole before anything changes: SettingError and nothing recorded on a bad one)."""
     sub = backend.events.subscribe(replay=False)
     try:
         hello = backend.hello().to_dict()
