@@ -14,6 +14,7 @@
   let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
   let recording = null;   // {events, requests} while a run is captured
   let runs = null, busy = false;
+  let drawn = {runs: null, size: ""};   // what was last drawn: finished runs change only in size
 
   // base: the preset both runs apply; a/b: the setting each changes over it.
   const COMPARISONS = {
@@ -131,7 +132,13 @@
       if (awaiting && ev.type === "preset") { awaiting = false; recording = {events: [], requests: ev.requests}; }
       else if (recording) recording.events.push(ev);
     },
-    update() { if (!$("sheet-compare").hidden) draw(); },
+    update() {
+      if ($("sheet-compare").hidden) { drawn = {runs: null, size: ""}; return; }
+      const c = $("c-a-canvas"), size = `${c.clientWidth}x${c.clientHeight}`;
+      if (runs === drawn.runs && size === drawn.size) return;
+      drawn = {runs, size};
+      draw();
+    },
   });
   FT.compare = {COMPARISONS, figures, get runs() { return runs; }, run};
 })();

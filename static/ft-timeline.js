@@ -217,12 +217,23 @@
     ctx.fillStyle = C.preempt; ctx.fill();
   }
 
-  // `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter).
+  // `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter),
+  // remembered: the labels are drawn every frame and measuring them again each time is waste.
+  const fitted = new Map();
   function fitText(ctx, text, width) {
-    if (ctx.measureText(text).width <= width) return text;
-    let n = text.length;
-    while (n > 1 && ctx.measureText(text.slice(0, n) + "…").width > width) n--;
-    return text.slice(0, n) + "…";
+    const key = `${ctx.font}|${width}|${text}`;
+    let out = fitted.get(key);
+    if (out === undefined) {
+      out = text;
+      if (ctx.measureText(text).width > width) {
+        let n = text.length;
+        while (n > 1 && ctx.measureText(text.slice(0, n) + "…").width > width) n--;
+        out = text.slice(0, n) + "…";
+      }
+      if (fitted.size >= 2000) fitted.clear();   // bounded: fonts, widths and names come and go
+      fitted.set(key, out);
+    }
+    return out;
   }
 
   // Row labels when there is room to read them, the "now" line, and how many rows did not fit.
