@@ -221,7 +221,10 @@ class Engine:
             self._finish(seq, "cancelled")
         self.stats = RollingStats()
         self.blocks.queries = self.blocks.hits = self.scheduler.preemptions = 0
-        self._emit(Reset(t=self.clock.now()))
+        # Every block is free now: forget their prefixes too, as vLLM's reset_prefix_cache does, so
+        # a lesson run again (a preset resets first) starts from the same empty cache.
+        self.blocks.forget_hashes()
+        self._emit(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
         return self._take()
 
     def apply_preset(self, preset, overrides=None):
@@ -388,6 +391,7 @@ class Engine:
             delivered = self.clock.now()
             if first:
                 seq.first_sampled, seq.first_sample_s, seq.first_delivered = sampled, sample_s, delivered
+                self.stats.first_token(delivered - seq.arrival)   # the headline counts it now, not at the end
             else:
                 if seq.recovering_since is not None:
                     seq.later_preempted_s += t0 - seq.recovering_since
@@ -434,7 +438,7 @@ class Engine:
                       cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
         if seq.first_delivered is not None:
             ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
-            self.stats.done(ev.ttft)
+            self.stats.finished += 1
         seq.finish_reason = reason
         self._emit(ev)
         if seq.sink is not None:

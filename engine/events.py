@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 4   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 5   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -324,6 +324,7 @@ class Sync(Event):
 @dataclass(slots=True)
 class Reset(Event):
     type: ClassVar[str] = "reset"
+    cached_blocks: int | None = None   # blocks still holding a reusable prefix after it (0; observe mode: None)
 
 
 @dataclass(slots=True)

@@ -23,8 +23,9 @@ class RollingStats:
     def gap(self, seconds):
         self.itl.append(seconds)
 
-    def done(self, ttft):
-        self.finished += 1
+    def first_token(self, ttft):
+        """A request's first token reached its client: its TTFT counts from now on, while it is
+        still decoding (a long answer must not keep the headline at "no data")."""
         self.ttft.append(ttft)
 
     def tokens_per_s(self, now):

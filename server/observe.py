@@ -299,7 +299,7 @@ class Observer:
                 for choice in msg.get("choices") or []:
                     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                     if text:
-                        self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None)
+                        self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
                         chunks.append(now)
                     finish = choice.get("finish_reason") or finish
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -317,11 +317,13 @@ class Observer:
             reason = finish if finish in ("stop", "length") else (finish or "error")
         self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)
 
-    def _token(self, rid, index, text, now, previous):
+    def _token(self, rid, index, text, now, previous, sent):
         self.events.publish(Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0,
                                   sampled=None, sample_s=None))
         self.stats.token(now)
-        if previous is not None:
+        if previous is None:
+            self.stats.first_token(now - sent)
+        else:
             self.stats.gap(now - previous)
 
     def _finished(self, rid, source, reason, sent, chunks, usage, estimate, error):
@@ -339,7 +341,7 @@ class Observer:
             later = (len(chunks) if output is None else output) - 1   # per chunk without usage
             if later > 0:
                 ev.tpot = (chunks[-1] - chunks[0]) / later
-            self.stats.done(ttft)
+            self.stats.finished += 1
         if estimate and usage.get("prompt_tokens"):
             with self._lock:
                 self._words_sent += estimate[0]

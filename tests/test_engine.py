@@ -430,3 +430,32 @@ def test_ignore_eos_and_min_tokens(tiny, engine):
     with pytest.raises(SettingError) as e:
         engine.new_sequence(prompt="x", max_new_tokens=3, min_tokens=4)
     assert e.value.field == "min_tokens"
+
+
+def test_reset_empties_the_prefix_cache(engine):
+    """A prompt seen before a reset is computed again after it, all of it."""
+    run = Run(engine)
+    first = run.add(LONG, max_new_tokens=2)
+    run.until_idle()
+    again = run.add(LONG, max_new_tokens=2)
+    run.until_idle()
+    assert run.finished(again).cached_tokens > 0          # the cache works ...
+    run.events += engine.reset()
+    assert run.events[-1].cached_blocks == 0 and engine.blocks.cached_free == 0
+    after = run.add(LONG, max_new_tokens=2)
+    run.until_idle()
+    assert run.finished(after).cached_tokens == 0          # ... and a reset empties it
+    assert run.finished(first).cached_tokens == 0
+    assert_clean(engine)
+
+
+def test_ttft_percentiles_count_a_request_from_its_first_token(engine):
+    """The headline TTFT must not stay "no data" while a long answer is still decoding."""
+    run = Run(engine)
+    rid = run.add(PROMPTS[0], max_new_tokens=400)
+    while not run.of(ev.Token, rid):
+        run.step()
+    assert run.of(ev.Finished) == []
+    ttft = engine.stats.snapshot(engine.clock.now())["ttft"]["p50"]
+    assert ttft == pytest.approx(run.of(ev.Token, rid)[0].t - run.of(ev.Request, rid)[0].t, abs=0.05)
+    assert engine.stats.finished == 0

@@ -179,3 +179,21 @@ def test_a_preset_with_overrides_is_one_side_of_a_comparison(driver):
     assert min(a["t"] for a in later) >= done
     with pytest.raises(SettingError, match="slots"):
         driver.apply_preset("idle", {"slots": 99})
+
+
+def test_a_preset_applied_twice_tells_the_same_story(driver):
+    """Run 2 of a lesson must not find run 1's prompts in the prefix cache: the preset resets,
+    and a reset empties the prefix cache (it said "1008 of 1024 tokens reused" the second time)."""
+    sub = driver.events.subscribe(replay=False)
+    runs = []
+    for _ in range(2):
+        driver.apply_preset("queueing", {"prefix_caching": True, "max_new_tokens": 4})
+        events = collect(sub, lambda ev: len(of(ev, "finished")) >= 12, timeout=60)
+        runs.append(events)
+    for events in runs:
+        (reset,) = of(events, "reset")
+        assert reset["cached_blocks"] == 0
+    cached = [[a["cached_tokens"] for a in of(events, "admitted")] for events in runs]
+    assert cached[0] == cached[1] and cached[0][0] == 0 and len(cached[0]) == 12
+    prompts = [[t["ids"] for t in of(events, "tokenized")] for events in runs]
+    assert prompts[0] == prompts[1]   # the same seeded prompts: a warm cache would have hit them
