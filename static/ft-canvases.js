@@ -61,7 +61,7 @@
       const t = f.t(h.x), st = lastAtOrBefore(s.steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
       if (!st || !u) return null;
       const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
-      return [`t = ${t.toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
+      return [`t = ${(t - f.origin).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
               `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
               `${u.used} blocks in use = ${u.used * bs} tokens (${fmtBytes(u.used * bs * bpt)})`];
     },
@@ -76,7 +76,7 @@
     queue(s, layouts, h) {
       const f = layouts.queue && layouts.queue.f;
       const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
-      return p ? [`t = ${p.t.toFixed(2)} s`, `${p.queue} waiting · ${p.running} running · ${p.tps.toFixed(1)} tokens/s`] : null;
+      return p ? [`t = ${(p.t - f.origin).toFixed(2)} s`, `${p.queue} waiting · ${p.running} running · ${p.tps.toFixed(1)} tokens/s`] : null;
     },
   };
 
@@ -150,6 +150,7 @@
   function draw() {
     const now = app.engineNow();
     if (!view.paused) view.right = now + view.span * 0.03;
+    view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
     ui.layouts.timeline = FT.drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
     // The strips the page has (an /embed shows those its `panels` parameter asked for).
     if ($("kv")) ui.layouts.kv = FT.drawKV($("kv"), s, view, now);

@@ -47,8 +47,9 @@
     const bw = hello && hello.bandwidth;
     if (!bw || typeof bw.floor_s !== "number") return {shapes: [], annotations: []};
     const y = bw.floor_s * 1000;
-    const text = `estimated floor: weight bytes ÷ measured bandwidth` +
-      (typeof bw.gbs === "number" ? ` (${FT.fmtBytes(hello.weight_bytes)} ÷ ${bw.gbs.toFixed(1)} GB/s)` : "");
+    // short enough for the narrowest chart (a phone's); the heading's tooltip says the rest
+    const text = typeof bw.gbs === "number" ? `estimated floor: ${FT.fmtBytes(hello.weight_bytes)} ÷ ${bw.gbs.toFixed(1)} GB/s`
+                                            : "estimated floor (weights ÷ bandwidth)";
     return {
       shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: P.accent, width: 2, dash: "dash"}}],
       annotations: [{xref: "paper", x: 0.01, xanchor: "left", y, yanchor: "bottom", showarrow: false,
@@ -66,19 +67,33 @@
     const y = done.map((r) => r.id);
     const data = FT.STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => r.stages[k] * 1000),
       marker: {color: FT.stageColor(k)}, hovertemplate: `%{y} ${name}: %{x:.1f} ms<extra></extra>`}));
+    // Rows named as the timeline names them: a classroom student's name, else the request id.
+    // (a student who asked twice: both rows, told apart by request id).
+    const count = new Map();
+    for (const r of done) if (r.label) count.set(r.label, (count.get(r.label) || 0) + 1);
+    const names = done.map((r) => (!r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label));
+    for (const d of data) d.y = names;
     Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
-      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 34},
-      xaxis: {title: {text: "ms", standoff: 2}, gridcolor: P.grid, zeroline: false},
-      yaxis: {type: "category", automargin: true, tickfont: {family: "ui-monospace, monospace", size: 11}},
+      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42},
+      xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
+                           done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
+      yaxis: {type: "category", automargin: true, tickfont: {family: "ui-monospace, monospace", size: 12}},
     }), PLOT_CONFIG);
+  }
+
+  // One tick per batch size while they fit (about 28 px each on the narrowest chart).
+  function batchTick(points) {
+    const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+    return most <= 12 ? 1 : most <= 24 ? 2 : most <= 48 ? 4 : 8;
   }
 
   function drawSteps(div) {
     FT.$("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
     Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, floorMarks(s.hello), {
       legend: {x: 1, xanchor: "right", y: 1, bgcolor: FT.alpha(P.bg, 0.7), font: {size: 11}},
-      margin: {l: 52, r: 10, t: 4, b: 38},
-      xaxis: {title: {text: "requests in the batch", standoff: 2}, dtick: 1, gridcolor: P.grid, zeroline: false},
+      margin: {l: 52, r: 10, t: 4, b: 42},
+      xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
+                           s.points.length ? {dtick: batchTick(s.points)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([])}),
       yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
     }), PLOT_CONFIG);
   }

@@ -123,13 +123,16 @@
 
   // Parameters of the page itself, not settings: teaching (ft-teach.js, ft-tour.js,
   // ft-present.js) and the view (server/pages.py: an /embed's panels, theme, size, trace).
-  const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace"];
+  const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace", "loop", "autoplay"];
+  // Those the address bar keeps across settings changes, so a reload shows the same page: the
+  // view always; an embed also its preset (reloading an article's frame runs its lesson again).
+  const KEPT = embed => PAGE_PARAMS.filter((n) => embed || !["preset", "tour"].includes(n));
 
-  // After any settings change the address bar carries the settings that differ from their
-  // defaults (and presenter mode, which belongs to this page, not the engine).
+  // After any settings change the address bar carries the page's own parameters and the
+  // settings that differ from their defaults.
   function writeUrl() {
-    const q = new URLSearchParams();
-    if (new URLSearchParams(location.search).get("present") === "1") q.set("present", "1");
+    const q = new URLSearchParams(), now = new URLSearchParams(location.search);
+    for (const name of KEPT(embed)) if (now.has(name)) q.set(name, now.get(name));
     for (const [name, v] of Object.entries(s.settings)) {
       const lim = s.limits[name];
       if (lim && v !== lim.default) q.set(name, String(v));

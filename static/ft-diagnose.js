@@ -135,7 +135,7 @@
       const pos = s.waiting.indexOf(r.id);
       return {cause: why === "cache" ? "cache" : "queueing", numbers: {queue: waited},
               text: `So far it has waited ${fmtS(waited)} in the queue` + (pos > 0 ? ` behind ${plural(pos, "request", "requests")}` : "") +
-                (L ? `, with ${L.running}/${s.settings.slots} slots busy` : "") + (why ? ` — ${HELP[why] || ""}` : "") +
+                (s.hello ? `, with ${FT.running(s)}/${s.settings.slots} slots busy` : "") + (why ? ` — ${HELP[why] || ""}` : "") +
                 ". The full diagnosis comes when it finishes."};
     }
     if (r.first === null) {

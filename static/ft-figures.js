@@ -59,9 +59,9 @@
       return p && `prefill ${fmtS(p.prefill)} of TTFT ${fmtS(p.ttft)} (${pct(p.prefill, p.ttft)}); queue ${fmtS(p.queue)}`;
     },
     queueing(s, t0) {
-      const p = ttftParts(s, t0), L = s.last;
+      const p = ttftParts(s, t0);
       return p && `TTFT p50 ${fmtS(p.ttft)} vs prefill median ${fmtS(p.prefill)} · queue median ${fmtS(p.queue)}` +
-        (L ? ` · ${L.queue} waiting now` : "");
+        (s.hello ? ` · ${s.waiting.length} waiting now` : "");
     },
     "long-document"(s, t0) {
       const p = ttftParts(s, t0);
@@ -71,14 +71,14 @@
     "many-users"(s, t0) {
       const L = s.last, p = ttftParts(s, t0);
       if (!L) return null;
-      return `total ${L.tokens_per_s.toFixed(1)} tokens/s with ${L.running} running` +
+      return `total ${L.tokens_per_s.toFixed(1)} tokens/s with ${FT.running(s)} running` +
         (p && p.stream ? ` · each stream ${p.stream.toFixed(1)} tokens/s` : "");
     },
     "small-cache"(s) {
       const L = s.last;
       if (!L || L.cache_blocks_used === null) return null;
       return `${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"} · ${L.cache_blocks_used}/${L.cache_blocks} blocks in use · ` +
-        `${L.queue} waiting${L.queue && L.blocked_on ? ` (for ${L.blocked_on === "cache" ? "KV blocks" : `a ${L.blocked_on}`})` : ""}`;
+        `${s.waiting.length} waiting${s.waiting.length && L.blocked_on ? ` (for ${L.blocked_on === "cache" ? "KV blocks" : `a ${L.blocked_on}`})` : ""}`;
     },
     "kv-cache-off"(s, t0) {
       const k = recomputeSlope(s, t0);
@@ -99,7 +99,7 @@
   function batchFigure(s, t0) {
     const L = s.last, p = ttftParts(s, t0);
     if (!L || !p) return null;
-    return `TTFT p50 ${fmtS(p.ttft)} · total ${L.tokens_per_s.toFixed(1)} tokens/s · ${L.running}/${s.settings.slots} slots busy`;
+    return `TTFT p50 ${fmtS(p.ttft)} · total ${L.tokens_per_s.toFixed(1)} tokens/s · ${FT.running(s)}/${s.settings.slots} slots busy`;
   }
 
   // How long streaming requests waited for others' prefill, per later token (finished.later).

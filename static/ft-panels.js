@@ -88,8 +88,10 @@
     $("h-itl50").textContent = fmtS(pct(L && L.itl, "p50"));
     $("h-itl99").textContent = `${fmtS(pct(L && L.itl, "p90"))} · ${fmtS(pct(L && L.itl, "p99"))}`;
     $("h-tps").textContent = L ? L.tokens_per_s.toFixed(1) : "—";
-    $("h-running").textContent = L ? `${L.running}/${s.settings.slots ?? "?"}` : "—";
-    $("h-waiting").textContent = L ? String(L.queue) : "—";
+    // running and waiting: the same state the slots, the waiting chips and the timeline draw
+    // (events, in order), not the last stats sample, which a long forward holds back
+    $("h-running").textContent = s.hello ? `${FT.running(s)}/${s.settings.slots ?? "?"}` : "—";
+    $("h-waiting").textContent = s.hello ? String(s.waiting.length) : "—";
     const st = s.settings;
     $("h-policy").textContent = st.schedule ?? "—";
     $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
@@ -137,7 +139,7 @@
 
   // What the head of the queue waits for, as the engine says (stats.blocked_on).
   function waitReason(L) {
-    return {cache: "for KV-cache blocks", slot: `for a batch slot (${L.running}/${s.settings.slots} busy)`,
+    return {cache: "for KV-cache blocks", slot: `for a batch slot (${FT.running(s)}/${s.settings.slots} busy)`,
             drain: "for running requests to drain (KV-cache mode changed)",
             batch: "for the running batch to finish (static batching)",
             budget: `for room in a step (its ${s.settings.max_batched_tokens}-token budget went to running requests)`}[L.blocked_on] || "";
@@ -146,10 +148,10 @@
   function queueInfo() {
     const L = s.last;
     const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
-    const cacheBound = L && L.queue > 0 && L.blocked_on === "cache";
+    const n = s.waiting.length, cacheBound = L && n > 0 && L.blocked_on === "cache";
     if (badge) badge.hidden = !cacheBound;
-    if (badge && cacheBound) badge.textContent = `cache full: ${L.queue} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
-    if (info) info.textContent = L ? (L.queue === 0 ? "nobody waiting" : `${L.queue} waiting ${waitReason(L)}`.trim()) : "";
+    if (badge && cacheBound) badge.textContent = `cache full: ${n} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
+    if (info) info.textContent = n === 0 ? "nobody waiting" : `${n} waiting ${L ? waitReason(L) : ""}`.trim();
   }
 
   // A request's chip: its id, or a classroom student's name (the id in the tooltip).
@@ -165,16 +167,17 @@
   function slots() {
     const limit = s.settings.slots || s.slots.length;
     $("slots").replaceChildren(...s.slots.map((id, i) => {
-      const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off", i < limit ? "free" : "off");
+      const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off");
+      if (!id) cell.title = i < limit ? `slot ${i}: free` : `slot ${i}: above the slots setting`;
       cell.classList.add("cell");
       return cell;
     }));
     $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
-    const L = s.last, shown = s.waiting.slice(0, SHOW_WAITING);
+    const shown = s.waiting.slice(0, SHOW_WAITING);
     const w = $("waiting");
     w.replaceChildren(...shown.map((id) => chip(id)));
-    if (L && L.queue > shown.length) w.append(el("span", "muted", ` +${L.queue - shown.length} more`));
-    $("waiting-info").textContent = L ? `${L.queue} in queue` : "";
+    if (s.waiting.length > shown.length) w.append(el("span", "muted", ` +${s.waiting.length - shown.length} more`));
+    $("waiting-info").textContent = s.hello ? `${s.waiting.length} in queue` : "";
   }
 
   // The request panel follows the newest request with output (else the newest) unless one was picked.
@@ -197,7 +200,7 @@
     if (L && r.end === null && (!a || requeued(r))) {
       const pos = s.waiting.indexOf(r.id);
       lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(L)}`.trim() :
-        `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${L.queue}); the first waits ${waitReason(L)}` : ""}`);
+        `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${s.waiting.length}); the first waits ${waitReason(L)}` : ""}`);
     }
     const cached = a ? a.cachedTokens : r.finalCached;
     if (cached !== null) lines.push(`${cached} of ${a ? a.promptTokens : r.promptTokens} prompt tokens reused from the prefix cache`);
@@ -239,8 +242,26 @@
     $("d-accounting").replaceChildren(...accounting(r));
   }
 
+  // The first screen's invitation (a live page on which nothing has run yet; a replay has its own).
+  function start() {
+    const box = $("start");
+    if (box) box.hidden = !(s.hello && !s.order.length && !FT.replay.active());
+  }
+
+  function wireStart() {
+    if (!$("start-form")) return;
+    $("start-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const prompt = $("start-prompt").value.trim();
+      if (prompt && app.send({type: "submit", prompt})) { ui.awaitOwn = true; $("start-prompt").value = ""; }
+    });
+    $("start-lesson").addEventListener("click", () => FT.teach.apply("idle"));
+    $("start-tour").addEventListener("click", () => $("btn-tour").click());
+  }
+
   function update() {
     headline();
+    start();
     if (s.loading && !s.hello) {
       app.setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
     }
@@ -257,5 +278,5 @@
     if ($("d-title")) detail();
   }
 
-  FT.panels = {init(a) { app = a; ({s, ui, perf} = a); }, showModel, update, selectedReq};
+  FT.panels = {init(a) { app = a; ({s, ui, perf} = a); wireStart(); }, showModel, update, selectedReq};
 })();

@@ -20,7 +20,11 @@
   const log = {events: [], at: []};
   // What the view shows: "live" (the connection), "slow" (the live log, slowly) or "trace".
   const player = {mode: "live", events: null, at: null, i: 0, vt: 0, t0: 0, t1: 0, speed: 1,
-                  playing: false, lastTs: null, name: "", error: null};
+                  playing: false, lastTs: null, name: "", error: null, endedAt: null};
+  // A trace's page parameters (an export opened as file:///…html?loop=1 takes them too).
+  const params = new URLSearchParams(location.search);
+  const LOOP = ["1", "true"].includes(params.get("loop")), AUTOPLAY = params.get("autoplay") !== "0";
+  const LOOP_HOLD_MS = 1500;
   let raf = null;
 
   // ------------------------------------------------------------ the live log
@@ -102,7 +106,12 @@
     if (player.playing && player.lastTs !== null) {
       const T = Math.min(end(), player.vt + ((ts - player.lastTs) / 1000) * player.speed);
       advance(T);
-      if (player.mode === "trace" && T >= player.t1) setPlaying(false);
+      if (player.mode === "trace" && T >= player.t1) {
+        // ?loop=1 (an article's replay): hold the end a moment, then play from the start again
+        if (!LOOP) setPlaying(false);
+        else if (player.endedAt === null) player.endedAt = ts;
+        else if (ts - player.endedAt > LOOP_HOLD_MS) { player.endedAt = null; seek(player.t0); }
+      }
     }
     player.lastTs = ts;
     showPosition();
@@ -182,7 +191,7 @@
     describe(trace, name);
     show(true);
     advance(t0);
-    setPlaying(true);
+    setPlaying(AUTOPLAY);
   }
 
   function fail(message) {

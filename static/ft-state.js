@@ -97,9 +97,11 @@
     dropped(s, ev) { s.dropped += ev.count; },
     error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
     request(s, ev) {
-      Object.assign(req(s, ev.id, ev.t), {source: ev.source, label: ev.label ?? null,
-                                          promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
-                                          preview: ev.preview, arrival: ev.t, partial: false});
+      const r = req(s, ev.id, ev.t);
+      Object.assign(r, {source: ev.source, label: ev.label ?? null,
+                        promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
+                        preview: ev.preview, arrival: ev.t, partial: false});
+      if (r.end === null && !r.admits.length && !s.waiting.includes(ev.id)) s.waiting.push(ev.id);   // waits from arrival
     },
     tokenized(s, ev) {
       const r = req(s, ev.id, ev.start);
@@ -170,12 +172,14 @@
       if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
       release(s, r, ev.t);
       if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+      s.waiting = s.waiting.filter((id) => id !== ev.id);   // cancelled while waiting
       s.finishedCount++;
       evict(s);
     },
     rejected(s, ev) {
       const r = req(s, ev.id, ev.t);
       r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
+      s.waiting = s.waiting.filter((id) => id !== ev.id);
       evict(s);
     },
     stats(s, ev) {
@@ -188,7 +192,11 @@
         ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
         s.slots = slots;
       }
-      s.waiting = ev.waiting_ids || [];
+      // The engine's queue in its order, then requests that arrived since it last looked (a long
+      // forward holds its stats back, not the `request` events): both are waiting.
+      const listed = ev.waiting_ids || [], known = new Set(listed);
+      s.waiting = listed.filter((id) => { const r = s.reqs.get(id); return !r || r.end === null; })
+        .concat(s.waiting.filter((id) => !known.has(id) && waits(s.reqs.get(id))));
       // The queue's reason (sampled ~2 Hz) counts for each request not yet admitted: the diagnosis
       // reads what a request mostly waited for.
       if (ev.blocked_on) {
@@ -213,6 +221,16 @@
                   stack: prev.kv ? Array.from(s.filled) : []});
     trim(s.steps, KEEP_STEPS);
   }
+
+  // Whether a known request is waiting now: not ended, and never admitted or preempted since.
+  function waits(r) {
+    if (!r || r.end !== null) return false;
+    const back = r.preempts[r.preempts.length - 1];
+    return !r.admits.length || (back !== undefined && back.until === null);
+  }
+
+  // Requests holding a batch slot now (the slots the admitted/preempted/finished events filled).
+  const running = (s) => s.slots.reduce((n, id) => n + (id ? 1 : 0), 0);
 
   function blocksInUse(s, t, used) {
     s.blockUse.push({t, used});
@@ -250,6 +268,7 @@
   }
 
   FT.createState = createState;
+  FT.running = running;
   FT.prefillTime = prefillTime;
   FT.ingest = ingest;
   FT.percentile = percentile;

@@ -65,6 +65,7 @@
   function onEvent(ev) {
     if (ev.type === "hello") { teach.active = null; buildPresets(); applyUrl(); }
     else if (ev.type === "preset") teach.active = ev;
+    else if (ev.type === "reset") teach.active = null;   // a preset's own reset comes before it
   }
 
   // The banner: the tour's step while it runs, else the active preset.
@@ -94,7 +95,12 @@
     if (!a.embed) for (const part of parts) if (part.init) part.init(app, teach);
   };
   teach.onEvent = function (ev) {
-    if (app.embed) { if (ev.type === "preset") teach.active = ev; return; }
+    if (app.embed) {   // an embed runs its ?preset= and shows its banner; no other teaching
+      if (ev.type === "preset") teach.active = ev;
+      else if (ev.type === "hello" || ev.type === "reset") teach.active = null;
+      if (ev.type === "hello") applyUrl();
+      return;
+    }
     onEvent(ev);
     for (const part of parts) if (part.onEvent) part.onEvent(ev);
   };

@@ -72,7 +72,7 @@
     const gutter = compact ? 46 : 78;
     const pw = Math.max(10, w - gutter - 10);
     const left = view.right - view.span;
-    return {gutter, pw, left, right: view.right,
+    return {gutter, pw, left, right: view.right, origin: view.origin || 0,
             x: (t) => gutter + ((t - left) / view.span) * pw,
             t: (x) => left + ((x - gutter) / pw) * view.span};
   }
@@ -81,10 +81,11 @@
     const step = niceStep(f.right - f.left, f.pw, 90);
     ctx.strokeStyle = C.grid; ctx.lineWidth = 1;
     ctx.fillStyle = C.muted; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
-    for (let t = Math.ceil(f.left / step) * step; t <= f.right; t += step) {
-      const x = Math.round(f.x(t)) + 0.5;
+    // Ticks at round times from the page's start (f.origin), not from the server's.
+    for (let u = Math.ceil((f.left - f.origin) / step) * step; u + f.origin <= f.right; u += step) {
+      const x = Math.round(f.x(u + f.origin)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-      if (labels) ctx.fillText(`${+t.toFixed(2)} s`, x, bottom + 3);
+      if (labels) ctx.fillText(`${+u.toFixed(2)} s`, x, bottom + 3);
     }
   }
 
@@ -101,22 +102,36 @@
   }
 
   // ------------------------------------------------------------------ timeline
-  // Rows: requests alive somewhere in the window, oldest on top; the newest that fit.
+  // A row is never thinner than MIN_ROW CSS px, so its label stays at least 13 px (18 on screen
+  // in presenter mode's 1.4 zoom); the strip asks the page for the height its rows need, up to
+  // MAX_ROWS of them, and shows the newest rows that fit beyond that.
+  const MIN_ROW = 16, MAX_ROWS = 48;
+
+  // Rows: requests alive somewhere in the window, oldest on top. A classroom student's requests
+  // share one row under their name (a student has one request in flight at a time), so thirty
+  // students are thirty named rows however many questions they ask.
   function layoutRows(s, f, now, top, plotH, compact) {
-    const rows = [];
+    const lanes = [], laneOf = new Map();
     for (const id of s.order) {
       const r = s.reqs.get(id);
       const end = r.end === null ? now : r.end;
-      if (r.arrival <= f.right && end >= f.left) rows.push(r);
+      if (r.arrival > f.right || end < f.left) continue;
+      const key = r.source === "join" && r.label ? `join:${r.label}` : id;
+      let lane = laneOf.get(key);
+      if (!lane) {
+        lane = {label: r.label || r.id, source: r.source, reqs: []};
+        laneOf.set(key, lane); lanes.push(lane);
+      }
+      lane.reqs.push(r);
     }
-    const maxRows = Math.floor(plotH / 2);
-    const shown = rows.length > maxRows ? rows.slice(rows.length - maxRows) : rows;
-    const rowH = shown.length ? Math.min(compact ? 18 : 30, plotH / shown.length) : 0;
-    const rowOf = new Map();
-    shown.forEach((r, i) => rowOf.set(r.id, i));
-    const barH = rowH >= 6 ? rowH * 0.72 : rowH;
-    return {hidden: rows.length - shown.length, shown, rowH, rowOf, barH, top, plotH,
-            barY: (i) => top + i * rowH + (rowH - barH) / 2};
+    const fit = Math.max(1, Math.floor(plotH / MIN_ROW));
+    const shown = lanes.length > fit ? lanes.slice(lanes.length - fit) : lanes;
+    const rowH = shown.length ? Math.min(compact ? 20 : 30, plotH / shown.length) : 0;
+    const rowOf = new Map(), reqs = [];
+    shown.forEach((lane, i) => { for (const r of lane.reqs) { rowOf.set(r.id, i); reqs.push(r); } });
+    const barH = rowH * 0.72;
+    return {hidden: lanes.length - shown.length, lanes: shown, wanted: Math.min(MAX_ROWS, lanes.length),
+            reqs, rowH, rowOf, barH, top, plotH, barY: (r) => top + rowOf.get(r.id) * rowH + (rowH - barH) / 2};
   }
 
   // Background bands: one per model forward, so a batch reads as a column shared by its rows;
@@ -152,7 +167,7 @@
   function drawStages(ctx, f, g, now) {
     const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
     const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
-    const pass = (fill, each) => { ctx.fillStyle = fill; g.shown.forEach((r, i) => each(r, g.barY(i))); };
+    const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
     pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
     pass(C.queue, (r, y) => {
       if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
@@ -178,8 +193,7 @@
         const st = steps[i];
         if (st.n % 2 !== parity) continue;
         for (const id of st.decodeIds) {
-          const row = g.rowOf.get(id);
-          if (row !== undefined) rect(ctx, f, st.start, st.end, g.barY(row), g.barH);
+          if (g.rowOf.has(id)) rect(ctx, f, st.start, st.end, g.barY({id}), g.barH);
         }
       }
     }
@@ -187,23 +201,22 @@
 
   // Rejections, a tick per token (the first taller, in the first-sample colour), preemptions.
   function drawOutcomes(ctx, f, g, view) {
-    const {shown, barY, barH, rowH, top} = g;
+    const {reqs, barY, barH, rowH, rowOf, top} = g;
     const inView = (t) => t >= f.left && t <= f.right;
+    const rowTop = (r) => top + rowOf.get(r.id) * rowH;
     ctx.fillStyle = C.rejected;
-    shown.forEach((r, i) => { if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(i), barH); });
-    const tickW = rowH >= 8 ? 2 : 1;
+    for (const r of reqs) if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(r), barH);
+    const tickW = 2;
     ctx.fillStyle = C.tick;
-    shown.forEach((r, i) => {
-      const y = barY(i);
+    for (const r of reqs) {
+      const y = barY(r);
       for (let k = 1; k < r.tokens.length; k++) {
         if (inView(r.tokens[k])) ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
       }
-    });
+    }
     ctx.fillStyle = C.firstSample;
-    shown.forEach((r, i) => {
-      if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, top + i * rowH, tickW * 2, rowH);
-    });
-    shown.forEach((r, i) => { for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), top + i * rowH, rowH); });
+    for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
+    for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
   }
 
   // A preemption: a line through the row under a flag pointing down (not a bar like the first
@@ -236,17 +249,19 @@
     return out;
   }
 
-  // Row labels when there is room to read them, the "now" line, and how many rows did not fit.
+  // Every row's label (its request, or its student), the "now" line, and how many rows did not
+  // fit. Returns what it wrote, for the page's layout checks.
   function drawLabels(ctx, f, g, compact, view, now) {
-    const {shown, rowH, top, plotH} = g;
-    if (rowH >= 11) {
-      ctx.font = `${Math.min(compact ? 11 : 15, rowH - 2)}px ui-monospace, monospace`;
-      ctx.textAlign = "right"; ctx.textBaseline = "middle";
-      shown.forEach((r, i) => {
-        ctx.fillStyle = r.source === "page" ? C.now : r.source === "api" ? C.api : r.source === "join" ? C.firstSample : C.muted;
-        ctx.fillText(r.label ? fitText(ctx, r.label, f.gutter - 8) : r.id, f.gutter - 6, top + i * rowH + rowH / 2);
-      });
-    }
+    const {lanes, rowH, top, plotH} = g;
+    const px = Math.max(0, Math.min(compact ? 13 : 15, Math.floor(rowH - 3)));
+    ctx.font = `${px}px ui-monospace, monospace`;
+    ctx.textAlign = "right"; ctx.textBaseline = "middle";
+    const labels = lanes.map((lane, i) => {
+      ctx.fillStyle = lane.source === "page" ? C.now : lane.source === "api" ? C.api : lane.source === "join" ? C.firstSample : C.muted;
+      const text = fitText(ctx, lane.label, f.gutter - 8), y = top + i * rowH + rowH / 2;
+      ctx.fillText(text, f.gutter - 6, y);
+      return {text, full: lane.label, px, top: y - px / 2, bottom: y + px / 2};
+    });
     if (!view.paused) {
       ctx.strokeStyle = C.now; ctx.lineWidth = 1.5;
       const x = Math.round(f.x(now)) + 0.5;
@@ -257,6 +272,7 @@
       ctx.font = "12px system-ui, sans-serif";
       ctx.fillText(`+${g.hidden} older rows`, f.gutter + 4, top + 2);
     }
+    return labels;
   }
 
   FT.drawTimeline = function (canvas, s, view, now, opts) {
@@ -268,6 +284,11 @@
     const top = lane.y + lane.h + 3, plotH = h - axisH - top;
     ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
     const g = layoutRows(s, f, now, top, plotH, compact);
+    // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
+    const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH)}px`;
+    if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
+      canvas.parentElement.style.setProperty("--tl-rows-h", want);
+    }
     const i0 = firstFrom(s.steps, f.left, "end");
     drawBands(ctx, f, s.steps, i0, g);
     drawStepLane(ctx, f, s.steps, i0, lane, compact);
@@ -279,15 +300,18 @@
     drawStages(ctx, f, g, now);
     drawDecodeSteps(ctx, f, s.steps, i0, g);
     drawOutcomes(ctx, f, g, view);
-    drawLabels(ctx, f, g, compact, view, now);
-    return {f, shown: g.shown, rowH: g.rowH, top, i0};
+    const labels = drawLabels(ctx, f, g, compact, view, now);
+    return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h};
   };
 
+  // The request under (x, y): the row's, the one whose time span holds the pointer's time
+  // (a student's row holds several), else the row's last before it.
   FT.hitTimeline = function (layout, s, x, y) {
-    const i = Math.floor((y - layout.top) / layout.rowH);
-    const r = layout.shown[i];
-    if (!r) return null;
+    const lane = layout.lanes[Math.floor((y - layout.top) / layout.rowH)];
+    if (!lane) return null;
     const t = layout.f.t(x);
+    let r = lane.reqs[0];
+    for (const q of lane.reqs) if (q.arrival <= t) r = q;
     let step = null;
     for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
       const st = s.steps[k];
@@ -424,7 +448,10 @@
     const st = strip(canvas, view);
     const {ctx, f, top, plotH} = st;
     timeAxis(ctx, f, top, top + plotH, "", false);
+    // The stats samples, then the queue as the page's state holds it now (the header's and the
+    // slots' figure): a long forward holds the next sample back, not the requests' events.
     const pts = pointsInView(s.stats, f);
+    if (!view.paused && s.hello) pts.push({t: now, queue: s.waiting.length, running: FT.running(s)});
     let ymax = 4;
     for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
     const y = (v) => top + plotH - (v / ymax) * plotH;
