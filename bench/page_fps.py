@@ -42,7 +42,7 @@ def main(argv=None):
             lead.evaluate("""() => { const lim = firstToken.state.limits;
                 firstToken.send({type: 'set', settings: {prompt_tokens: lim.prompt_tokens.min, max_new_tokens: 16,
                                                         rate: lim.rate.max, load: true}}); }""")
-            lead.wait_for_function(f"() => firstToken.ui.layouts.timeline.shown.length >= {args.rows}",
+            lead.wait_for_function(f"() => firstToken.state.order.length >= {args.rows}",
                                    timeout=180_000, polling=500)
             read = "[firstToken.perf.frames, firstToken.state.bytes, performance.now()]"
             start = [pg.evaluate(read) for pg in pages]
@@ -50,7 +50,7 @@ def main(argv=None):
             end = [pg.evaluate(read) for pg in pages]
             for i, (pg, a, b) in enumerate(zip(pages, start, end)):
                 dt = (b[2] - a[2]) / 1000
-                rows, draw_ms = pg.evaluate("[firstToken.ui.layouts.timeline.shown.length, firstToken.perf.drawMs]")
+                rows, draw_ms = pg.evaluate("[firstToken.ui.layouts.timeline.lanes.length, firstToken.perf.drawMs]")
                 print(f"client {i}: {(b[0] - a[0]) / dt:.1f} fps, {draw_ms:.1f} ms script per frame, "
                       f"{(b[1] - a[1]) / dt / 1000:.1f} kB/s websocket, {rows} timeline rows, over {dt:.0f} s")
             lead.evaluate("""() => { const lim = firstToken.state.limits, d = {};

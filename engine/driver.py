@@ -209,7 +209,7 @@ class EngineDriver:
                 self._load_wake.set()
             elif kind == "measure":
                 self._publish(eng.measure_start())
-                self._publish(eng.measure())
+                self._publish(eng.measure(publish=self._publish))
 
     def _run_due_actions(self):
         """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).

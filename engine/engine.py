@@ -242,14 +242,29 @@ class Engine:
 
     def measure_start(self):
         """The `measure` event that announces the pause (the sweep follows on this thread)."""
-        batches, contexts, _ = self._measure_plan()
-        return [Measure(t=self.clock.now(), status="running", batches=batches, contexts=contexts)]
+        batches, contexts, lengths = self._measure_plan()
+        return [Measure(t=self.clock.now(), status="running", batches=batches, contexts=contexts,
+                        points_total=len(batches) * len(contexts) + len(lengths))]
 
-    def measure(self):
+    def measure(self, publish=None):
         """Sweep decode step time (batch x context) and KV cache on vs off on this engine's runner
-        and free blocks (engine/measure.py); the requests in flight wait meanwhile."""
+        and free blocks (engine/measure.py); the requests in flight wait meanwhile. `publish`
+        gets a "running" `measure` event after each point (what is timed so far and an estimate
+        of the time left), so a page draws the sweep as it goes."""
         batches, contexts, lengths = self._measure_plan()
         t0 = self.clock.now()
+        total = len(batches) * len(contexts) + len(lengths)
+        got = {"decode": [], "skipped": [], "kv": []}
+
+        def progress(**part):
+            got.update({k: list(v) for k, v in part.items()})
+            if publish is None:
+                return
+            done, now = len(got["decode"]) + len(got["skipped"]) + len(got["kv"]), self.clock.now()
+            # the rest at the pace so far: a rough guide (long recomputes come last), said as "about"
+            eta = (now - t0) / done * (total - done) if done else None
+            publish([Measure(t=now, status="running", batches=batches, contexts=contexts, decode=got["decode"],
+                             kv=got["kv"], skipped=got["skipped"], points_done=done, points_total=total, eta_s=eta)])
         bps = self.weight_bytes / self.bandwidth["floor_s"]
 
         def floor(batch, context):
@@ -257,8 +272,9 @@ class Engine:
 
         vocab = self.bundle.model.config.vocab_size
         try:
-            decode, skipped = measure.decode_sweep(self.runner, self.blocks, vocab, batches, contexts, floor)
-            kv = measure.kv_sweep(self.runner, self.blocks, vocab, lengths)
+            decode, skipped = measure.decode_sweep(self.runner, self.blocks, vocab, batches, contexts, floor,
+                                                   progress=lambda d, s: progress(decode=d, skipped=s))
+            kv = measure.kv_sweep(self.runner, self.blocks, vocab, lengths, progress=lambda k: progress(kv=k))
         except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
             return [Measure(t=self.clock.now(), status="error", batches=batches, contexts=contexts,
                             message=f"{type(e).__name__}: {e}")]

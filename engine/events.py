@@ -312,6 +312,9 @@ class Measure(Event):
     skipped: list[str] | None = None   # points the free KV blocks could not hold, and why
     seconds: float | None = None
     message: str | None = None         # status "error": what went wrong
+    points_done: int | None = None     # status "running": points timed so far (decode and kv) ...
+    points_total: int | None = None    # ... of this many
+    eta_s: float | None = None         # status "running": seconds left, estimated from the points so far
 
 
 @dataclass(slots=True)

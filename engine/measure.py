@@ -72,8 +72,9 @@ class _Synthetic:
         self.held = []
 
 
-def decode_sweep(runner, blocks, vocab, batches, contexts, floor, repeats=REPEATS):
-    """([{batch, context, step_s, floor_s}], [skipped point descriptions])."""
+def decode_sweep(runner, blocks, vocab, batches, contexts, floor, repeats=REPEATS, progress=None):
+    """([{batch, context, step_s, floor_s}], [skipped point descriptions]). `progress()` is called
+    after each point (timed or skipped), so pages can draw them as they come."""
     points, skipped = [], []
     for context in contexts:
         for batch in batches:
@@ -82,15 +83,18 @@ def decode_sweep(runner, blocks, vocab, batches, contexts, floor, repeats=REPEAT
                 if None in seqs:
                     skipped.append(f"batch {batch} × {context} tokens: needs "
                                    f"{batch * blocks.blocks_for(context + 1)} free KV blocks")
+                    progress and progress(points, skipped)
                     continue
                 segments = [Segment(s, context, 1, cached=True, logits=True) for s in seqs]
                 step = _timed(lambda: runner.forward(segments), repeats)
             points.append({"batch": batch, "context": context, "step_s": step, "floor_s": floor(batch, context)})
+            progress and progress(points, skipped)
     return points, skipped
 
 
-def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS):
-    """[{tokens, cached_s, recompute_s}]: one new token at each sequence length."""
+def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS, progress=None):
+    """[{tokens, cached_s, recompute_s}]: one new token at each sequence length; `progress(rows)`
+    after each."""
     rows = []
     for i, n in enumerate(lengths):
         with _Synthetic(blocks, vocab) as syn:
@@ -102,4 +106,5 @@ def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS):
             recompute = _timed(lambda: runner.forward([Segment(seq, 0, n + 1, cached=False, logits=True)]), 1,
                                warm=i == 0)
         rows.append({"tokens": n + 1, "cached_s": cached, "recompute_s": recompute})
+        progress and progress(rows)
     return rows

@@ -81,8 +81,10 @@
   }
 
   // For tests, benchmarks and the console.
+  // layout(): what the canvases wrote and where (the layout tests read it; text on a canvas has no DOM box).
+  const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : []});
   window.firstToken = Object.assign({state: s, view: app.view, ui, clock: app.clock, perf, send: app.send,
-                                     select: app.select, refresh}, replay.api);
+                                     select: app.select, refresh, layout}, replay.api);
   controls.wire();
   canvases.wire();
   replay.wire();

@@ -13,10 +13,12 @@
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
     font: {color: P.text2, size: 13, family: "system-ui, sans-serif"},
     margin: {l: 52, r: 10, t: 6, b: 36}, showlegend: true,
-    legend: {orientation: "h", y: -0.22, font: {size: 11}},
+    legend: {orientation: "h", y: -0.22, font: {size: 13}},
   };
   const PLOT_CONFIG = {displayModeBar: false, responsive: true, staticPlot: false};
   const SHOW_FINISHED = 16;   // requests in the stages chart
+  // A legend in one row above the plot, out of the way of the points and the floor's label.
+  const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
 
   // Median step time per batch size, as a trace's x and y.
   function medians(pts) {
@@ -53,7 +55,7 @@
     return {
       shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: P.accent, width: 2, dash: "dash"}}],
       annotations: [{xref: "paper", x: 0.01, xanchor: "left", y, yanchor: "bottom", showarrow: false,
-                     font: {color: P.accent, size: 12}, text}],
+                     font: {color: P.accent, size: 13}, text}],
     };
   }
 
@@ -77,24 +79,45 @@
       barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42},
       xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
-      yaxis: {type: "category", automargin: true, tickfont: {family: "ui-monospace, monospace", size: 12}},
+      yaxis: {type: "category", automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
     }), PLOT_CONFIG);
   }
 
-  // One tick per batch size while they fit (about 28 px each on the narrowest chart).
-  function batchTick(points) {
+  // One tick per batch size while they fit in the chart's width (about 40 px a label).
+  function batchTick(points, div) {
     const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
-    return most <= 12 ? 1 : most <= 24 ? 2 : most <= 48 ? 4 : 8;
+    const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
+    return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
+  }
+
+  // With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
+  // chart then plots step time against sequence length (the cache-on steps of the same run too).
+  function byLength(div) {
+    const off = s.points.filter((p) => !p.kv), since = off.length ? off[0].t : 0;
+    const on = s.points.filter((p) => p.kv && p.t >= since);
+    FT.$("steps-title").textContent = "Decode step time vs sequence length";
+    FT.$("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
+    const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
+      y: pts.map((p) => p.ms), marker: {color: FT.alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
+    Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, {
+      legend: LEGEND_ABOVE, margin: {l: 52, r: 10, t: 26, b: 42},
+      xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
+      yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
+    }), PLOT_CONFIG);
   }
 
   function drawSteps(div) {
+    if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div); return; }
+    FT.$("steps-title").textContent = "Decode step time vs batch size";
     FT.$("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
+    // The floor inside the scale: plotly's autorange ignores shapes.
+    const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
+    const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
     Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, floorMarks(s.hello), {
-      legend: {x: 1, xanchor: "right", y: 1, bgcolor: FT.alpha(P.bg, 0.7), font: {size: 11}},
-      margin: {l: 52, r: 10, t: 4, b: 42},
+      legend: LEGEND_ABOVE, margin: {l: 52, r: 10, t: 26, b: 42},
       xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
-                           s.points.length ? {dtick: batchTick(s.points)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([])}),
-      yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
+                           s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
+      yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid},
     }), PLOT_CONFIG);
   }
 

@@ -5,15 +5,20 @@
 // prompts at the same times. The page records each run's events from its `preset` event until
 // all its requests have finished, then draws the two recordings on aligned timelines (each in
 // its own state, times from its first arrival) with their TTFT p50 and total tokens/s, and
-// checks the prompts' first tokens to say whether they matched.
+// checks the prompts' first tokens to say whether they matched, and that both runs began with an
+// empty prefix cache (their `reset` events say so). Each run is drawn while it records, with
+// its progress; Cancel stops the comparison and resets the engine.
 "use strict";
 (function () {
   const FT = window.FT;
   const {$, el, fmtS} = FT;
   let app;
   let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
-  let recording = null;   // {events, requests} while a run is captured
+  let recording = null;   // {events, requests, reset} while a run is captured
   let runs = null, busy = false;
+  let cancelled = false;
+  let pending = null;     // {reset}: the `reset` before a comparison's `preset` event
+  let partial = {};       // side -> the run recorded so far, drawn while it records
   let drawn = {runs: null, size: ""};   // what was last drawn: finished runs change only in size
 
   // base: the preset both runs apply; a/b: the setting each changes over it.
@@ -29,7 +34,8 @@
   const until = (pred, ms) => new Promise((resolve, reject) => {
     const end = performance.now() + ms;
     const timer = setInterval(() => {
-      if (pred()) { clearInterval(timer); resolve(); }
+      if (cancelled) { clearInterval(timer); reject(new Error("cancelled")); }
+      else if (pred()) { clearInterval(timer); resolve(); }
       else if (performance.now() > end) { clearInterval(timer); reject(new Error("timed out")); }
     }, 100);
   });
@@ -41,25 +47,37 @@
     return out;
   }
 
-  async function runSide(cmp, side) {
-    const s = app.s;
-    recording = null; awaiting = true;
-    app.send({type: "preset", name: cmp.base, settings: cmp[side][1]});
-    await until(() => recording !== null, 30000);
-    const n = recording.requests;
-    const mine = () => recording.events.filter((e) => e.type === "request");
-    const over = () => recording.events.filter((e) => e.type === "finished" || e.type === "rejected").length;
-    await until(() => mine().length >= n && over() >= n, 240000);
-    const rec = recording;
-    recording = null;
-    const rs = FT.createState();
+  // A run's own state from its recorded events, times from its first arrival.
+  function replayRun(cmp, side, rec) {
+    const s = app.s, rs = FT.createState();
     FT.ingest(rs, shifted(s.hello, s.hello.t), null);
     rs.settings = Object.assign({}, s.settings);
     const first = rec.events.find((e) => e.type === "request");
-    const t0 = first ? first.t : 0;
-    for (const ev of rec.events) { const e = shifted(ev, t0); FT.ingest(rs, e, null); }
-    return {label: cmp[side][0], settings: rs.settings, s: rs,
+    const t0 = first ? first.t : rec.t;
+    for (const ev of rec.events) FT.ingest(rs, shifted(ev, t0), null);
+    const count = (type) => rec.events.filter((e) => e.type === type).length;
+    return {label: cmp[side][0], settings: rs.settings, s: rs, requests: rec.requests,
+            arrived: count("request"), done: count("finished") + count("rejected"),
+            elapsed: (rec.events.length ? rec.events[rec.events.length - 1].t : rec.t) - t0,
+            emptyCache: rec.reset !== null && rec.reset.cached_blocks === 0,
             prompts: rec.events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(","))};
+  }
+
+  async function runSide(cmp, side) {
+    recording = null; awaiting = true; pending = null;
+    app.send({type: "preset", name: cmp.base, settings: cmp[side][1]});
+    await until(() => recording !== null, 30000);
+    const n = recording.requests;
+    const count = (...types) => recording.events.filter((e) => types.includes(e.type)).length;
+    await until(() => {
+      partial[side] = replayRun(cmp, side, recording);
+      const p = partial[side];
+      status(`running ${side.toUpperCase()}: ${cmp[side][0]} — ${p.done} of ${n} requests done, ${fmtS(Math.max(0, p.elapsed))}…`);
+      return count("request") >= n && count("finished", "rejected") >= n;
+    }, 240000);
+    const run = replayRun(cmp, side, recording);
+    recording = null;
+    return run;
   }
 
   // TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50.
@@ -75,8 +93,9 @@
   async function run() {
     if (busy) return;
     const cmp = COMPARISONS[$("c-which").value];
-    busy = true; runs = null;
-    $("c-run").disabled = true;
+    if (!FT.teach.confirmReset("Comparing two runs")) return;
+    busy = true; runs = null; cancelled = false; partial = {};
+    $("c-run").disabled = true; $("c-cancel").hidden = false;
     try {
       status(`running A: ${cmp.a[0]} (the ${cmp.base} preset)…`);
       const a = await runSide(cmp, "a");
@@ -85,32 +104,41 @@
       runs = {cmp, a, b};
       const n = a.prompts.length;
       const same = n === b.prompts.length && a.prompts.every((p, i) => p === b.prompts[i]);
-      status(same ? `Done. The same ${n} prompts both times (checked by their first tokens); only ${Object.keys(cmp.a[1]).join(", ")} differs.`
-                  : `Done, but the two runs' prompts differ (checked by their first tokens): compare with care.`);
+      const cold = a.emptyCache && b.emptyCache;
+      status(!cold ? "Done, but a run did not start from an empty prefix cache: its prefill may be cached. Compare with care." :
+             same ? `Done. The same ${n} prompts both times (checked by their first tokens), both from an empty prefix cache; only ${Object.keys(cmp.a[1]).join(", ")} differs.`
+                  : "Done, but the two runs' prompts differ (checked by their first tokens): compare with care.");
       $("sheet-compare").dataset.same = String(same);
+      $("sheet-compare").dataset.cold = String(cold);
     } catch (e) {
       recording = null; awaiting = false;
-      status(`The comparison stopped: ${e.message}.`);
+      if (cancelled) app.send({type: "reset"});   // its requests stop too
+      status(cancelled ? "Cancelled: the engine was reset." : `The comparison stopped: ${e.message}.`);
     } finally {
       busy = false;
-      $("c-run").disabled = false;
+      $("c-run").disabled = false; $("c-cancel").hidden = true;
     }
   }
 
   function status(text) { $("c-status").textContent = text; }
 
+  // Both runs on one time axis: finished ones, or what is recorded so far (an empty side waits).
   function draw() {
-    if (!runs) return;
-    const fa = figures(runs.a.s), fb = figures(runs.b.s);
-    const span = Math.max(fa ? fa.span : 1, fb ? fb.span : 1) * 1.06;
+    const shown = runs || partial;
+    const fa = shown.a && figures(shown.a.s), fb = shown.b && figures(shown.b.s);
+    const longest = Math.max(1, ...["a", "b"].map((k) => (shown[k] ? shown[k].elapsed : 0)),
+                             fa ? fa.span : 0, fb ? fb.span : 0);
+    const span = longest * 1.06;
     const view = {span, right: span * 0.99, paused: true};
     for (const [side, f] of [["a", fa], ["b", fb]]) {
-      const r = runs[side];
-      $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}`;
+      const r = shown[side];
+      const canvas = $(`c-${side}-canvas`);
+      if (!r) { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); continue; }
+      $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}` + (runs ? "" : ` (${r.done} of ${r.requests} done)`);
       $(`c-${side}-figs`).replaceChildren(...(f ? [
         fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
         fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
-      FT.drawTimeline($(`c-${side}-canvas`), r.s, view, span, {selected: null});
+      FT.drawTimeline(canvas, r.s, view, span, {selected: null, grow: false});
     }
   }
 
@@ -127,15 +155,20 @@
       $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
       $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
       $("c-run").addEventListener("click", run);
+      $("c-cancel").addEventListener("click", () => { cancelled = true; });
     },
     onEvent(ev) {
-      if (awaiting && ev.type === "preset") { awaiting = false; recording = {events: [], requests: ev.requests}; }
-      else if (recording) recording.events.push(ev);
+      if (awaiting && ev.type === "reset") pending = {reset: ev};
+      else if (awaiting && ev.type === "preset") {
+        awaiting = false;
+        recording = {events: [], requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
+      } else if (recording) recording.events.push(ev);
     },
     update() {
       if ($("sheet-compare").hidden) { drawn = {runs: null, size: ""}; return; }
       const c = $("c-a-canvas"), size = `${c.clientWidth}x${c.clientHeight}`;
-      if (runs === drawn.runs && size === drawn.size) return;
+      // a finished pair is drawn again only when it or the size changes; a recording every tick
+      if (runs && runs === drawn.runs && size === drawn.size) return;
       drawn = {runs, size};
       draw();
     },

@@ -159,7 +159,7 @@
     if (embed) return;
     $("btn-load").addEventListener("click", () => app.send({type: "load", on: !s.settings.load}));
     $("btn-burst").addEventListener("click", () => app.send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
-    $("btn-reset").addEventListener("click", () => app.send({type: "reset"}));
+    $("btn-reset").addEventListener("click", () => FT.teach.confirmReset("Reset") && app.send({type: "reset"}));
     const form = $("prompt-form"), box = $("prompt");
     form.addEventListener("submit", (e) => {
       e.preventDefault();

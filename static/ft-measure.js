@@ -80,10 +80,13 @@
     const status = $("m-status");
     const replayed = app.s.connectT !== null && ev.t < app.s.connectT;   // history sent on connect: no pop-up
     if (ev.status === "running") {
-      if (!replayed) show(true);
+      const first = ev.points_done === null || ev.points_done === undefined;
+      if (!replayed && first) { show(true); FT.toast("measuring decode cost: serving is paused while it runs"); }
       status.dataset.status = "running";
-      status.textContent = "Measuring: the engine has paused serving (waiting requests wait) while it times decode steps…";
-      if (!replayed) FT.toast("measuring decode cost: serving is paused for a few seconds");
+      status.textContent = "Measuring: the engine has paused serving (waiting requests wait) while it times decode steps" +
+        (first ? "…" : ` — ${ev.points_done} of ${ev.points_total} points` +
+                       (ev.eta_s !== null ? `, about ${fmtS(ev.eta_s)} left (estimated from the pace so far)` : "") + ".");
+      if (!first) result = ev;   // the points timed so far, drawn as they come
     } else if (ev.status === "done") {
       result = ev;
       status.dataset.status = "done";
@@ -100,6 +103,7 @@
     if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
     drawn = result;
     drawSteps(result); drawRates(result); drawKV(result);
+    for (const id of ["m-steps", "m-rates", "m-kv"]) $(id).classList.toggle("partial", result.status === "running");
   }
 
   FT.teach.register({

@@ -138,7 +138,11 @@
     step(s, ev) {
       for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
       if (ev.kind === "decode") {
-        s.points.push({batch: ev.ids.length, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache});
+        // len: the mean sequence length the step worked over: the KV entries each request holds
+        // (cache on), or what each recomputed (cache off: `tokens` counts whole sequences then)
+        const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
+        s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
+                       len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0});
         trim(s.points, KEEP_POINTS);
       }
       // What each running request holds in the KV cache right after this forward (nothing

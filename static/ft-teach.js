@@ -20,7 +20,18 @@
     register(part) { parts.push(part); },
     presets() { return (s.hello && s.hello.presets) || []; },
     preset(name) { return teach.presets().find((p) => p.name === name) || null; },
-    apply(name) { return app.send({type: "preset", name}); },
+    // A reset (every preset and comparison starts with one) cancels everything in flight: in a
+    // classroom the presenter is asked first when students' questions would go. False: don't.
+    confirmReset(what) {
+      const asking = [...s.reqs.values()].filter((r) => r.source === "join" && r.end === null);
+      if (!asking.length || document.body.dataset.role !== "presenter") return true;
+      const who = [...new Set(asking.map((r) => r.label || r.id))];
+      const list = who.slice(0, 5).join(", ") + (who.length > 5 ? ` and ${who.length - 5} more` : "");
+      return window.confirm(`${asking.length} student question${asking.length > 1 ? "s are" : " is"} still ` +
+                            `running or waiting (${list}). ${what} resets the engine and cancels ` +
+                            `${asking.length > 1 ? "them" : "it"}. Go ahead?`);
+    },
+    apply(name) { return teach.confirmReset("Starting a lesson") && app.send({type: "preset", name}); },
     // Which part of the page matters for a preset (presenter mode enlarges it; the tour spots it).
     FOCUS: {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",
             "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",

@@ -68,8 +68,10 @@
   }
 
   // Geometry shared by the strips: left gutter for labels, plot width, x(t).
+  // The gutter is the timeline's (view.gutter: wide enough for its row names, set as it draws),
+  // so the strips under it keep the same time axis.
   function frame(w, view, compact) {
-    const gutter = compact ? 46 : 78;
+    const gutter = view.gutter || (compact ? 46 : 78);
     const pw = Math.max(10, w - gutter - 10);
     const left = view.right - view.span;
     return {gutter, pw, left, right: view.right, origin: view.origin || 0,
@@ -275,9 +277,22 @@
     return labels;
   }
 
+  // Room for the longest row name in view (a classroom student's), within a quarter of the width.
+  function gutterFor(ctx, s, view, w, compact) {
+    const base = compact ? 46 : 78, left = view.right - view.span;
+    ctx.font = `${compact ? 13 : 15}px ui-monospace, monospace`;
+    let widest = 0;
+    for (const id of s.order) {
+      const r = s.reqs.get(id);
+      if (r.label && (r.end === null || r.end >= left)) widest = Math.max(widest, ctx.measureText(r.label).width);
+    }
+    return Math.round(Math.max(base, Math.min(w / 4, widest + 14)));
+  }
+
   FT.drawTimeline = function (canvas, s, view, now, opts) {
     const {ctx, w, h} = FT.fitCanvas(canvas);
     const compact = w < 700;
+    view.gutter = gutterFor(ctx, s, view, w, compact);
     const f = frame(w, view, compact);
     const axisH = compact ? 16 : 24;
     const lane = {y: 3, h: compact ? 6 : 10};
@@ -285,7 +300,7 @@
     ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
     const g = layoutRows(s, f, now, top, plotH, compact);
     // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
-    const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH)}px`;
+    const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
     if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
       canvas.parentElement.style.setProperty("--tl-rows-h", want);
     }
@@ -422,23 +437,25 @@
   // against the blocks in use, the live budget and the physical capacity.
   FT.drawKV = function (canvas, s, view, now) {
     const st = strip(canvas, view);
-    const {ctx, f, top, plotH} = st;
-    if (!s.hello || !s.hello.cache_blocks) return {f};
+    if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
     const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-    const span = stepsInView(s.steps, f, now), use = pointsInView(s.blockUse, f);
-    const scale = kvScale(s, f, span, use, bs, capacity);
+    const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
+    const scale = kvScale(s, st.f, span, use, bs, capacity);
+    const above = [];
+    if (scale.budget > scale.ymax) above.push(`budget ${FT.fmtTokens(scale.budget)}`);
+    if (capacity > scale.ymax) above.push(`capacity ${FT.fmtTokens(capacity)}`);
+    // A band above the plot for that note, so no line or stack is drawn through it.
+    if (above.length) { st.top += 16; st.plotH -= 16; }
+    const {ctx, f, top, plotH} = st;
     const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
     timeAxis(ctx, f, top, top + plotH, "", false);
     drawKVStacks(ctx, f, s.steps, span, y);
     drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
     drawLimits(ctx, f, s, y, scale, bs, capacity);
     scaleLabels(st, FT.fmtTokens(Math.round(scale.ymax)));
-    const above = [];
-    if (scale.budget > scale.ymax) above.push(`budget ${FT.fmtTokens(scale.budget)}`);
-    if (capacity > scale.ymax) above.push(`capacity ${FT.fmtTokens(capacity)}`);
     if (above.length) {
-      ctx.textAlign = "left"; ctx.textBaseline = "top"; ctx.fillStyle = C.budget;
-      ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top + 2);
+      ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
+      ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
     }
     return {f};
   };

@@ -42,8 +42,8 @@
        const one = s.points.filter((p) => p.batch === 1).map((p) => p.ms);
        return one.length ? `measured: median decode step ${FT.figures.median(one).toFixed(1)} ms at batch 1 (${one.length} steps)` : "";
      }},
-    {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: [".kv-wrap", "#chart-steps"],
-     watch: "decode step time as the sequences grow, with the cache off",
+    {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: ["#chart-steps", ".timeline-wrap"],
+     watch: "decode step time against sequence length, with the cache off (the chart in the request panel)",
      text: () => "The KV cache keeps each token's keys and values so a step computes only the new token. " +
        "Turned off, every step recomputes the whole sequence: steps get slower as the text gets longer.",
      live: () => live("kv-cache-off")},
@@ -76,6 +76,9 @@
         if (head && head.matches("h2, h3, .strip-head")) head.classList.add("spot");
       }
     }
+    // What the step points at is on screen: scrolled into its panel's view (and the page's).
+    const first = document.querySelector(step.spot.filter((sel) => !sel.startsWith(".fig")).join(", "));
+    if (first) requestAnimationFrame(() => first.scrollIntoView({block: "nearest", inline: "nearest"}));
   }
 
   function go(i) {

@@ -106,7 +106,7 @@ def test_page_loads_url_settings_and_charts_receive_data(browser, server):
         p.wait("() => { const L = firstToken.state.last; return L && L.ttft && L.ttft.p50 !== null; }")
         p.js("firstToken.refresh()")   # the panels and charts now, not at their next tick
         s = p.js("""() => { const s = firstToken.state, ids = %s;
-            return {rows: firstToken.ui.layouts.timeline.shown.length,
+            return {rows: firstToken.ui.layouts.timeline.lanes.length,
                     prompts: ids.map(id => s.reqs.get(id).promptTokens),
                     stacks: s.steps.filter(st => st.stack.length).length,
                     lastKV: s.steps[s.steps.length - 1],
@@ -335,16 +335,16 @@ def test_frame_rate_under_maximum_load(page):
     page.slide("max_new_tokens", 16)
     page.slide("rate", limits["rate"]["max"])
     page.page.click("#btn-load")
-    page.wait("() => firstToken.ui.layouts.timeline.shown.length >= 120", timeout=30_000)
+    page.wait("() => firstToken.state.order.length >= 120", timeout=30_000)
     f0, b0, t0 = page.js("[firstToken.perf.frames, firstToken.state.bytes, performance.now()]")
     page.page.wait_for_timeout(8000)
     f1, b1, t1 = page.js("[firstToken.perf.frames, firstToken.state.bytes, performance.now()]")
-    rows, draw_ms = page.js("[firstToken.ui.layouts.timeline.shown.length, firstToken.perf.drawMs]")
+    rows, draw_ms = page.js("[firstToken.ui.layouts.timeline.lanes.length, firstToken.perf.drawMs]")
     fps = (f1 - f0) / ((t1 - t0) / 1000)
     print(f"page at maximum load: {fps:.1f} fps ({draw_ms:.1f} ms script per frame) with {rows} timeline rows, "
           f"websocket {(b1 - b0) / (t1 - t0):.1f} kB/s")
     page.shot("page-under-load-1920x1080.png")
-    assert rows >= 120
+    assert rows >= 17   # the newest rows that fit, each readable (the rest: "+N older rows")
     # Responsive, not a speed target: this run shares 2 cores with the model and software
     # rendering, so the 30 fps target is measured by bench/page_fps.py on a quiet machine.
     # Our own script must fit well inside a frame, and frames must keep coming.
@@ -360,7 +360,8 @@ def test_compact_layouts_for_iframes(browser, server):
             p.wait("() => firstToken.state.order.length >= 2")
             p.page.wait_for_timeout(1500)
             assert p.page.is_visible("#timeline") and p.page.is_visible("#h-ttft50") and p.page.is_visible("#h-policy")
-            assert not p.page.is_visible("#controls")
+            # a small window stacks every panel of the page (it scrolls); an embed shows what it asked for
+            assert p.page.is_visible("#controls") == (path == "/")
             box = p.page.locator("#timeline").bounding_box()
             assert box["width"] > 560 and box["height"] > 200   # the timeline gets the room
             p.shot(name)

@@ -113,9 +113,13 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
     driver.update_settings({"cache_tokens": 1024})   # too small for 4 x 1024 tokens: skipped, said so
     driver.measure()
     events = collect(sub, lambda ev: any(e["type"] == "measure" and e["status"] != "running" for e in ev), 120)
-    running, done = of(events, "measure")
+    running, *progress, done = of(events, "measure")
     assert running["status"] == "running" and done["status"] == "done", done["message"]
     assert running["batches"] == [1, 2, 4] and running["contexts"] == [128]
+    # a page draws the sweep as it goes: one event per point, each with what is timed so far
+    assert [p["points_done"] for p in progress] == list(range(1, 8)) and {p["points_total"] for p in progress} == {7}
+    assert [len(p["decode"]) for p in progress] == [1, 2, 3, 3, 3, 3, 3] and progress[3]["kv"] == done["kv"][:1]
+    assert all(p["status"] == "running" and p["eta_s"] >= 0 for p in progress) and progress[-1]["eta_s"] == 0
     points = {(p["batch"], p["context"]) for p in done["decode"]}
     assert points == {(1, 128), (2, 128), (4, 128)}
     assert all(0 < p["floor_s"] < p["step_s"] for p in done["decode"])
@@ -123,7 +127,7 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
     assert all(k["cached_s"] > 0 and k["recompute_s"] > 0 for k in done["kv"])
     assert done["seconds"] > 0 and done["skipped"] == []
     check = schema_validator()
-    for e in (running, done):
+    for e in (running, *progress, done):
         check.validate(e)
     eng = driver.engine
     assert eng.blocks.used == 0 and len(eng.blocks.free) == eng.blocks.capacity

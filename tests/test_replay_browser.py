@@ -240,7 +240,7 @@ def test_embed_replays_a_shipped_trace_in_a_frame_on_another_origin(live, browse
         inner.wait_for_function("() => !firstToken.replay.player.playing", timeout=30_000)
         assert inner.evaluate("firstToken.state.events") == len(trace)
         # Drawn: the timeline has request rows; the headline shows measured figures.
-        assert inner.evaluate("firstToken.ui.layouts.timeline.shown.length") > 0
+        assert inner.evaluate("firstToken.ui.layouts.timeline.lanes.length") > 0
         inner.evaluate("firstToken.refresh()")   # else the panels' 4 Hz tick may still be due
         assert inner.evaluate("document.getElementById('h-ttft50').textContent") != "—"
         assert inner.evaluate("document.getElementById('kv') !== null && document.getElementById('blocks') === null")
