@@ -9,6 +9,8 @@
   const {$, fmtS, fmtBytes} = FT;
   let app, s, view, ui;   // the page's shared objects, from init
   let hover = null;
+  let tapTimer = null;
+  const TAP_TIP_MS = 2500;
 
   // ------------------------------------------------------------ hover read-outs
   function describeReq(r) {
@@ -127,10 +129,17 @@
       c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
     }
     c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
-    c.addEventListener("mouseleave", () => { hover = null; $("tip").hidden = true; });
+    c.addEventListener("mouseleave", hideTip);
+    // A tap (touch) has no "leave": its read-out goes after a moment, or as the page scrolls.
+    c.addEventListener("pointerup", (e) => {
+      if (e.pointerType !== "mouse") { clearTimeout(tapTimer); tapTimer = setTimeout(hideTip, TAP_TIP_MS); }
+    });
   }
 
+  function hideTip() { hover = null; $("tip").hidden = true; }
+
   function wire() {
+    window.addEventListener("scroll", hideTip, {passive: true});
     $("btn-zoom-in").addEventListener("click", () => setSpan(view.span * 0.8));
     $("btn-zoom-out").addEventListener("click", () => setSpan(view.span * 1.25));
     $("btn-pause").addEventListener("click", () => setPaused(!view.paused));

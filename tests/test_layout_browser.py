@@ -151,3 +151,20 @@ def test_thirty_students_keep_named_rows_on_the_projected_timeline(room, browser
     finally:
         room.gate.set()
         ctx.close()
+
+
+def test_a_tapped_rows_read_out_goes_away_on_a_phone(busy, browser):
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=3, has_touch=True, is_mobile=True)
+    page = ctx.new_page()
+    try:
+        page.goto(busy.url + "/")
+        page.wait_for_function("() => firstToken.state.finishedCount >= 5", timeout=20_000)
+        page.evaluate("firstToken.view.paused = true; firstToken.refresh()")
+        row = page.evaluate("(() => { const l = firstToken.ui.layouts.timeline, c = document.getElementById('timeline')"
+                            ".getBoundingClientRect(); return {x: c.left + l.f.gutter + l.f.pw / 2,"
+                            " y: c.top + l.top + l.rowH * (l.lanes.length - 0.5)}; })()")
+        page.touchscreen.tap(row["x"], row["y"])
+        page.wait_for_function("() => !document.getElementById('tip').hidden", timeout=3_000)
+        page.wait_for_function("() => document.getElementById('tip').hidden", timeout=5_000)   # gone by itself
+    finally:
+        ctx.close()
