@@ -10,13 +10,15 @@
   let app, s, teach;
   let index = -1;      // the step shown, -1 when the tour is off
   let since = 0;       // engine time the step began (its figures count from the preset after it)
+  let spottedAt = -Infinity;   // page time the step's parts were outlined
+  const SETTLE_MS = 2500;
 
   const selected = () => FT.panels.selectedReq();
   const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
   const live = (name) => FT.proofText(name, s, t0(name));
 
   const STEPS = [
-    {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips", "#d-title"],
+    {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
      watch: "the prompt's token chips (piece and id) in the request panel",
      text() {
        const r = selected();
@@ -57,7 +59,7 @@
      text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
        "did not get slower — but the time to first token grows with the wait.",
      live: () => live("queueing")},
-    {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting", ".timeline-wrap"],
+    {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting"],
      watch: "the request panel: its measured stages and the largest one",
      text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
        "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
@@ -76,9 +78,16 @@
         if (head && head.matches("h2, h3, .strip-head")) head.classList.add("spot");
       }
     }
-    // What the step points at is on screen: scrolled into its panel's view (and the page's).
-    const first = document.querySelector(step.spot.filter((sel) => !sel.startsWith(".fig")).join(", "));
-    if (first) requestAnimationFrame(() => first.scrollIntoView({block: "nearest", inline: "nearest"}));
+    spottedAt = performance.now();
+    requestAnimationFrame(scrollToSpots);
+  }
+
+  // What the step points at is on screen: each part scrolled into its panel's view (and the
+  // page's); again for a moment while the step's preset fills the panels and moves them.
+  function scrollToSpots() {
+    // (the sticky header covers the top of the window: scrolled clear of it)
+    document.documentElement.style.scrollPaddingTop = `${document.querySelector(".top").getBoundingClientRect().bottom}px`;
+    for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
   }
 
   function go(i) {
@@ -88,8 +97,9 @@
     const step = STEPS[i];
     if (step.preset && teach.preset(step.preset)) teach.apply(step.preset);
     else if (step.preset) FT.toast(`this server has no "${step.preset}" preset: the step runs on the current settings`);
-    spot(step);
     lesson();
+    document.body.dataset.focus = teach.focus();   // now, not at the next tick: what it shows decides the scroll
+    spot(step);
   }
 
   function lesson() {
@@ -131,6 +141,7 @@
     update() {
       $("btn-tour").textContent = index < 0 ? "Guided tour" : "End tour";
       if (index >= 0) lesson();
+      if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) scrollToSpots();
     },
   });
   FT.tour = tour;
