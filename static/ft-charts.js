@@ -17,6 +17,7 @@
   };
   const PLOT_CONFIG = {displayModeBar: false, responsive: true, staticPlot: false};
   const SHOW_FINISHED = 16;   // requests in the stages chart
+  const ROW_PX = 19;          // its least height per request (13 px names, one per row)
   // A legend in one row above the plot, out of the way of the points and the floor's label.
   const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
 
@@ -75,11 +76,14 @@
     for (const r of done) if (r.label) count.set(r.label, (count.get(r.label) || 0) + 1);
     const names = done.map((r) => (!r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label));
     for (const d of data) d.y = names;
+    // a row for every name (plotly drops category labels that do not fit): the chart grows with them
+    const tall = done.length * ROW_PX + 60;
+    div.style.minHeight = `${tall}px`;
     Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
-      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42},
+      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, height: Math.max(tall, div.clientHeight),
       xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
-      yaxis: {type: "category", automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
+      yaxis: {type: "category", dtick: 1, automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
     }), PLOT_CONFIG);
   }
 
@@ -100,7 +104,7 @@
     const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
       y: pts.map((p) => p.ms), marker: {color: FT.alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
     Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, {
-      legend: LEGEND_ABOVE, margin: {l: 52, r: 10, t: 26, b: 42},
+      legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
       yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
     }), PLOT_CONFIG);
@@ -114,7 +118,7 @@
     const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
     const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
     Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, floorMarks(s.hello), {
-      legend: LEGEND_ABOVE, margin: {l: 52, r: 10, t: 26, b: 42},
+      legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
       yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid},

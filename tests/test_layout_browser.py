@@ -45,8 +45,8 @@ def layout(page):
 def assert_readable(page, name, timeline_min=TIMELINE_MIN):
     """Every check of the module docstring on the page as it is now; a screenshot either way."""
     ARTIFACTS.mkdir(exist_ok=True)
+    r = layout(page)   # (it refreshes every view first: the shot shows what was checked)
     page.screenshot(path=str(ARTIFACTS / f"layout-{name}.png"), full_page=True)
-    r = layout(page)
     heights = {s["id"]: s["h"] for s in r["strips"] if s["id"]}
     assert heights.get("timeline", 0) >= timeline_min, (name, heights)
     for strip in ("kv", "blocks", "queue"):
@@ -147,7 +147,16 @@ def test_thirty_students_keep_named_rows_on_the_projected_timeline(room, browser
         # the waiting chips name them too (slots hold none while the gate is shut)
         chips = page.evaluate("[...document.querySelectorAll('#waiting .rchip')].map(c => c.textContent)")
         assert set(names) <= set(chips)
+        # one count everywhere, though the held engine sends no stats: the header, the queue strip's
+        # heading and the chips all read the thirty waiting rows the timeline draws
+        assert page.text_content("#h-waiting") == "30" and page.text_content("#queue-info").startswith("30 waiting")
         page.screenshot(path=str(ARTIFACTS / "layout-classroom-30-present.png"), full_page=True)
+        room.gate.set()
+        page.wait_for_function("() => firstToken.state.finishedCount >= 30", timeout=60_000)
+        page.evaluate("firstToken.refresh()")
+        bars = page.evaluate("[...document.querySelectorAll('#chart-stages .ytick text')].map(t => t.textContent)")
+        assert len(bars) == 16 and set(bars) <= set(names)   # the TTFT chart names its students too
+        assert page.text_content("#h-waiting") == "0"
     finally:
         room.gate.set()
         ctx.close()
