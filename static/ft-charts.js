@@ -8,6 +8,7 @@
   const P = FT.palette;
   let s;   // the page state, from init
   let version = -1;   // the state version last drawn
+  let drawnSize = "";   // and the charts' boxes it was drawn in
 
   const PLOT_LAYOUT = {
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
@@ -15,7 +16,10 @@
     margin: {l: 52, r: 10, t: 6, b: 36}, showlegend: true,
     legend: {orientation: "h", y: -0.22, font: {size: 13}},
   };
-  const PLOT_CONFIG = {displayModeBar: false, responsive: true, staticPlot: false};
+  // Sized by us (update, sized), not by plotly's `responsive`: that follows only the window,
+  // and under presenter mode's CSS zoom plotly measures the zoomed box and draws 1.4x too wide.
+  const PLOT_CONFIG = {displayModeBar: false, responsive: false, staticPlot: false};
+  const sized = (div, height) => ({width: div.clientWidth, height: height || div.clientHeight});
   const SHOW_FINISHED = 16;   // requests in the stages chart
   const ROW_PX = 19;          // its least height per request (13 px names, one per row)
   // A legend in one row above the plot, out of the way of the points and the floor's label.
@@ -80,7 +84,7 @@
     const tall = done.length * ROW_PX + 60;
     div.style.minHeight = `${tall}px`;
     Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
-      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, height: Math.max(tall, div.clientHeight),
+      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, ...sized(div, Math.max(tall, div.clientHeight)),
       xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
       yaxis: {type: "category", dtick: 1, automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
@@ -103,7 +107,7 @@
     FT.$("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
     const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
       y: pts.map((p) => p.ms), marker: {color: FT.alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
-    Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, {
+    Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
       legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
       yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
@@ -117,7 +121,7 @@
     // The floor inside the scale: plotly's autorange ignores shapes.
     const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
     const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-    Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, floorMarks(s.hello), {
+    Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello), {
       legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
@@ -125,10 +129,16 @@
     }), PLOT_CONFIG);
   }
 
+  // Redrawn when the state moved or a chart's box changed size (the window, presenter mode, a
+  // panel that grew): the plot is sized to the box, and the ticks that fit (batchTick) depend
+  // on its width.
   function update() {
-    if (!window.Plotly || s.version === version) return;
-    version = s.version;
+    if (!window.Plotly) return;
     const stagesDiv = FT.$("chart-stages"), stepsDiv = FT.$("chart-steps");
+    const box = (d) => (d ? `${d.clientWidth}x${d.clientHeight}` : "");
+    const size = `${box(stagesDiv)} ${box(stepsDiv)} ${getComputedStyle(document.body).zoom}`;
+    if (s.version === version && size === drawnSize) return;
+    version = s.version; drawnSize = size;
     if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
     if (stepsDiv && stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
   }
