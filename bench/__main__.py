@@ -35,6 +35,8 @@ def parse_args(argv=None):
     p.add_argument("--first-start", action="store_true",
                    help="also time a first start (GGUF dequantised into a temporary cache, ~1 min)")
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers contenders (engine only)")
+    p.add_argument("--batches", default=None, help="decode-table batch sizes, e.g. 1,4,16,64 (default: the plan's)")
+    p.add_argument("--prefill", default=None, help="prefill-table prompt lengths, e.g. 16,128,512 (default: the plan's)")
     p.add_argument("--out", default=None, help="JSON file to write (default bench/results-<device>.json)")
     return p.parse_args(argv)
 
@@ -89,6 +91,9 @@ def agreement(runs):
 def main(argv=None):
     args = parse_args(argv)
     p = plan(args.quick)
+    for key in ("batches", "prefill"):
+        if getattr(args, key):
+            p[key] = [int(x) for x in getattr(args, key).split(",")]
     t_start = time.perf_counter()
     bundle = model_mod.load(args.model, device=args.device, dtype=args.dtype)
     weight_bytes = sum(t.numel() * t.element_size() for t in bundle.model.parameters())

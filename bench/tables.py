@@ -10,15 +10,18 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import BlockManager, PagedKVStore, head_dim, kv_heads
-from engine.runner import Runner, Segment, _gather
+from engine.runner import Runner, Segment, _gather, synchronize
 from engine.sequence import SamplingParams, Sequence
 
 
-def _best(fn, repeats):
+def _best(fn, repeats, device="cpu"):
+    """Best of `repeats` calls; on CUDA each timed from an idle GPU to the GPU finished."""
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -93,7 +96,7 @@ def kv_read_table(bundle, batch, contexts, repeats, block_size=16):
                 k, v = (_gather(p, order).view(batch, -1, h, d).transpose(1, 2) for p in pools[2 * i:2 * i + 2])
                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         paged()
-        paged_s = _best(paged, repeats)
+        paged_s = _best(paged, repeats, dev)
         del pools
         rows = [torch.randn(batch, h, ctx, d, dtype=dt, device=dev) for _ in range(2 * layers)]
 
@@ -101,6 +104,6 @@ def kv_read_table(bundle, batch, contexts, repeats, block_size=16):
             for i in range(layers):
                 F.scaled_dot_product_attention(q, rows[2 * i], rows[2 * i + 1], enable_gqa=True)
         contiguous()
-        out.append({"context": ctx, "batch": batch, "paged_s": paged_s, "contiguous_s": _best(contiguous, repeats)})
+        out.append({"context": ctx, "batch": batch, "paged_s": paged_s, "contiguous_s": _best(contiguous, repeats, dev)})
         del rows
     return out

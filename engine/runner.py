@@ -61,34 +61,37 @@ class Plan:
         self.write = None               # (packed rows, store slots) of the keys/values to keep
         self.decode = None              # (rows, block ids [B * nb], mask [B, 1, 1, nb * bs])
         self.chunks = []                # (first packed row, n, block ids or None, keys, mask or None)
+        # Indices are built here as Python lists and moved to the device in one copy each: on a GPU
+        # a tensor made per segment is a launch or a host-to-device copy each (a batch of 64 decode
+        # rows made ~200 of them per forward).
         rows, slots, dec_blocks, dec_len = [], [], [], []
         q0 = 0
         for seg in segments:
             if seg.cached:
                 length = seg.start + seg.n
                 blocks = seg.seq.block_table[:-(-length // bs)]
-                rows.append(torch.arange(q0, q0 + seg.n, device=device))
-                slots.append(_slots(blocks, bs, device)[seg.start:length])
+                rows.extend(range(q0, q0 + seg.n))
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(seg.start, length))
                 if seg.is_decode_row:
                     dec_blocks.append(blocks)
                     dec_len.append(length)
                 elif seg.start > 0:     # a later chunk: attends to earlier chunks' keys too
                     q = torch.arange(seg.start, length, device=device)
                     mask = torch.arange(length, device=device)[None, :] <= q[:, None]
-                    self.chunks.append((q0, seg.n, torch.tensor(blocks, device=device), length, mask[None, None]))
+                    self.chunks.append((q0, seg.n, _index(blocks, device), length, mask[None, None]))
                 else:
                     self.chunks.append((q0, seg.n, None, seg.n, None))
             else:
                 self.chunks.append((q0, seg.n, None, seg.n, None))
             q0 += seg.n
         if rows:
-            self.write = (torch.cat(rows), torch.cat(slots))
+            self.write = (_index(rows, device), _index(slots, device))
         if dec_blocks:
             nb = max(len(b) for b in dec_blocks)
-            padded = [b + [store.zero_block] * (nb - len(b)) for b in dec_blocks]
-            lengths = torch.tensor(dec_len, device=device)
+            padded = [x for b in dec_blocks for x in b + [store.zero_block] * (nb - len(b))]
+            lengths = _index(dec_len, device)
             mask = (torch.arange(nb * bs, device=device)[None, :] < lengths[:, None])[:, None, None, :]
-            self.decode = (len(dec_blocks), torch.tensor(padded, device=device).flatten(), mask)
+            self.decode = (len(dec_blocks), _index(padded, device), mask)
 
     def attend(self, layer, q, k, v, scale):
         """q [1, H, T, d]; k, v [1, h, T, d] for the packed tokens -> attention output [1, T, H, d]."""
@@ -124,10 +127,16 @@ def _gather(store, blocks):
     return store.view(store.shape[0], -1).index_select(0, blocks)
 
 
-def _slots(blocks, block_size, device):
-    """Flat store slots of every position in these blocks, in order."""
-    ids = torch.tensor(blocks, dtype=torch.long, device=device)
-    return (ids[:, None] * block_size + torch.arange(block_size, device=device)).flatten()
+def _index(values, device):
+    """A long tensor of `values` on `device`: built on the CPU, then one copy."""
+    return torch.tensor(values, dtype=torch.long).to(device)
+
+
+def synchronize(device):
+    """Wait for the device to finish what was launched (CUDA runs asynchronously): every
+    timestamp the page shows is taken after this, so a step's end is when the GPU finished."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _onednn_ok(linear):
@@ -232,6 +241,9 @@ class Runner:
         out = self.decoder(input_ids=torch.tensor([ids], device=self.device),
                            position_ids=torch.tensor([pos], device=self.device), use_cache=False, ft_plan=plan)
         if not last:
+            synchronize(self.device)
             return None
-        hidden = out.last_hidden_state[0, torch.tensor(last, device=self.device)]
-        return self.head(hidden).float()
+        hidden = out.last_hidden_state[0, _index(last, self.device)]
+        logits = self.head(hidden).float()
+        synchronize(self.device)      # the forward ends (engine.py's step `end`) when the GPU is done
+        return logits

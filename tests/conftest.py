@@ -1,4 +1,5 @@
 """Fixtures: the tiny random model (fast unit tests), the real bundled model, the real app."""
+import os
 import threading
 
 import pytest
@@ -14,8 +15,11 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def real():
-    """The bundled SmolLM2-135M-Instruct (dequantised once, then loaded from the disk cache)."""
-    return model_mod.load()
+    """The bundled SmolLM2-135M-Instruct (dequantised once, then loaded from the disk cache), on
+    the CPU in fp32 unless FIRST_TOKEN_TEST_DEVICE / FIRST_TOKEN_TEST_DTYPE say otherwise
+    (so the same tests can check a CUDA box in bfloat16 or float32)."""
+    return model_mod.load(device=os.environ.get("FIRST_TOKEN_TEST_DEVICE", "cpu"),
+                          dtype=os.environ.get("FIRST_TOKEN_TEST_DTYPE", "float32"))
 
 
 @pytest.fixture(scope="session")

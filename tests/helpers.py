@@ -49,7 +49,7 @@ def tiny_bundle(seed=0, layers=2):
 
 def reference(bundle, text, max_new):
     """`model.generate`'s greedy continuation of `text` (token ids), run alone."""
-    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(bundle.model.device)
     out = bundle.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                 do_sample=False)
     return out[0, ids.shape[1]:].tolist()
