@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
 from engine.settings import SettingError
-from . import openai_api as oa
+from . import inputs, openai_api as oa
 
 PRESENTER_COOKIE = "ft_presenter"
 CLIENT_COOKIE = "ft_client"
@@ -204,7 +204,7 @@ class Classroom:
         return s
 
     def claim(self, client_id):
-        """Admit one request of this client (limits checked), or ApiError."""
+        """Admit one request of this client (limits checked): a Claim, or ApiError."""
         with self._lock:
             s = self.student(client_id)
             if s.request is not None:
@@ -221,21 +221,7 @@ class Classroom:
             s.tokens -= 1
             s.request = ""            # held until the engine's id is known
             s.asked += 1
-            return s
-
-    def started(self, backend, s, rid):
-        """The engine took the request; if the presenter removed this student meanwhile, cancel it."""
-        with self._lock:
-            s.request = rid
-            removed = s.removed
-        if removed:
-            backend.cancel(rid)
-
-    def release(self, s, rid):
-        """Request `rid` of this student ended (only that one: a late call never frees a newer one)."""
-        with self._lock:
-            if s.request == rid:
-                s.request = None
+            return Claim(self, s)
 
     def remove(self, backend, client_id):
         with self._lock:
@@ -252,6 +238,52 @@ class Classroom:
             return [{"id": s.id, "name": s.name, "joined": s.joined, "asked": s.asked,
                      "in_flight": s.request or None, "removed": s.removed}
                     for s in sorted(self.students.values(), key=lambda s: s.joined)]
+
+
+class Claim:
+    """A student's one request in flight, from `Classroom.claim` until `release`. As a context
+    manager it is the one place a failure frees the student: leaving the `with` by an exception,
+    or without `hand_over()` (the answer's stream then releases it when it closes), releases it.
+    A claim released before the engine took its request gives the prompt back to the rate limit."""
+
+    def __init__(self, room, student):
+        self.room, self.student, self.rid, self.held = room, student, "", True
+        self._handed, self._backend = False, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None or not self._handed:
+            if self.rid:                 # the engine took it, but nobody will read the answer
+                self._backend.cancel(self.rid)
+            self.release()
+        return False
+
+    def hand_over(self):
+        """The answer's stream owns the claim now; it calls `release` when it ends."""
+        self._handed = True
+
+    def started(self, backend, rid):
+        """The engine took the request; if the presenter removed this student meanwhile, cancel it."""
+        self._backend = backend
+        with self.room._lock:
+            self.rid = self.student.request = rid
+            removed = self.student.removed
+        if removed:
+            backend.cancel(rid)
+
+    def release(self):
+        """The request ended (idempotent: a late call never frees the student's next request)."""
+        with self.room._lock:
+            if not self.held:
+                return
+            self.held = False
+            s = self.student
+            s.request = None
+            if not self.rid:          # nothing reached the engine: the prompt is not spent
+                s.tokens = min(self.room.rate_burst, s.tokens + 1)
+                s.asked -= 1
 
 
 def current():
@@ -341,7 +373,7 @@ def clients():
 
 
 def _json_body():
-    return oa.parse_body(request.stream.read(MAX_BODY + 1), limit=MAX_BODY)
+    return inputs.read_object(request.stream, MAX_BODY)
 
 
 @bp.post("/join/ask")
@@ -358,27 +390,29 @@ def ask():
         if len(prompt) > MAX_PROMPT:
             raise oa.ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
         backend = _backend()
-        s = room.claim(request.cookies.get(CLIENT_COOKIE))
+        with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
+            try:
+                handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
+                                        chat=True, stream=True)
+            except SettingError as e:
+                raise oa.ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
+            claim.started(backend, handle.id)
+            items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"],
+                               client_gone(request.environ))
+            response = Response(_answer(claim, items), mimetype="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            # Also when the stream never started (the phone left at once): cancel and free the student.
+            response.call_on_close(lambda: (items.close(), claim.release()))
+            claim.hand_over()
+            return response
     except oa.ApiError as e:
         return e.reply()
-    try:
-        handle = backend.submit(prompt=prompt.strip(), source="join", label=s.name, chat=True, stream=True)
-    except SettingError as e:
-        room.release(s, "")
-        return oa.ApiError(400, f"{e.field}: {e.message}", code="bad_prompt").reply()
-    room.started(backend, s, handle.id)
-    items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ))
-    response = Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    # Also when the stream never started (the phone left at once): cancel and free the student.
-    response.call_on_close(lambda: (items.close(), room.release(s, handle.id)))
-    return response
 
 
-def _answer(room, student, rid, items):
+def _answer(claim, items):
     """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
     try:
-        yield oa.sse({"type": "start", "id": rid, "name": student.name})
+        yield oa.sse({"type": "start", "id": claim.rid, "name": claim.student.name})
         for item in items:
             if item is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
@@ -402,4 +436,4 @@ def _answer(room, student, rid, items):
         pass
     finally:
         items.close()       # cancels the request unless it ended
-        room.release(student, rid)
+        claim.release()

@@ -4,6 +4,7 @@ and after a `leave` message it sends nothing more.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
 and that role decides which control messages it may send."""
 import json
+import logging
 
 from flask import Blueprint
 from flask_sock import Sock
@@ -14,6 +15,7 @@ from .state import current
 
 SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
 bp = Blueprint("live", __name__)
+log = logging.getLogger(__name__)
 sock = Sock()
 
 
@@ -52,6 +54,9 @@ def ws(conn):
             except control.Leave:
                 _idle(conn, backend, sub)
                 return
+            except Exception as e:   # a bug, never the client's doing: say so, keep the connection
+                log.exception("control message failed")
+                out = [control.internal_error(backend, e).to_dict()]
             out += sub.get(timeout=0)
             if out:
                 _send(conn, out)

@@ -186,6 +186,47 @@ def test_join_code_names_and_prompts_are_checked(room):
         assert r.status_code == 200 and r.json() == {"joined": False}
 
 
+def test_bad_input_on_join_is_a_400_and_frees_the_student(room):
+    """Nesting, a lone surrogate and a NUL at /join/session and /join/ask: each a 400 naming
+    the problem, then the same phone joins and asks. A refusal after the claim (the engine's
+    NUL check) frees the student and spends no prompt: three of them, then the two in a row the
+    rate limit allows still go through."""
+    s = requests.Session()
+    for raw, code in (("[" * 10000, "nested_too_deeply"), ('{"name": "\\ud800", "code": "owl"}', "invalid_text")):
+        r = s.post(room.url + "/join/session", data=raw, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+    s = student(room, "Ada")
+    for raw, code in (("[" * 10000, "nested_too_deeply"), ('{"prompt": "hi \\udfff"}', "invalid_text"),
+                      ('{"prompt": "a\\u0000b"}', "bad_prompt"), ('{"prompt": "\\u0000"}', "bad_prompt"),
+                      ('{"prompt": "x\\u0000"}', "bad_prompt")):
+        r = s.post(room.url + "/join/ask", data=raw, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+        assert code == "nested_too_deeply" or r.json()["error"]["param"] == "prompt"
+    assert ask(s, room, "first")[1][-1]["type"] == "finished"
+    assert ask(s, room, "second")[1][-1]["type"] == "finished"
+    (ada,) = room.classroom.roster()
+    assert ada["asked"] == 2 and ada["in_flight"] is None
+
+
+def test_a_student_whose_request_failed_in_the_server_can_ask_again(room, monkeypatch):
+    """Issue 25's lock-out: a failure after the claim (here the tokenizer's TypeError on a lone
+    surrogate, had it got that far) used to leave the student `409 in_flight` for good."""
+    s = student(room, "Ada")
+    submit, calls = room.driver.submit, []
+
+    def failing(**kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+        return submit(**kw)
+    monkeypatch.setattr(room.driver, "submit", failing)
+    r = s.post(room.url + "/join/ask", json={"prompt": "boom"}, timeout=10)
+    assert r.status_code == 500
+    assert room.classroom.roster()[0]["in_flight"] is None
+    status, events = ask(s, room, "again")
+    assert status == 200 and events[-1]["type"] == "finished" and len(calls) == 2
+
+
 def test_clean_name():
     assert clean_name(" a\tb  c ") == "a b c"
     assert clean_name("\u202eevil\u200d") == "evil"
