@@ -4,7 +4,9 @@ every text field. Through the app factory on the tiny random model, each is answ
 naming the problem — the API in OpenAI's error shape, the websocket with an `error` event on
 a connection that stays open — and the same client's next normal request succeeds."""
 import json
+import time
 
+from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 from simple_websocket import Client
 
@@ -108,3 +110,137 @@ def test_every_bad_websocket_message_gets_an_error_and_the_connection_serves_on(
         assert any(e["type"] == "finished" and e["reason"] in ("stop", "length") for e in done)
     finally:
         conn.close()
+
+
+# ------------------------------------------------------------------ hypothesis, every entry point
+
+# Text as hostile as JSON can carry: any text, or text around a lone surrogate or a NUL.
+bad_char = st.sampled_from(["\x00", "\ud800", "\udbff", "\udc00", "\udfff"]) | st.characters(
+    min_codepoint=0xD800, max_codepoint=0xDFFF)
+hostile_text = st.text(max_size=10) | st.builds(lambda a, bad, b: a + bad + b, st.text(max_size=5), bad_char,
+                                                st.text(max_size=5))
+nested = st.integers(1, 3000).map(lambda n: "[" * n + "]" * n)   # as data it is a deep list
+leaf = st.none() | st.booleans() | st.integers(-5, 5) | hostile_text
+json_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(hostile_text, inner, max_size=3), max_leaves=6)
+
+
+def encodings(obj):
+    """Ways to put `obj` on the wire: escaped (\\ud800), raw UTF-8 with surrogates passed through."""
+    return st.sampled_from([json.dumps(obj), json.dumps(obj, ensure_ascii=False)])
+
+
+def api_case(model):
+    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]),
+                                     "content": hostile_text | st.lists(st.fixed_dictionaries(
+                                         {"type": st.just("text"), "text": hostile_text}), max_size=2)})
+    completion = st.fixed_dictionaries({"model": st.just(model), "prompt": hostile_text, "max_tokens": st.just(2)},
+                                       optional={"stop": st.lists(hostile_text, max_size=2), "extra": json_values})
+    chat = st.fixed_dictionaries({"model": st.just(model), "messages": st.lists(message, min_size=1, max_size=2),
+                                  "max_tokens": st.just(2)}, optional={"stream": st.booleans(), "user": json_values})
+    bodies = st.one_of(completion.flatmap(encodings).map(lambda b: ("/v1/completions", b)),
+                       chat.flatmap(encodings).map(lambda b: ("/v1/chat/completions", b)))
+    raw_deep = st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), nested | json_values.map(json.dumps))
+    return bodies | raw_deep
+
+
+join_case = st.one_of(
+    st.fixed_dictionaries({"prompt": hostile_text}).flatmap(encodings).map(lambda b: ("/join/ask", b)),
+    st.fixed_dictionaries({"name": hostile_text}).flatmap(encodings).map(lambda b: ("/join/session", b)),
+    st.tuples(st.sampled_from(["/join/ask", "/join/session"]), nested | json_values.map(json.dumps)))
+
+ws_case = st.one_of(   # escaped: a text frame itself must be UTF-8
+    st.fixed_dictionaries({"type": st.just("submit"), "prompt": hostile_text, "max_new_tokens": st.just(2)},
+                          optional={"seed": json_values}).map(json.dumps),
+    st.fixed_dictionaries({"type": st.sampled_from(["set", "preset", "sync"]), "settings": json_values,
+                           "name": hostile_text}).map(json.dumps),
+    nested, json_values.map(json.dumps))
+
+
+@pytest.fixture(scope="module")
+def classroom_app(tiny):
+    """Classroom mode (every entry point open: the API with the presenter key, /join for one
+    phone, the websocket as the presenter), a rate limit the examples never reach."""
+    from conftest import LiveApp
+    from engine import EngineConfig
+    from server.classroom import Classroom
+    room = Classroom(rate_burst=10**6, rate_every_s=0.001)
+    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), {"CLASSROOM": room})
+    app.room = room
+    app.driver.update_settings({"max_new_tokens": 2})
+    yield app
+    app.stop()
+
+
+def idle(driver, room, timeout=20):
+    """No leaked request, slot or KV block, and no student left holding a claim."""
+    eng, end = driver.engine, time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (not eng.scheduler.running and not eng.scheduler.waiting and eng.in_flight == 0
+                and eng.blocks.used == 0 and driver._inbox.empty()
+                and all(s.request is None for s in room.students.values())):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"leaked: blocks {eng.blocks.used}, in flight {eng.in_flight}, "
+                         f"claims {[s.name for s in room.students.values() if s.request is not None]}")
+
+
+HYPO = settings(max_examples=60, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def test_hostile_text_and_nesting_on_every_http_entry_point_never_a_5xx(classroom_app):
+    app, room = classroom_app, classroom_app.room
+    client = app.app.test_client()
+    auth = {"Authorization": f"Bearer {room.key}"}
+    assert client.post("/join/session", json={"name": "Fuzz"}).status_code == 200
+
+    @HYPO
+    @given(api_case(app.driver.api_model) | join_case)
+    def run(case):
+        path, raw = case
+        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        r = client.post(path, data=data, content_type="application/json", headers=auth)
+        assert r.status_code < 500, (path, raw[:80], r.status_code, r.get_data(as_text=True)[:200])
+        if r.status_code >= 400:
+            err = r.get_json()["error"]
+            assert err["message"] and err["type"] == "invalid_request_error"
+        else:
+            r.get_data()      # the whole answer (a stream runs to its end)
+        idle(app.driver, room)
+
+    run()
+    r = client.post("/join/ask", json={"prompt": "still here?"})
+    assert r.status_code == 200 and '"type":"finished"' in r.get_data(as_text=True)
+    idle(app.driver, room)
+
+
+def test_hostile_text_and_nesting_over_the_websocket_never_drop_it(classroom_app):
+    app, room = classroom_app, classroom_app.room
+    conn = Client.connect(app.ws_url, headers={"Cookie": f"ft_presenter={room.key}"})
+    marker = iter(range(10**9, 2 * 10**9))
+    try:
+        frames(conn, 10, until=lambda evs: any(e["type"] == "hello" for e in evs))
+
+        @settings(HYPO, max_examples=40)
+        @given(ws_case)
+        def run(raw):
+            conn.send(raw)
+            mark = next(marker)   # once the sync after it is answered, the frame was handled
+            conn.send(json.dumps({"type": "sync", "client_t": mark}))
+            got = frames(conn, 10, until=lambda evs: any(e["type"] == "sync" and e["client_t"] == mark
+                                                          for e in evs))
+            assert any(e["type"] == "sync" and e["client_t"] == mark for e in got), raw[:80]
+            assert not any(e["type"] == "error" and (e["fatal"] or "failed on this message" in e["message"])
+                           for e in got), raw[:80]
+            app.driver.reset()
+            idle(app.driver, room)
+
+        run()
+        conn.send(json.dumps({"type": "submit", "prompt": "Liberty", "max_new_tokens": 2}))
+        done = frames(conn, 20, until=lambda evs: any(e["type"] == "finished" and e["source"] == "page"
+                                                       for e in evs))
+        assert any(e["type"] == "finished" and e["source"] == "page" for e in done)
+    finally:
+        conn.close()
+    idle(app.driver, room)
