@@ -244,3 +244,48 @@ def test_hostile_text_and_nesting_over_the_websocket_never_drop_it(classroom_app
     finally:
         conn.close()
     idle(app.driver, room)
+
+
+# ------------------------------------------------------------------ absurd declared frame sizes
+
+def ws_connect_raw(url):
+    """A websocket opened on a bare socket (handshake read), so a test can send any bytes."""
+    import socket
+    host, port = url.split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=3)
+    sock.sendall(f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 101"), reply[:80]
+    return sock, reply.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.parametrize("declared", [2**62, 4 * 1024 * 1024])
+def test_a_frame_declaring_an_absurd_size_is_closed_at_once_with_1009(live, declared):
+    """A text frame's header claims `declared` bytes (over the 1 MiB bound) and nothing follows:
+    the server answers a close frame with 1009 at once and closes; other pages are served."""
+    import struct
+    sock, early = ws_connect_raw(live.url)
+    try:
+        t0 = time.monotonic()
+        sock.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", declared) + b"\x00\x00\x00\x00" + b"{")
+        got = early
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        elapsed = time.monotonic() - t0
+    finally:
+        sock.close()
+    close = got.index(b"\x88")     # the close frame, after whatever hello/replay frames came first
+    assert struct.unpack("!H", got[close + 2:close + 4])[0] == 1009 and elapsed < 2, (got[close:close + 8], elapsed)
+    other = Client.connect(live.ws_url)
+    try:
+        other.send(json.dumps({"type": "sync", "client_t": 7}))
+        assert any(e["type"] == "sync" for e in frames(other, 10, until=lambda evs: any(
+            e["type"] == "sync" for e in evs)))
+    finally:
+        other.close()
