@@ -24,7 +24,7 @@ from .loadgen import LoadGenerator
 from .runner import Runner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
-from .settings import SettingError, coerce, make_settings
+from .settings import SettingError, check_text, coerce, make_settings
 from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
@@ -100,6 +100,8 @@ class Engine:
         arrival = self.clock.now()
         if label is not None and (not isinstance(label, str) or not label or len(label) > MAX_LABEL_CHARS):
             raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
+        if label is not None:
+            check_text("label", label)
         params = self._params(max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens)
         text, ids = self._tokenize(prompt, messages, chat)
         if prompt_tokens is not None:
@@ -125,6 +127,8 @@ class Engine:
             raise SettingError("top_p", "must be greater than 0")
         if not all(isinstance(x, str) and x for x in p.stop) or len(p.stop) > 4:
             raise SettingError("stop", "must be up to 4 non-empty strings")
+        for x in p.stop:
+            check_text("stop", x)
         return p
 
     def _tokenize(self, prompt, messages, chat):
@@ -139,6 +143,7 @@ class Engine:
                                                           tokenize=False, add_generation_prompt=True)
         else:
             raise SettingError("prompt", "must be a non-empty string")
+        check_text("prompt", text)   # a lone surrogate is a TypeError in the tokenizer
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise SettingError("prompt", "tokenizes to nothing")

@@ -39,6 +39,31 @@ class Setting:
         return out
 
 
+def surrogate_problem(text):
+    """Why `text` is not Unicode text at all (a lone surrogate, such as the "\\ud800" JSON
+    allows: it cannot be encoded, and the tokenizer raises TypeError on it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"contains a lone surrogate ({text[e.start]!r} at character {e.start}), which is not text"
+    return None
+
+
+def text_problem(text):
+    """Why the tokenizer should not take this string (a NUL, or a lone surrogate), or None."""
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000)"
+    return surrogate_problem(text)
+
+
+def check_text(field, text):
+    """`text`, or SettingError naming `field` when the tokenizer cannot take it (`text_problem`)."""
+    problem = text_problem(text)
+    if problem:
+        raise SettingError(field, problem)
+    return text
+
+
 def coerce(field, kind, value, lo=None, hi=None):
     """Return `value` as `kind` if it is one and within [lo, hi]; raise SettingError otherwise."""
     if kind == "bool":

@@ -4,7 +4,7 @@ import socket
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from . import openai_api as oa
+from . import inputs, openai_api as oa
 from .state import current
 
 bp = Blueprint("api", __name__)
@@ -51,7 +51,7 @@ def client_gone(environ):
 def _generate(kind):
     try:
         backend = _backend()
-        body = oa.parse_body(request.stream.read(oa.MAX_BODY_BYTES + 1))
+        body = inputs.read_object(request.stream)
         req = oa.parse_request(kind, body, backend.api_model)
         timeout_s, gone = current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ)
         if req.stream:

@@ -12,8 +12,13 @@ Who can do what:
   client id in an HttpOnly cookie. `POST /join/ask` queues one prompt (source "join", labelled
   with the name) and streams the answer back as server-sent events. Limits: one request in
   flight per client (409), a token bucket per client (429), prompts and names bounded (400), a
-  wrong join code (403); a client the presenter removed is refused (403). A student who closes
-  the stream has the request cancelled.
+  wrong join code (403); a client the presenter removed is refused (403) on every /join route.
+  A student who closes the stream has the request cancelled.
+* Joins a script cannot exhaust: a token bucket per network address (JOIN_BURST, then one
+  every JOIN_EVERY_S; 429), at most MAX_PER_ADDRESS joined from one address (429) and
+  MAX_CLIENTS in all (503); removed students free their place, and when full the student
+  idle longest (IDLE_EXPIRE_S) gives up theirs. Names are made unique (" (2)"). Every refused
+  join is counted (`refused_joins`, in the presenter's class list).
 * POST /v1 (the OpenAI API) would let anyone on the network queue unlimited work past these
   limits: in classroom mode it requires the presenter key, as `Authorization: Bearer KEY`
   (the openai client's api_key) or the presenter's cookie. GET /v1/models stays open.
@@ -21,12 +26,14 @@ Who can do what:
   client (its request cancelled, its later requests refused): the `clear_queue` and
   `remove_client` control messages (server/control.py; `Classroom.remove` here).
 
-A removed student can join again under another name (no accounts; IP addresses are not
-trusted to tell phones apart behind a classroom's NAT): the presenter removes again, or
-restarts with a new join code.
+A removed student can join again from a fresh browser under another name (no accounts; an
+address is only a limit, not an identity: a classroom's phones share one behind a NAT): the
+presenter removes again, or restarts with a new join code.
 """
+from collections import Counter
 import hmac
 import io
+import itertools
 import secrets
 import socket
 import threading
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
 from engine.settings import SettingError
-from . import openai_api as oa
+from . import inputs, openai_api as oa
 
 PRESENTER_COOKIE = "ft_presenter"
 CLIENT_COOKIE = "ft_client"
@@ -48,9 +55,43 @@ MAX_CODE = 64
 RATE_BURST = 3          # token bucket: prompts a student may send back to back...
 RATE_EVERY_S = 15.0     # ...then one more every this many seconds
 MAX_BODY = 16 * 1024    # a /join request's JSON body, bytes
+JOIN_BURST = 30         # joins one network address may make back to back...
+JOIN_EVERY_S = 1.0      # ...then one more every this many seconds (a class behind one NAT: 30 at once)
+MAX_PER_ADDRESS = 100   # students joined at once from one network address
+IDLE_EXPIRE_S = 600.0   # when the class (or an address) is full, a student idle this long gives up the place
+MAX_REMOVED_KEPT = 1000  # removed students remembered (their cookie refused 403); older ones read as not joined
+MAX_ADDRESSES = 10000   # join rate buckets kept (full ones are forgotten first)
 VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
+REMOVED = "the presenter removed you from the class"
 
 bp = Blueprint("classroom", __name__)
+
+
+class Bucket:
+    """A token bucket: `burst` takes back to back, then one more every `every_s` seconds."""
+
+    def __init__(self, burst, every_s):
+        self.burst, self.every_s = burst, every_s
+        self.level, self.at = float(burst), time.monotonic()
+
+    def _refill(self, now):
+        self.level = min(self.burst, self.level + (now - self.at) / self.every_s)
+        self.at = now
+
+    def take(self, now=None):
+        """Take one: 0 when taken, else the seconds until one is there (nothing taken)."""
+        self._refill(time.monotonic() if now is None else now)
+        if self.level < 1:
+            return (1 - self.level) * self.every_s
+        self.level -= 1
+        return 0
+
+    def give_back(self):
+        self.level = min(self.burst, self.level + 1)
+
+    def full(self, now):
+        self._refill(now)
+        return self.level >= self.burst
 
 
 @dataclass
@@ -58,8 +99,9 @@ class Student:
     id: str
     name: str
     joined: float
-    tokens: float = RATE_BURST        # the bucket's level
-    refilled: float = 0.0             # monotonic time the level was computed at
+    prompts: Bucket                   # the prompt rate limit
+    address: str = ""                 # the network address it joined from
+    seen: float = 0.0                 # monotonic time of its last request
     request: str | None = None        # the engine request in flight
     asked: int = 0                    # requests queued so far
     removed: bool = False
@@ -120,14 +162,19 @@ class Classroom:
     """The classroom's state: the presenter key, the join code, the students."""
 
     def __init__(self, join_code=None, base=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
-                 max_clients=MAX_CLIENTS):
+                 max_clients=MAX_CLIENTS, join_burst=JOIN_BURST, join_every_s=JOIN_EVERY_S,
+                 max_per_address=MAX_PER_ADDRESS, idle_expire_s=IDLE_EXPIRE_S):
         if join_code is not None:
             check_join_code(join_code)
         self.key = secrets.token_urlsafe(18)
         self.join_code = join_code
         self.base = base              # "http://host:port"; None: the address the page was reached at
         self.rate_burst, self.rate_every_s, self.max_clients = rate_burst, rate_every_s, max_clients
-        self.students = {}            # client id -> Student
+        self.join_burst, self.join_every_s = join_burst, join_every_s
+        self.max_per_address, self.idle_expire_s = max_per_address, idle_expire_s
+        self.students = {}            # client id -> Student (removed ones too, up to MAX_REMOVED_KEPT)
+        self.refused = Counter()      # refused joins by code, for the presenter
+        self._joins = {}              # network address -> its join Bucket
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ addresses
@@ -178,7 +225,15 @@ class Classroom:
         return "presenter", info
 
     # ------------------------------------------------------------------ students
-    def join(self, name, code):
+    def join(self, name, code, address=""):
+        """A new Student, or ApiError: 429 `join_rate_limited` (every attempt from an address
+        counts, so a join code cannot be guessed fast), 403 `bad_code`, 400 `bad_name`, 503
+        `full`, 429 `address_full`. Every refusal is counted for the presenter (`refuse`)."""
+        with self._lock:
+            wait = self._join_bucket(address).take()
+        if wait:
+            raise oa.ApiError(429, f"too many joins from your network: try again in {wait:.0f} s",
+                              code="join_rate_limited", retry_after=wait)
         if self.join_code is not None and not (isinstance(code, str) and
                                                hmac.compare_digest(code.encode(), self.join_code.encode())):
             raise oa.ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
@@ -187,12 +242,61 @@ class Classroom:
         except SettingError as e:
             raise oa.ApiError(400, f"name: {e.message}", code="bad_name") from None
         with self._lock:
-            if len(self.students) >= self.max_clients:
+            now = time.monotonic()
+            if self._count() >= self.max_clients and not self._expire(now):
                 raise oa.ApiError(503, f"the classroom is full ({self.max_clients} joined)", code="full")
-            student = Student(id=secrets.token_urlsafe(12), name=name, joined=time.time(),
-                              tokens=self.rate_burst, refilled=time.monotonic())
+            if self._count(address) >= self.max_per_address and not self._expire(now, address):
+                raise oa.ApiError(429, f"{self.max_per_address} students have joined from your network "
+                                       "address: no more from it", code="address_full")
+            student = Student(id=secrets.token_urlsafe(12), name=self._unique(name), joined=time.time(),
+                              prompts=Bucket(self.rate_burst, self.rate_every_s), address=address, seen=now)
             self.students[student.id] = student
         return student
+
+    def refuse(self, code):
+        """Count a refused join (the presenter's class list shows the counts)."""
+        with self._lock:
+            self.refused[code or "invalid"] += 1
+
+    def _join_bucket(self, address):
+        bucket = self._joins.get(address)
+        if bucket is None:
+            if len(self._joins) >= MAX_ADDRESSES:   # forget full buckets first, then the oldest
+                now = time.monotonic()
+                self._joins = {a: b for a, b in self._joins.items() if not b.full(now)}
+                while len(self._joins) >= MAX_ADDRESSES:
+                    del self._joins[next(iter(self._joins))]
+            bucket = self._joins[address] = Bucket(self.join_burst, self.join_every_s)
+        return bucket
+
+    def _count(self, address=None):
+        return sum(not s.removed and (address is None or s.address == address) for s in self.students.values())
+
+    def _expire(self, now, address=None):
+        """Drop the student (from `address`, or any) idle longest, if idle past idle_expire_s
+        with nothing in flight; whether one went. Its cookie then reads as not joined."""
+        idle = [s for s in self.students.values() if not s.removed and s.request is None
+                and now - s.seen > self.idle_expire_s and (address is None or s.address == address)]
+        if not idle:
+            return False
+        del self.students[min(idle, key=lambda s: s.seen).id]
+        return True
+
+    def _unique(self, name):
+        """`name`, or with " (2)", " (3)"... when someone in the class has it (case aside)."""
+        taken = {s.name.casefold() for s in self.students.values()}
+        if name.casefold() not in taken:
+            return name
+        for n in itertools.count(2):
+            suffix = f" ({n})"
+            candidate = name[:MAX_NAME - len(suffix)].rstrip() + suffix
+            if candidate.casefold() not in taken:
+                return candidate
+
+    def removed(self, client_id):
+        """Whether this cookie's student was removed by the presenter."""
+        s = self.students.get(client_id or "")
+        return s is not None and s.removed
 
     def student(self, client_id):
         s = self.students.get(client_id or "")
@@ -200,42 +304,25 @@ class Classroom:
             raise oa.ApiError(401, "join first: this phone has not joined the class (or the app restarted)",
                               code="not_joined")
         if s.removed:
-            raise oa.ApiError(403, "the presenter removed you from the class", code="removed")
+            raise oa.ApiError(403, REMOVED, code="removed")
+        s.seen = time.monotonic()
         return s
 
     def claim(self, client_id):
-        """Admit one request of this client (limits checked), or ApiError."""
+        """Admit one request of this client (limits checked): a Claim, or ApiError."""
         with self._lock:
             s = self.student(client_id)
             if s.request is not None:
                 raise oa.ApiError(409, "you already have a request in flight: wait for its answer",
                                   code="in_flight")
-            now = time.monotonic()
-            s.tokens = min(self.rate_burst, s.tokens + (now - s.refilled) / self.rate_every_s)
-            s.refilled = now
-            if s.tokens < 1:
-                wait = (1 - s.tokens) * self.rate_every_s
+            wait = s.prompts.take()
+            if wait:
                 raise oa.ApiError(429, f"slow down: one prompt every {self.rate_every_s:g} s "
                                        f"(after {self.rate_burst} in a row); try again in {wait:.0f} s",
                                   code="rate_limited", retry_after=wait)
-            s.tokens -= 1
             s.request = ""            # held until the engine's id is known
             s.asked += 1
-            return s
-
-    def started(self, backend, s, rid):
-        """The engine took the request; if the presenter removed this student meanwhile, cancel it."""
-        with self._lock:
-            s.request = rid
-            removed = s.removed
-        if removed:
-            backend.cancel(rid)
-
-    def release(self, s, rid):
-        """Request `rid` of this student ended (only that one: a late call never frees a newer one)."""
-        with self._lock:
-            if s.request == rid:
-                s.request = None
+            return Claim(self, s)
 
     def remove(self, backend, client_id):
         with self._lock:
@@ -244,6 +331,9 @@ class Classroom:
                 raise SettingError("client", "no such client")
             s.removed = True
             rid = s.request
+            gone = [k for k, x in self.students.items() if x.removed]
+            for k in gone[:max(0, len(gone) - MAX_REMOVED_KEPT)]:   # the oldest go first
+                del self.students[k]
         if rid:
             backend.cancel(rid)
 
@@ -252,6 +342,57 @@ class Classroom:
             return [{"id": s.id, "name": s.name, "joined": s.joined, "asked": s.asked,
                      "in_flight": s.request or None, "removed": s.removed}
                     for s in sorted(self.students.values(), key=lambda s: s.joined)]
+
+    def refused_joins(self):
+        """The joins refused so far: {"total", "by_code"}."""
+        with self._lock:
+            return {"total": sum(self.refused.values()), "by_code": dict(self.refused)}
+
+
+class Claim:
+    """A student's one request in flight, from `Classroom.claim` until `release`. As a context
+    manager it is the one place a failure frees the student: leaving the `with` by an exception,
+    or without `hand_over()` (the answer's stream then releases it when it closes), releases it.
+    A claim released before the engine took its request gives the prompt back to the rate limit."""
+
+    def __init__(self, room, student):
+        self.room, self.student, self.rid, self.held = room, student, "", True
+        self._handed, self._backend = False, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None or not self._handed:
+            if self.rid:                 # the engine took it, but nobody will read the answer
+                self._backend.cancel(self.rid)
+            self.release()
+        return False
+
+    def hand_over(self):
+        """The answer's stream owns the claim now; it calls `release` when it ends."""
+        self._handed = True
+
+    def started(self, backend, rid):
+        """The engine took the request; if the presenter removed this student meanwhile, cancel it."""
+        self._backend = backend
+        with self.room._lock:
+            self.rid = self.student.request = rid
+            removed = self.student.removed
+        if removed:
+            backend.cancel(rid)
+
+    def release(self):
+        """The request ended (idempotent: a late call never frees the student's next request)."""
+        with self.room._lock:
+            if not self.held:
+                return
+            self.held = False
+            s = self.student
+            s.request = None
+            if not self.rid:          # nothing reached the engine: the prompt is not spent
+                s.prompts.give_back()
+                s.asked -= 1
 
 
 def current():
@@ -324,12 +465,30 @@ def who_am_i():
 
 @bp.post("/join/session")
 def join():
+    room = current()
     try:
+        room = _room()
         body = _json_body()
-        s = _room().join(body.get("name"), body.get("code"))
+        s = room.join(body.get("name"), body.get("code"), request.remote_addr or "")
     except oa.ApiError as e:
+        if room is not None:
+            room.refuse(e.code)
         return e.reply()
     return _cookie(jsonify({"name": s.name}), CLIENT_COOKIE, s.id)
+
+
+@bp.before_request
+def refuse_removed():
+    """A device the presenter removed (its cookie) is refused 403 on every /join route,
+    joining again included."""
+    room = current()
+    if room is None or not request.path.startswith("/join") or not room.removed(request.cookies.get(CLIENT_COOKIE)):
+        return None
+    if request.path == "/join":
+        return REMOVED, 403
+    if request.path == "/join/session" and request.method == "POST":
+        room.refuse("removed")
+    return oa.ApiError(403, REMOVED, code="removed").reply()
 
 
 @bp.get("/classroom/clients")
@@ -337,11 +496,11 @@ def clients():
     room = current()
     if room is None or not room.is_presenter():
         return oa.ApiError(403, "only the presenter's page sees the class list", code="presenter_only").reply()
-    return jsonify({"clients": room.roster()})
+    return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins()})
 
 
 def _json_body():
-    return oa.parse_body(request.stream.read(MAX_BODY + 1), limit=MAX_BODY)
+    return inputs.read_object(request.stream, MAX_BODY)
 
 
 @bp.post("/join/ask")
@@ -358,27 +517,29 @@ def ask():
         if len(prompt) > MAX_PROMPT:
             raise oa.ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
         backend = _backend()
-        s = room.claim(request.cookies.get(CLIENT_COOKIE))
+        with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
+            try:
+                handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
+                                        chat=True, stream=True)
+            except SettingError as e:
+                raise oa.ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
+            claim.started(backend, handle.id)
+            items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"],
+                               client_gone(request.environ))
+            response = Response(_answer(claim, items), mimetype="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            # Also when the stream never started (the phone left at once): cancel and free the student.
+            response.call_on_close(lambda: (items.close(), claim.release()))
+            claim.hand_over()
+            return response
     except oa.ApiError as e:
         return e.reply()
-    try:
-        handle = backend.submit(prompt=prompt.strip(), source="join", label=s.name, chat=True, stream=True)
-    except SettingError as e:
-        room.release(s, "")
-        return oa.ApiError(400, f"{e.field}: {e.message}", code="bad_prompt").reply()
-    room.started(backend, s, handle.id)
-    items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ))
-    response = Response(_answer(room, s, handle.id, items), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    # Also when the stream never started (the phone left at once): cancel and free the student.
-    response.call_on_close(lambda: (items.close(), room.release(s, handle.id)))
-    return response
 
 
-def _answer(room, student, rid, items):
+def _answer(claim, items):
     """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
     try:
-        yield oa.sse({"type": "start", "id": rid, "name": student.name})
+        yield oa.sse({"type": "start", "id": claim.rid, "name": claim.student.name})
         for item in items:
             if item is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
@@ -402,4 +563,4 @@ def _answer(room, student, rid, items):
         pass
     finally:
         items.close()       # cancels the request unless it ended
-        room.release(student, rid)
+        claim.release()

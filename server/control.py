@@ -3,11 +3,11 @@
 and `remove_client`): parsed and validated here, transport-free, so every bad message gets an
 `error` reply naming the field and changes nothing. A classroom viewer may send `sync` and
 `leave` only."""
-import json
-
 from engine.events import Error, Sync
 from engine.settings import SettingError
+from . import inputs
 from .classroom import VIEWER_REFUSED
+from .openai_api import ApiError
 
 MAX_MESSAGE_BYTES = 256 * 1024
 
@@ -20,6 +20,12 @@ def _error(backend, message, field=None):
     return Error(t=backend.clock.now(), message=message, field=field)
 
 
+def internal_error(backend, exc):
+    """The `error` reply to a message whose handling failed inside the server (logged there)."""
+    return _error(backend, f"the server failed on this message ({type(exc).__name__}, in its log)",
+                  "message")
+
+
 def handle(backend, raw, role="solo", classroom=None):
     """Apply one raw client message from a page of this `role` ("solo", "presenter", "viewer");
     return the events to send back to that client only, or raise Leave. `classroom`: the
@@ -29,9 +35,9 @@ def handle(backend, raw, role="solo", classroom=None):
     if len(raw) > MAX_MESSAGE_BYTES:
         return [_error(backend, f"message larger than {MAX_MESSAGE_BYTES} bytes", "message")]
     try:
-        msg = json.loads(raw)
-    except ValueError as e:
-        return [_error(backend, f"not valid JSON: {e}", "message")]
+        msg = inputs.loads(raw)   # bounded nesting; every string one the tokenizer takes
+    except ApiError as e:
+        return [_error(backend, e.message, e.param or "message")]
     if not isinstance(msg, dict):
         return [_error(backend, "message must be a JSON object", "message")]
     kind = msg.get("type")

@@ -61,20 +61,6 @@ class ApiError(Exception):
         return self.body(), self.status, headers
 
 
-def parse_body(raw, limit=MAX_BODY_BYTES):
-    """The request body (read up to `limit` + 1 bytes) as a JSON object, or ApiError (413 too
-    large, 400 not a JSON object)."""
-    if len(raw) > limit:
-        raise ApiError(413, f"request body larger than {limit} bytes", code="request_too_large")
-    try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
-
-
 @dataclass
 class ApiRequest:
     kind: str              # "chat" or "completion"

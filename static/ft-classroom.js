@@ -68,7 +68,10 @@
     listHead.append(count, clear);
     const list = el("ul", "cls-list");
     list.id = "cls-list";
-    box.append(listHead, list);
+    const refused = el("p", "note", "");
+    refused.id = "cls-refused";
+    refused.hidden = true;
+    box.append(listHead, refused, list);
     document.body.append(box);
 
     let toggle = $("btn-classroom");
@@ -102,12 +105,19 @@
   }
 
   async function poll() {
-    let clients;
+    let clients, refused;
     try {
       const res = await fetch("/classroom/clients");
       if (!res.ok) return;
-      clients = (await res.json()).clients;
+      ({clients, refused_joins: refused} = await res.json());
     } catch (e) { return; }
+    // Joins the server refused (a script flooding /join shows here), by reason.
+    const box = $("cls-refused");
+    box.hidden = !(refused && refused.total);
+    if (!box.hidden) {
+      const why = Object.entries(refused.by_code).map(([code, n]) => `${n} ${code.replace(/_/g, " ")}`);
+      box.textContent = `${refused.total} join${refused.total === 1 ? "" : "s"} refused: ${why.join(", ")}`;
+    }
     const here = clients.filter((c) => !c.removed);
     $("cls-count").textContent = `Students (${here.length})`;
     $("cls-list").replaceChildren(...(here.length ? here.map(row) : [el("li", "muted", "nobody has joined yet")]));

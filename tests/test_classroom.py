@@ -186,6 +186,133 @@ def test_join_code_names_and_prompts_are_checked(room):
         assert r.status_code == 200 and r.json() == {"joined": False}
 
 
+def test_bad_input_on_join_is_a_400_and_frees_the_student(room):
+    """Nesting, a lone surrogate and a NUL at /join/session and /join/ask: each a 400 naming
+    the problem, then the same phone joins and asks. A refusal after the claim (the engine's
+    NUL check) frees the student and spends no prompt: three of them, then the two in a row the
+    rate limit allows still go through."""
+    s = requests.Session()
+    for raw, code in (("[" * 10000, "nested_too_deeply"), ('{"name": "\\ud800", "code": "owl"}', "invalid_text")):
+        r = s.post(room.url + "/join/session", data=raw, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+    s = student(room, "Ada")
+    for raw, code in (("[" * 10000, "nested_too_deeply"), ('{"prompt": "hi \\udfff"}', "invalid_text"),
+                      ('{"prompt": "a\\u0000b"}', "bad_prompt"), ('{"prompt": "\\u0000"}', "bad_prompt"),
+                      ('{"prompt": "x\\u0000"}', "bad_prompt")):
+        r = s.post(room.url + "/join/ask", data=raw, headers={"Content-Type": "application/json"}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+        assert code == "nested_too_deeply" or r.json()["error"]["param"] == "prompt"
+    assert ask(s, room, "first")[1][-1]["type"] == "finished"
+    assert ask(s, room, "second")[1][-1]["type"] == "finished"
+    (ada,) = room.classroom.roster()
+    assert ada["asked"] == 2 and ada["in_flight"] is None
+
+
+def test_a_student_whose_request_failed_in_the_server_can_ask_again(room, monkeypatch):
+    """Issue 25's lock-out: a failure after the claim (here the tokenizer's TypeError on a lone
+    surrogate, had it got that far) used to leave the student `409 in_flight` for good."""
+    s = student(room, "Ada")
+    submit, calls = room.driver.submit, []
+
+    def failing(**kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+        return submit(**kw)
+    monkeypatch.setattr(room.driver, "submit", failing)
+    r = s.post(room.url + "/join/ask", json={"prompt": "boom"}, timeout=10)
+    assert r.status_code == 500
+    assert room.classroom.roster()[0]["in_flight"] is None
+    status, events = ask(s, room, "again")
+    assert status == 200 and events[-1]["type"] == "finished" and len(calls) == 2
+
+
+def phone(room, address):
+    """A test client of the app as a phone at network address `address`."""
+    client = room.app.test_client()
+    client.environ_base["REMOTE_ADDR"] = address
+    return client
+
+
+def join_as(client, name, code="owl"):
+    return client.post("/join/session", json={"name": name, "code": code})
+
+
+def test_a_join_flood_from_one_address_is_capped_while_another_student_joins(room):
+    """1,000 joins from one address: its burst (30), then one a second, every other one a 429
+    `join_rate_limited` with Retry-After, all counted on the presenter's class list; a student
+    on another address joins and asks meanwhile."""
+    bot = phone(room, "10.0.0.66")
+    t0 = time.monotonic()
+    replies = [join_as(bot, f"bot{i}") for i in range(1000)]
+    elapsed = time.monotonic() - t0
+    ok = [r for r in replies if r.status_code == 200]
+    refused = [r for r in replies if r.status_code != 200]
+    assert 30 <= len(ok) <= 30 + elapsed + 1, (len(ok), elapsed)
+    assert all(r.status_code == 429 and r.get_json()["error"]["code"] == "join_rate_limited"
+               and 1 <= int(r.headers["Retry-After"]) <= 2 and "try again" in r.get_json()["error"]["message"]
+               for r in refused)
+    grace = student(room, "Grace")           # 127.0.0.1: another address
+    assert ask(grace, room, "am I in?")[1][-1]["type"] == "finished"
+    r = requests.get(room.url + "/classroom/clients", cookies={"ft_presenter": room.classroom.key}, timeout=10)
+    assert r.json()["refused_joins"] == {"total": len(refused), "by_code": {"join_rate_limited": len(refused)}}
+    assert len(r.json()["clients"]) == len(ok) + 1
+
+
+def test_a_wrong_code_counts_against_the_join_rate(room):
+    guesser = phone(room, "10.0.0.7")
+    codes = [join_as(guesser, "Eve", code=f"guess{i}").get_json()["error"]["code"] for i in range(40)]
+    assert codes[:30] == ["bad_code"] * 30 and set(codes[31:]) == {"join_rate_limited"}
+
+
+def test_the_per_address_cap_and_places_freed_by_removal_and_idle_expiry(room):
+    c = room.classroom
+    c.join_burst, c.max_per_address, c.max_clients = 1000, 3, 4
+    phones = {name: phone(room, "10.0.0.8") for name in "ABCD"}     # one network, four phones
+    for name in "ABC":
+        assert join_as(phones[name], name).status_code == 200
+    r = join_as(phones["D"], "D")
+    assert r.status_code == 429 and r.get_json()["error"]["code"] == "address_full"
+    (a_id,) = [k for k, s in c.students.items() if s.name == "A"]
+    c.remove(room.driver, a_id)                      # the presenter removes A: its place is free
+    assert join_as(phones["D"], "D").status_code == 200
+    assert join_as(phone(room, "10.0.0.9"), "E").status_code == 200
+    r = join_as(phone(room, "10.0.0.10"), "F")
+    assert r.status_code == 503 and r.get_json()["error"]["code"] == "full"   # B, C, D, E
+    assert phones["B"].get("/join/session").get_json() == {"joined": True, "name": "B"}   # B was seen last
+    c.idle_expire_s = 0.2
+    time.sleep(0.3)                                  # all idle: the next join takes the longest idle place
+    assert join_as(phone(room, "10.0.0.10"), "F").status_code == 200
+    assert sorted(s.name for s in c.students.values() if not s.removed) == ["B", "D", "E", "F"]
+    r = phones["C"].get("/join/session")             # C expired: join again
+    assert r.status_code == 200 and r.get_json() == {"joined": False}
+    assert phones["C"].post("/join/ask", json={"prompt": "hi"}).status_code == 401
+    assert c.refused_joins()["by_code"] == {"address_full": 1, "full": 1}
+
+
+def test_names_are_made_unique(room):
+    c = room.classroom
+    c.join_burst = 1000
+    p = phone(room, "10.0.0.11")
+    got = [join_as(p, n).get_json()["name"] for n in ("Ada", "Ada", "ada", " Ada\n", "Ada (2)")]
+    assert got == ["Ada", "Ada (2)", "ada (3)", "Ada (4)", "Ada (2) (2)"]
+    long = "x" * MAX_NAME
+    assert [join_as(p, long).get_json()["name"] for _ in range(2)] == [long, "x" * (MAX_NAME - 4) + " (2)"]
+
+
+def test_a_removed_device_is_refused_on_every_join_route(room):
+    ada = phone(room, "10.0.0.12")
+    assert join_as(ada, "Ada").status_code == 200
+    (client_id,) = [k for k, s in room.classroom.students.items() if s.name == "Ada"]
+    room.classroom.remove(room.driver, client_id)
+    assert ada.get("/join").status_code == 403
+    for r in (ada.get("/join/session"), join_as(ada, "Ada again"), ada.post("/join/ask", json={"prompt": "hi"})):
+        assert r.status_code == 403 and r.get_json()["error"]["code"] == "removed"
+    assert room.classroom.refused_joins() == {"total": 1, "by_code": {"removed": 1}}
+    fresh = phone(room, "10.0.0.12")                 # another phone on that address still joins
+    assert join_as(fresh, "Ada").get_json()["name"] == "Ada (2)"
+
+
 def test_clean_name():
     assert clean_name(" a\tb  c ") == "a b c"
     assert clean_name("\u202eevil\u200d") == "evil"
