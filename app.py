@@ -7,7 +7,8 @@ reports loading progress, and loads the model in the background (server/loader.p
 On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
 any other address, the app is reachable from other machines, so it runs on gunicorn instead,
 in this same process tree: one worker process (the engine and its model live there) with a
-pool of threads (each page's websocket holds one), as flask-sock supports.
+pool of threads (each page's websocket holds one), as flask-sock supports; a request reaches
+a thread only once it has wholly arrived (server/serving.py), so slow clients hold none.
 
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
 the engine headless and writes one (engine/record.py); `python app.py export TRACE -o
@@ -27,7 +28,7 @@ from server.openai_api import REQUEST_TIMEOUT_S
 from server.security import normalize_origin, parse_frame_ancestors
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-HTTP_THREADS = 128   # gunicorn: connections served at once (pages' websockets, API streams)
+MAX_VIEWERS = 1000   # open pages (websockets) at once, the presenter's not counted
 
 
 def positive_int(name):
@@ -116,6 +117,12 @@ def parse_args(argv=None):
                    default=REQUEST_TIMEOUT_S,
                    help=f"deadline of one API request: past it the request is cancelled and the "
                         f"client gets an error (default {REQUEST_TIMEOUT_S:g})")
+    p.add_argument("--server", default="auto", choices=["auto", "werkzeug", "gunicorn"],
+                   help="what serves HTTP: auto (default) is Werkzeug's server on a loopback address and "
+                        "gunicorn on any other; gunicorn on loopback is the production server tested there")
+    p.add_argument("--max-viewers", metavar="N", type=positive_int("--max-viewers"), default=MAX_VIEWERS,
+                   help="open pages (websockets) at once; more are refused with 503 (the classroom "
+                        f"presenter's never) (default {MAX_VIEWERS})")
     p.add_argument("--classroom", action="store_true",
                    help="classroom mode: the presenter's page (its address is printed) drives the engine, "
                         "other pages only watch, students send prompts from their phones at /join")
@@ -152,7 +159,8 @@ def build(args, room=None):
     # On loopback, only loopback names (and a proxy's, --allow-host): the DNS-rebinding guard.
     hosts = (*LOOPBACK, *args.allow_host) if args.host in LOOPBACK else None
     app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
-                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room})
+                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room,
+                      "MAX_VIEWERS": args.max_viewers})
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import Observer
@@ -165,12 +173,16 @@ def build(args, room=None):
 
 def serve_gunicorn(args, room):
     from gunicorn.app.base import BaseApplication
+    from server import serving
 
     class Gunicorn(BaseApplication):
         def load_config(self):
             host = f"[{args.host}]" if ":" in args.host else args.host
-            for key, value in {"bind": f"{host}:{args.port}", "workers": 1, "worker_class": "gthread",
-                               "threads": HTTP_THREADS,
+            for key, value in {"bind": f"{host}:{args.port}", "workers": 1,
+                               "worker_class": "server.serving.GuardedWorker",
+                               # a thread per open page, and spare ones for everything else
+                               "threads": args.max_viewers + serving.SPARE_THREADS,
+                               "worker_connections": serving.CONNECTIONS,
                                # websockets never end on their own: don't wait for them at exit
                                "graceful_timeout": 2,
                                # no control socket: one per user's home, shared by every instance
@@ -237,7 +249,7 @@ def main(argv=None):
         # Made before gunicorn forks its worker, so the key printed here is the worker's.
         room = Classroom(join_code=args.join_code, base=base_url(args.host, args.port))
         print("\n".join(classroom_banner(args, room)), flush=True)
-    if args.host in LOOPBACK:
+    if args.server == "werkzeug" or (args.server == "auto" and args.host in LOOPBACK):
         build(args, room).run(host=args.host, port=args.port, threaded=True)
     else:
         serve_gunicorn(args, room)

@@ -1,31 +1,52 @@
 """Fan-out of events to any number of subscribers, without ever waiting on one.
 
-`publish(event)` serialises a typed event once (`Event.to_dict`); the dict goes into a bounded
-replay history and into every subscription's bounded buffer. When a buffer is full its oldest
+`publish(event)` serialises a typed event once (`Event.to_dict`, and its JSON text, kept on the
+dict as `Wire.json` so a thousand websockets do not encode it a thousand times); the dict goes
+into a bounded replay history and into every subscription's bounded buffer. When a buffer is full its oldest
 events are dropped for that subscriber alone and counted, and the next batch it reads starts
 with a `dropped` event saying how many. In-process listeners (metrics) get the typed event.
 """
 from collections import deque
+import json
 import threading
 
 from .events import Dropped
 
 
+class Wire(dict):
+    """An event's wire dict, with its JSON text (compact separators) made once."""
+    __slots__ = ("json",)
+
+    def __init__(self, fields):
+        super().__init__(fields)
+        self.json = json.dumps(fields, separators=(",", ":"))
+
+
+def encode(events):
+    """A JSON array of these event dicts, reusing each Wire's text."""
+    return "[" + ",".join(e.json if isinstance(e, Wire) else json.dumps(e, separators=(",", ":"))
+                          for e in events) + "]"
+
+
 class Subscription:
-    def __init__(self, maxlen, replay=()):
+    def __init__(self, maxlen, replay=(), wake=None):
         self._buf = deque(replay, maxlen=maxlen)
         self._cond = threading.Condition()
+        self._wake = wake       # called when a push finds the buffer empty: lets a reader wait on several things
         self.dropped = 0
         self._unreported = 0
         self.closed = False
 
     def push(self, event):
         with self._cond:
+            woke = not self._buf
             if len(self._buf) == self._buf.maxlen:
                 self.dropped += 1
                 self._unreported += 1
             self._buf.append(event)
             self._cond.notify()
+        if woke and self._wake is not None:
+            self._wake()
 
     def get(self, timeout=None):
         """Every pending event dict (possibly none after `timeout` seconds), oldest first."""
@@ -54,9 +75,12 @@ class Broadcaster:
         self._per_client = per_client
         self._lock = threading.Lock()
 
-    def subscribe(self, replay=True):
+    def subscribe(self, replay=True, wake=None):
+        """A new subscription (with the replay history unless `replay` is false); `wake()`, if
+        given, is called in the publishing thread when an event reaches it with nothing else unread
+        (so once per batch the reader takes): quick, never blocking."""
         with self._lock:
-            sub = Subscription(self._per_client, self._history if replay else ())
+            sub = Subscription(self._per_client, self._history if replay else (), wake)
             self._subs.add(sub)
         return sub
 
@@ -74,7 +98,7 @@ class Broadcaster:
         return len(self._subs)
 
     def publish(self, event):
-        wire = event.to_dict()
+        wire = Wire(event.to_dict())
         with self._lock:
             self._history.append(wire)
             subs = list(self._subs)

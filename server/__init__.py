@@ -22,6 +22,7 @@ DEFAULTS = {
     "ALLOWED_HOSTS": None,                             # Host names answered (None: any); app.py sets it on loopback
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
     "CLASSROOM": None,                                 # --classroom: a server.classroom.Classroom
+    "MAX_VIEWERS": 1000,                               # --max-viewers: open pages at once (presenter not counted)
     # A websocket message larger than this closes the connection before it is buffered whole;
     # up to it, an oversized control message gets an `error` reply (server/control.py).
     "SOCK_SERVER_OPTIONS": {"max_message_size": 4 * control.MAX_MESSAGE_BYTES},

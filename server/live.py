@@ -1,12 +1,16 @@
 """The live websocket (/ws): hello, then replayed history, then live events, coalesced into one
 JSON array per tick; the page's control messages are handled between sends (server/control.py),
 and after a `leave` message it sends nothing more.
+A connection's thread sleeps until something happens (a message from the page, an event for it,
+the close): a thousand open, idle pages cost no CPU beyond the events they are sent. At most
+`MAX_VIEWERS` pages are open at once; one more is refused with 503 before its upgrade, except
+the classroom presenter's.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
 and that role decides which control messages it may send."""
-import json
 import logging
+import time
 
-from flask import Blueprint
+from flask import Blueprint, current_app, request
 import flask_sock
 from flask_sock import Sock
 from simple_websocket import Server
@@ -14,11 +18,15 @@ from wsproto.events import CloseConnection
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
 
+from engine.broadcast import encode
 from engine.events import Error, Loading
 from . import classroom, control
+from .openai_api import ApiError
 from .state import current
 
-SEND_EVERY_S = 0.05   # coalescing tick for websocket frames
+SEND_EVERY_S = 0.05       # coalescing tick for websocket frames: at most one frame per tick
+VIEWERS_PER_TICK = 100    # open pages served at that tick; more stretch it (send_every)
+MAX_SEND_EVERY_S = 0.5
 bp = Blueprint("live", __name__)
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,17 @@ sock = Sock()
 
 
 def _send(conn, events):
-    conn.send(json.dumps(events, separators=(",", ":")))
+    conn.send(encode(events))
+
+
+def send_every(state, role):
+    """This connection's coalescing tick: SEND_EVERY_S for up to VIEWERS_PER_TICK open pages, then
+    longer in proportion (capped at MAX_SEND_EVERY_S), as the engine's events are sent to every
+    page and a thousand pages at 20 frames a second would take the CPU the engine needs. The
+    presenter's page stays at SEND_EVERY_S."""
+    if role == "presenter":
+        return SEND_EVERY_S
+    return min(MAX_SEND_EVERY_S, SEND_EVERY_S * max(1.0, state.viewers.open / VIEWERS_PER_TICK))
 
 
 def _idle(conn, backend, sub):
@@ -63,9 +81,31 @@ def _idle(conn, backend, sub):
         conn.receive()   # raises ConnectionClosed, as in the send loop, when the page goes
 
 
+@bp.before_app_request
+def bound_viewers():
+    """Refuse a page past MAX_VIEWERS before its upgrade (the presenter's never: a class's
+    audience must not lock its teacher out)."""
+    if request.path != "/ws":
+        return None
+    viewers, bound = current().viewers, current_app.config["MAX_VIEWERS"]
+    if viewers.open < bound or classroom.connection_role()[0] == "presenter":
+        return None
+    viewers.refuse()
+    return ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
+                    code="too_many_viewers", retry_after=10).reply()
+
+
 @sock.route("/ws", bp=bp)
 def ws(conn):
     state = current()
+    state.viewers.change(1)
+    try:
+        _serve(conn, state)
+    finally:
+        state.viewers.change(-1)
+
+
+def _serve(conn, state):
     while not state.ready.wait(0.5):
         if state.error:
             _send(conn, [Error(t=0.0, message=f"the model failed to load: {state.error}", fatal=True).to_dict()])
@@ -75,21 +115,30 @@ def ws(conn):
     role, info, room = classroom.connection_role()
     hello = backend.hello()
     hello.role, hello.classroom = role, info
-    sub = backend.events.subscribe()
+    # simple-websocket sets conn.event when a message or the close arrives; events set it too
+    sub = backend.events.subscribe(wake=conn.event.set)
     try:
         _send(conn, [hello.to_dict()])
+        sent = 0.0
         while True:
-            raw = conn.receive(timeout=SEND_EVERY_S)
-            try:
-                out = [e.to_dict() for e in control.handle(backend, raw, role, room)] if raw is not None else []
-            except control.Leave:
-                _idle(conn, backend, sub)
-                return
-            except Exception as e:   # a bug, never the client's doing: say so, keep the connection
-                log.exception("control message failed")
-                out = [control.internal_error(backend, e).to_dict()]
+            conn.event.wait(1.0)
+            conn.event.clear()
+            out = []
+            # every message that arrived (receive raises ConnectionClosed once the page is gone)
+            while (raw := conn.receive(timeout=0)) is not None:
+                try:
+                    out += [e.to_dict() for e in control.handle(backend, raw, role, room)]
+                except control.Leave:
+                    _idle(conn, backend, sub)
+                    return
+                except Exception as e:   # a bug, never the client's doing: say so, keep the connection
+                    log.exception("control message failed")
+                    out.append(control.internal_error(backend, e).to_dict())
+            if not out:   # only events: let more of them join this frame
+                time.sleep(max(0.0, sent + send_every(state, role) - time.monotonic()))
             out += sub.get(timeout=0)
             if out:
                 _send(conn, out)
+                sent = time.monotonic()
     finally:
         backend.events.unsubscribe(sub)

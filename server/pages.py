@@ -11,7 +11,7 @@ takes the same view parameters, and `?trace=URL` for any same-origin trace.
 from pathlib import Path
 import re
 
-from flask import Blueprint, jsonify, render_template, request, send_file
+from flask import Blueprint, current_app, jsonify, render_template, request, send_file
 
 from .state import current
 
@@ -109,4 +109,6 @@ def healthz():
     if state.backend is None:
         return jsonify(state.progress), 503   # loading, or loading failed (status "error")
     body, status = state.backend.health()
+    viewers = state.viewers
+    body["viewers"] = {"open": viewers.open, "refused": viewers.refused, "max": current_app.config["MAX_VIEWERS"]}
     return jsonify(body), status

@@ -6,6 +6,23 @@ from flask import current_app
 from .metrics import EngineMetrics
 
 
+class Viewers:
+    """How many pages have the websocket open, and how many were refused (server/live.py)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.open = 0
+        self.refused = 0
+
+    def change(self, n):
+        with self._lock:
+            self.open += n
+
+    def refuse(self):
+        with self._lock:
+            self.refused += 1
+
+
 class State:
     def __init__(self):
         self.backend = None
@@ -13,6 +30,7 @@ class State:
         self.progress = {"status": "loading", "message": "starting", "progress": 0.0}
         self.error = None         # why loading failed
         self.ready = threading.Event()
+        self.viewers = Viewers()
 
     def set_progress(self, message, frac):
         self.progress = {"status": "loading", "message": message, "progress": round(frac, 3)}

@@ -361,13 +361,14 @@ def test_a_lowered_budget_refuses_what_no_longer_fits_and_the_queue_moves_on(liv
 
 # ------------------------------------------------------------------ beyond loopback: gunicorn
 def test_beyond_loopback_it_serves_on_gunicorn_with_websockets(live):
-    """`app.py --host 0.0.0.0` runs on gunicorn (one worker, threads). In observe mode (watching
+    """Beyond loopback (here: `--server gunicorn` on loopback, as tests bind) app.py runs on gunicorn
+    (one worker, threads, server/serving.py's worker). In observe mode (watching
     the in-process app) it starts in a second; a page prompt travels websocket -> gunicorn app
     -> the observed API. Connections stay on loopback; the prompt is not in its log."""
     port = free_port()
     log = ARTIFACTS / f"server-{port}.log"
     ARTIFACTS.mkdir(exist_ok=True)
-    app = App("--host", "0.0.0.0", "--observe", live.url + "/v1", port=port, log=log, timeout=60)
+    app = App("--server", "gunicorn", "--observe", live.url + "/v1", port=port, log=log, timeout=60)
     secret = "my secret prompt 4321"
     try:
         r = requests.get(app.url + "/healthz")
@@ -385,7 +386,7 @@ def test_beyond_loopback_it_serves_on_gunicorn_with_websockets(live):
     finally:
         app.stop()
     text = log.read_text()
-    assert "gthread" in text and secret not in text
+    assert "server.serving.GuardedWorker" in text and secret not in text
 
 
 def test_access_log_names_the_route_not_the_body(live, caplog):

@@ -1,0 +1,205 @@
+"""The production server (gunicorn with server/serving.py's worker) under idle and slow
+connections, on loopback: a thousand open pages and two hundred slowloris connections must
+not starve /healthz, a student's ask or the presenter (issue 25)."""
+import re
+import selectors
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+import requests
+
+from bench.launch import App, free_port
+from helpers import ARTIFACTS
+from server import serving
+
+HANDSHAKE = ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{extra}\r\n")
+
+
+# ------------------------------------------------------------------ a request's arrival
+@pytest.mark.parametrize("buf, missing", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n", None),                                   # head still arriving
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0),
+    (b"POST /v1 HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 3),                   # body still arriving
+    (b"POST /v1 HTTP/1.1\r\ncontent-length:5 \r\n\r\nabcde", 0),
+    (b"POST /v1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 0),   # the thread reads it
+    (b"POST /v1 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (serving.MAX_BODY + 1), 0),     # so does a huge one
+])
+def test_a_request_is_whole_once_its_head_and_small_body_arrived(buf, missing):
+    need = serving.wanted(bytearray(buf))
+    assert need == (None if missing is None else len(buf) + missing)
+
+
+# ------------------------------------------------------------------ a thousand pages, 200 slowloris
+def handshake(port, extra=""):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(HANDSHAKE.format(port=port, extra=extra).encode())
+    return sock
+
+
+def reply_head(sock):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("latin-1")
+
+
+class Crowd:
+    """Open pages that read (and drop) everything they are sent, and slowloris connections that
+    send a header line every second and never finish; a closed slowloris is opened again."""
+
+    def __init__(self, port):
+        self.port, self.sel, self.stop = port, selectors.DefaultSelector(), threading.Event()
+        self.pages, self.slow, self.answers = [], [], []
+        self.lock = threading.Lock()
+
+    def open_pages(self, n, batch=50):
+        for i in range(0, n, batch):
+            socks = [handshake(self.port) for _ in range(min(batch, n - i))]
+            for s in socks:
+                head = reply_head(s)
+                assert head.startswith("HTTP/1.1 101"), head[:200]
+                s.setblocking(False)
+                with self.lock:
+                    self.sel.register(s, selectors.EVENT_READ, "page")
+                    self.pages.append(s)
+
+    def open_slow(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        s.setblocking(False)
+        with self.lock:
+            self.sel.register(s, selectors.EVENT_READ, "slow")
+            self.slow.append(s)
+
+    def run(self):
+        """The crowd's own thread: drain pages, trickle the slowloris headers, note their answers."""
+        next_trickle = time.monotonic()
+        while not self.stop.is_set():
+            with self.lock:
+                events = self.sel.select(timeout=0.1) if self.sel.get_map() else []
+            for key, _ in events:
+                try:
+                    data = key.fileobj.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if key.data == "slow" and data:
+                    self.answers.append(data.split(b"\r\n", 1)[0].decode("latin-1"))
+                if not data or key.data == "slow":
+                    self._forget(key.fileobj, key.data)
+                    if key.data == "slow":
+                        self.open_slow()
+            if time.monotonic() >= next_trickle:
+                next_trickle += 1.0
+                for s in list(self.slow):
+                    try:
+                        s.send(b"X-Slow: 1\r\n")
+                    except OSError:
+                        pass
+
+    def _forget(self, sock, kind):
+        with self.lock:
+            self.sel.unregister(sock)
+            (self.pages if kind == "page" else self.slow).remove(sock)
+        sock.close()
+
+    def close(self):
+        self.stop.set()
+        for s in self.pages + self.slow:
+            s.close()
+
+
+def timed_get(url):
+    t0 = time.perf_counter()
+    r = requests.get(url, timeout=5)
+    return r, (time.perf_counter() - t0) * 1000
+
+
+def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
+    port = free_port()
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / f"server-{port}.log"
+    app = App("--classroom", "--host", "127.0.0.1", "--server", "gunicorn", "--join-code", "owl",
+              "--max-viewers", "1000", "--slots", "4", port=port, log=log)
+    crowd = Crowd(port)
+    try:
+        key = re.search(r"\?key=(\S+)", log.read_text()).group(1)
+        threading.Thread(target=crowd.run, daemon=True).start()
+        for _ in range(200):
+            crowd.open_slow()
+        t0 = time.monotonic()
+        crowd.open_pages(1000)
+        opened_s = time.monotonic() - t0
+        health = requests.get(app.url + "/healthz", timeout=5).json()
+        assert health["viewers"]["open"] == 1000, health["viewers"]
+
+        # one page more is refused with a reason; the presenter's never is
+        refused = requests.get(app.url + "/ws", timeout=10, headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "too_many_viewers"
+        presenter = handshake(port, f"Cookie: ft_presenter={key}\r\n")
+        assert reply_head(presenter).startswith("HTTP/1.1 101")
+
+        # a student joins and asks while /healthz is timed
+        student = requests.Session()
+        assert student.post(app.url + "/join/session", json={"name": "Ada", "code": "owl"}, timeout=10).ok
+        answer = {}
+
+        def ask():
+            with student.post(app.url + "/join/ask", json={"prompt": "Name a colour."}, stream=True,
+                              timeout=60) as r:
+                answer["status"] = r.status_code
+                answer["lines"] = [line for line in r.iter_lines() if line]
+        asking = threading.Thread(target=ask)
+        asking.start()
+        times = []
+        for _ in range(100):
+            r, ms = timed_get(app.url + "/healthz")
+            assert r.status_code == 200
+            times.append(ms)
+            time.sleep(0.1)
+        asking.join(60)
+        p99 = statistics.quantiles(times, n=100)[98]
+        print(f"\n1000 pages opened in {opened_s:.1f} s; /healthz p50 {statistics.median(times):.0f} ms, "
+              f"p99 {p99:.0f} ms, max {max(times):.0f} ms; slowloris answers {sorted(set(crowd.answers))}")
+        assert p99 < 200, times
+        assert answer.get("status") == 200 and b'"finished"' in answer["lines"][-1], answer
+        assert len(crowd.pages) == 1000 and len(crowd.slow) == 200   # none was dropped
+        # the slowloris connections, older than ARRIVE_S by now, were answered 408 and closed
+        assert "HTTP/1.1 408 Request Timeout" in crowd.answers
+        presenter.close()
+    finally:
+        crowd.close()
+        app.stop()
+
+
+def test_more_slow_connections_from_one_address_than_allowed_are_refused():
+    """PER_ADDRESS arriving connections from one address; the next is answered 503 at once."""
+    app = App("--host", "127.0.0.1", "--server", "gunicorn", "--slots", "2", port=free_port())
+    socks = []
+    try:
+        for _ in range(serving.PER_ADDRESS):
+            s = socket.create_connection(("127.0.0.1", app.port), timeout=10)
+            s.sendall(b"GET / HTTP/1.1\r\n")
+            socks.append(s)
+        time.sleep(0.5)   # the worker has accepted them all
+        extra = socket.create_connection(("127.0.0.1", app.port), timeout=10)
+        assert reply_head(extra).startswith("HTTP/1.1 503")
+        extra.close()
+        for s in socks:
+            s.close()
+        time.sleep(0.5)
+        assert requests.get(app.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+        app.stop()
