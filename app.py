@@ -23,7 +23,7 @@ from pathlib import Path
 import sys
 
 from server import create_app, loader
-from server.classroom import Classroom, base_url, check_join_code
+from server.classroom import Classroom, base_url, check_join_code, check_view_code
 from server.openai_api import REQUEST_TIMEOUT_S
 from server.security import normalize_origin, parse_frame_ancestors
 
@@ -128,11 +128,16 @@ def parse_args(argv=None):
                         "other pages only watch, students send prompts from their phones at /join")
     p.add_argument("--join-code", metavar="CODE", type=checked(check_join_code), default=None,
                    help="with --classroom: students must type this code to join")
+    p.add_argument("--view-code", metavar="CODE", type=checked(check_view_code), default=None,
+                   help="with --classroom: the page and its events (every student's prompt and answer) "
+                        "only for the presenter and those who open it with ?view=CODE (default: anyone "
+                        "who reaches the port may watch)")
     args = p.parse_args(argv)
     if args.host is None:
         args.host = "0.0.0.0" if args.classroom else "127.0.0.1"
-    if args.join_code is not None and not args.classroom:
-        p.error("--join-code needs --classroom")
+    for flag in ("join_code", "view_code"):
+        if getattr(args, flag) is not None and not args.classroom:
+            p.error(f"--{flag.replace('_', '-')} needs --classroom")
     if args.classroom and args.observe:
         p.error("--classroom needs a model of its own: it cannot be combined with --observe")
     if args.port > 65535:
@@ -247,7 +252,7 @@ def main(argv=None):
     room = None
     if args.classroom:
         # Made before gunicorn forks its worker, so the key printed here is the worker's.
-        room = Classroom(join_code=args.join_code, base=base_url(args.host, args.port))
+        room = Classroom(join_code=args.join_code, view_code=args.view_code, base=base_url(args.host, args.port))
         print("\n".join(classroom_banner(args, room)), flush=True)
     if args.server == "werkzeug" or (args.server == "auto" and args.host in LOOPBACK):
         build(args, room).run(host=args.host, port=args.port, threaded=True)

@@ -9,6 +9,9 @@ drain to idle, and a summary is printed and written to test-artifacts/soak.json:
 
     rss_mb          at start (model loaded, idle), after the first minute (warmed up), at the
                     end (idle again) and at its peak
+    rss_mb_per_minute  at each whole minute
+    growth_mb_per_min  over the first and the second half of the run after the first minute:
+                    a second half near zero is memory levelling off
     served          API requests answered, load-generator requests finished, abandoned streams
     errors          API answers other than 200/429, exceptions, `error` events, requests that
                     finished with reason `error`
@@ -166,18 +169,35 @@ class Soak:
         warm = next((s[1] for s in self.samples if s[0] >= 60), rss[0])
         health = [s[2] for s in self.samples]
         c = self.counts
+        minutes = range(1, int(self.samples[-1][0] // 60) + 1) if self.samples else ()
+        per_minute = [next(b for t, b, _ in self.samples if t >= 60 * m) for m in minutes]
 
         def mb(b):
             return round(b / 2**20, 1)
         return {
             "minutes": self.args.minutes, "clients": self.args.clients, "load_rate": self.args.rate,
             "rss_mb": {"start": mb(rss0), "after_1_min": mb(warm), "end": mb(rss[-1]), "peak": mb(max(rss))},
+            "rss_mb_per_minute": [mb(b) for b in per_minute],
+            "growth_mb_per_min": growth(self.samples),
             "served": {"api_ok": c["api_200"], "api_429": c["api_429"], "api_abandoned": c["api_abandoned"],
                        "load_finished": sum(v for k, v in c.items() if k.startswith("finished_load_")),
                        "api_cancelled_in_engine": c["finished_api_cancelled"]},
             "errors": {k: v for k, v in c.items() if k.startswith("error_")},
             "healthz_ms": {"p50": round(statistics.median(health), 1), "max": round(max(health), 1)},
             "idle_after_s": idle_s, "counts": dict(c)}
+
+
+def growth(samples):
+    """RSS growth (MB a minute) over the first and second half of the samples after minute one."""
+    warm = [(t, b) for t, b, _ in samples if t >= 60]
+    if len(warm) < 4:
+        return None
+    mid = len(warm) // 2
+
+    def rate(part):
+        (t0, b0), (t1, b1) = part[0], part[-1]
+        return round((b1 - b0) / 2**20 / ((t1 - t0) / 60), 2)
+    return {"first_half": rate(warm[:mid + 1]), "second_half": rate(warm[mid:])}
 
 
 def main(argv=None):

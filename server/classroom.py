@@ -40,6 +40,7 @@ import threading
 import time
 import unicodedata
 from dataclasses import dataclass
+from urllib.parse import quote, urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
@@ -48,6 +49,8 @@ from . import inputs, openai_api as oa
 
 PRESENTER_COOKIE = "ft_presenter"
 CLIENT_COOKIE = "ft_client"
+VIEWER_COOKIE = "ft_viewer"
+VIEW_PATHS = ("/", "/embed", "/ws")   # what --view-code guards: the pages, and the events that carry prompts
 MAX_NAME = 24           # characters of a student's name
 MAX_PROMPT = 500        # characters of a student's prompt
 MAX_CLIENTS = 500       # students joined at once (each costs a few hundred bytes)
@@ -120,12 +123,16 @@ def clean_name(raw):
     return name
 
 
-def check_join_code(code):
+def check_join_code(code, what="join code"):
     """ValueError unless `code` can be typed on a phone and shown: 1..MAX_CODE printable characters."""
     if not code or len(code) > MAX_CODE or not code.isprintable() or code != code.strip():
-        raise ValueError(f"the join code must be 1 to {MAX_CODE} printable characters, "
+        raise ValueError(f"the {what} must be 1 to {MAX_CODE} printable characters, "
                          "without spaces at either end")
     return code
+
+
+def check_view_code(code):
+    return check_join_code(code, "view code")
 
 
 def lan_address():
@@ -159,15 +166,18 @@ def base_url(host, port):
 
 
 class Classroom:
-    """The classroom's state: the presenter key, the join code, the students."""
+    """The classroom's state: the presenter key, the join code, the view code, the students."""
 
-    def __init__(self, join_code=None, base=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
+    def __init__(self, join_code=None, base=None, view_code=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
                  max_clients=MAX_CLIENTS, join_burst=JOIN_BURST, join_every_s=JOIN_EVERY_S,
                  max_per_address=MAX_PER_ADDRESS, idle_expire_s=IDLE_EXPIRE_S):
         if join_code is not None:
             check_join_code(join_code)
+        if view_code is not None:
+            check_view_code(view_code)
         self.key = secrets.token_urlsafe(18)
         self.join_code = join_code
+        self.view_code = view_code    # None: anyone who reaches the port may watch
         self.base = base              # "http://host:port"; None: the address the page was reached at
         self.rate_burst, self.rate_every_s, self.max_clients = rate_burst, rate_every_s, max_clients
         self.join_burst, self.join_every_s = join_burst, join_every_s
@@ -182,7 +192,6 @@ class Classroom:
         root = self.base or request.host_url.rstrip("/")
         url = f"{root}/join"
         if with_code and self.join_code:
-            from urllib.parse import quote
             url += "?code=" + quote(self.join_code, safe="")
         return url
 
@@ -196,6 +205,9 @@ class Classroom:
                  f"Students join at: {self.join_url()}"]
         if self.join_code:
             lines.append(f"  join code: {self.join_code}  (or scan the QR code: {self.join_url(True)})")
+        if self.view_code:
+            lines.append(f"Others watch at: {self.base or ''}/?view={quote(self.view_code, safe='')}  "
+                         f"(view code: {self.view_code}; without it the page and its events are refused)")
         return lines
 
     def qr_svg(self):
@@ -213,6 +225,24 @@ class Classroom:
         auth = request.headers.get("Authorization", "")
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         return any(hmac.compare_digest(x.encode(), self.key.encode()) for x in (got, bearer) if x)
+
+    def may_view(self):
+        """Whether this request may open the page and its events: always without a view code;
+        with one, the presenter, or a browser that gave the code (its cookie)."""
+        if self.view_code is None or self.is_presenter():
+            return True
+        got = request.cookies.get(VIEWER_COOKIE, "")
+        return bool(got) and hmac.compare_digest(got.encode(), self.view_code.encode())
+
+    def try_view_code(self, code, address):
+        """True for the right view code; a wrong one counts against the address's join rate
+        (as a wrong join code does), so it cannot be guessed fast: ApiError 429 past it."""
+        with self._lock:
+            wait = self._join_bucket(address).take()
+        if wait:
+            raise oa.ApiError(429, f"too many tries from your network: try again in {wait:.0f} s",
+                              code="join_rate_limited", retry_after=wait)
+        return hmac.compare_digest(code.encode(), self.view_code.encode())
 
     def hello_fields(self):
         """(hello.role, hello.classroom) for the connection being opened."""
@@ -424,13 +454,39 @@ def guard():
         if not hmac.compare_digest(request.args["key"].encode(), room.key.encode()):
             return "wrong presenter key: use the address printed when the app started", 403
         rest = {k: v for k, v in request.args.items() if k != "key"}
-        from urllib.parse import urlencode
         return _cookie(redirect("/" + (f"?{urlencode(rest)}" if rest else "")), PRESENTER_COOKIE, room.key)
+    if room.view_code is not None and request.path in VIEW_PATHS:
+        refused = view_guard(room)
+        if refused is not None:
+            return refused
     if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
         message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
                    "printed at start); students ask at /join")
         return oa.ApiError(403, message, code="classroom_presenter_only").reply()
     return None
+
+
+def view_guard(room):
+    """--view-code: `?view=CODE` becomes a cookie (and leaves the address bar); without it the
+    pages answer a form asking for the code and /ws is refused before its upgrade (403)."""
+    if "view" in request.args:
+        try:
+            right = room.try_view_code(request.args["view"], request.remote_addr or "")
+        except oa.ApiError as e:
+            return e.reply()
+        if right:
+            rest = {k: v for k, v in request.args.items() if k != "view"}
+            target = request.path + (f"?{urlencode(rest)}" if rest else "")
+            return _cookie(redirect(target), VIEWER_COOKIE, room.view_code)
+        message = "That is not this class's view code: ask the presenter for it."
+    elif room.may_view():
+        return None
+    else:
+        message = "Type the view code the presenter gave to watch the model at work."
+    if request.path == "/ws":
+        return oa.ApiError(403, "this class's page needs its view code: open the page with ?view=CODE",
+                           code="view_code_required").reply()
+    return render_template("view_code.html", path=request.path, message=message), 403
 
 
 def _room():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import requests
-from simple_websocket import Client
+from simple_websocket import Client, ConnectionError as WsRefused
 
 import app as app_mod
 from engine import EngineConfig
@@ -349,6 +349,48 @@ def test_the_presenter_key_becomes_a_cookie_and_a_wrong_one_is_refused(room):
     assert f"ft_presenter={room.classroom.key}" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
 
 
+def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
+    """--view-code: without the code the pages answer a form (403) and /ws is refused before its
+    upgrade; ?view=CODE becomes a cookie that opens both; the presenter needs none; wrong codes
+    count against the address's join rate; students still join and ask at /join."""
+    from conftest import LiveApp
+    classroom = Classroom(join_code="owl", view_code="heron", join_burst=5, join_every_s=60)
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    classroom.base = live.url
+    live.classroom = classroom
+    try:
+        for path in ("/", "/embed"):
+            r = requests.get(live.url + path, timeout=10)
+            assert r.status_code == 403 and 'name="view"' in r.text
+        with pytest.raises(WsRefused):
+            Client.connect(live.ws_url)
+        r = requests.get(live.url + "/ws", timeout=10, headers={"Upgrade": "websocket", "Connection": "Upgrade"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "view_code_required"
+        r = requests.get(live.url + "/?view=heron&theme=light", allow_redirects=False, timeout=10)
+        assert r.status_code == 302 and r.headers["Location"] == "/?theme=light"
+        assert "ft_viewer=heron" in r.headers["Set-Cookie"] and "HttpOnly" in r.headers["Set-Cookie"]
+        viewer = requests.Session()
+        assert viewer.get(live.url + "/?view=heron", timeout=10).status_code == 200   # follows to the page
+        assert viewer.get(live.url + "/embed", timeout=10).status_code == 200
+        conn = Client.connect(live.ws_url, headers={"Cookie": "ft_viewer=heron"})
+        assert hello_of(conn)["role"] == "viewer"
+        conn.close()
+        conn = presenter_ws(live)
+        assert hello_of(conn)["role"] == "presenter"
+        conn.close()
+        s = student(live, "Ada")                      # /join needs the join code, not the view code
+        assert ask(s, live, "hello")[0] == 200
+        # every try counts (two right ones and a join so far): two wrong codes, then the join rate
+        # (5 attempts in a row) refuses even the right one
+        for _ in range(2):
+            r = requests.get(live.url + "/?view=crane", timeout=10)
+            assert r.status_code == 403 and "not this class" in r.text
+        r = requests.get(live.url + "/?view=heron", allow_redirects=False, timeout=10)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "join_rate_limited"
+    finally:
+        live.stop()
+
+
 def test_hello_says_each_connection_its_role(room):
     viewer, presenter = Client.connect(room.ws_url), presenter_ws(room)
     try:
@@ -505,9 +547,14 @@ def test_classroom_start_binds_the_network_unless_told_and_prints_the_addresses(
     loop = app_mod.parse_args(["--classroom", "--host", "127.0.0.1"])
     text = "\n".join(app_mod.classroom_banner(loop, Classroom(base=base_url(loop.host, loop.port))))
     assert "WARNING" not in text and "http://127.0.0.1:5000/join" in text
+    viewing = app_mod.parse_args(["--classroom", "--view-code", "heron"])
+    text = "\n".join(app_mod.classroom_banner(viewing, Classroom(view_code=viewing.view_code,
+                                                                  base=base_url(loop.host, loop.port))))
+    assert "http://127.0.0.1:5000/?view=heron" in text
 
 
 @pytest.mark.parametrize("argv", [["--join-code", "x"], ["--classroom", "--join-code", " x"],
+                                  ["--view-code", "x"], ["--classroom", "--view-code", ""],
                                   ["--classroom", "--observe", "http://127.0.0.1:9/v1"]])
 def test_bad_classroom_flags_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
