@@ -64,6 +64,7 @@ MAX_PER_ADDRESS = 100   # students joined at once from one network address
 IDLE_EXPIRE_S = 600.0   # when the class (or an address) is full, a student idle this long gives up the place
 MAX_REMOVED_KEPT = 1000  # removed students remembered (their cookie refused 403); older ones read as not joined
 MAX_ADDRESSES = 10000   # join rate buckets kept (full ones are forgotten first)
+REMOVED_ADDRESS_S = 600.0   # a removed student's network address may not join again for this long
 VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
 REMOVED = "the presenter removed you from the class"
 
@@ -170,7 +171,8 @@ class Classroom:
 
     def __init__(self, join_code=None, base=None, view_code=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
                  max_clients=MAX_CLIENTS, join_burst=JOIN_BURST, join_every_s=JOIN_EVERY_S,
-                 max_per_address=MAX_PER_ADDRESS, idle_expire_s=IDLE_EXPIRE_S):
+                 max_per_address=MAX_PER_ADDRESS, idle_expire_s=IDLE_EXPIRE_S,
+                 removed_address_s=REMOVED_ADDRESS_S):
         if join_code is not None:
             check_join_code(join_code)
         if view_code is not None:
@@ -182,9 +184,11 @@ class Classroom:
         self.rate_burst, self.rate_every_s, self.max_clients = rate_burst, rate_every_s, max_clients
         self.join_burst, self.join_every_s = join_burst, join_every_s
         self.max_per_address, self.idle_expire_s = max_per_address, idle_expire_s
+        self.removed_address_s = removed_address_s
         self.students = {}            # client id -> Student (removed ones too, up to MAX_REMOVED_KEPT)
         self.refused = Counter()      # refused joins by code, for the presenter
         self._joins = {}              # network address -> its join Bucket
+        self._blocked = {}            # network address of a removed student -> monotonic time it may join again
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ addresses
@@ -264,6 +268,8 @@ class Classroom:
         if wait:
             raise oa.ApiError(429, f"too many joins from your network: try again in {wait:.0f} s",
                               code="join_rate_limited", retry_after=wait)
+        if self._blocked.get(address, 0.0) > time.monotonic():
+            raise oa.ApiError(403, REMOVED, code="removed")
         if self.join_code is not None and not (isinstance(code, str) and
                                                hmac.compare_digest(code.encode(), self.join_code.encode())):
             raise oa.ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
@@ -360,6 +366,12 @@ class Classroom:
             if s is None:
                 raise SettingError("client", "no such client")
             s.removed = True
+            now = time.monotonic()
+            self._blocked = {a: t for a, t in self._blocked.items() if t > now}
+            # The address is this phone's own unless others joined from it too (a NAT): block
+            # it then only through the cookie, or the whole network could not join.
+            if s.address and not self._count(s.address):
+                self._blocked[s.address] = now + self.removed_address_s
             rid = s.request
             gone = [k for k, x in self.students.items() if x.removed]
             for k in gone[:max(0, len(gone) - MAX_REMOVED_KEPT)]:   # the oldest go first

@@ -309,7 +309,10 @@ def test_a_removed_device_is_refused_on_every_join_route(room):
     for r in (ada.get("/join/session"), join_as(ada, "Ada again"), ada.post("/join/ask", json={"prompt": "hi"})):
         assert r.status_code == 403 and r.get_json()["error"]["code"] == "removed"
     assert room.classroom.refused_joins() == {"total": 1, "by_code": {"removed": 1}}
-    fresh = phone(room, "10.0.0.12")                 # another phone on that address still joins
+    fresh = phone(room, "10.0.0.12")                 # a fresh browser at that address: refused too, for a while
+    assert join_as(fresh, "Ada").get_json()["error"]["code"] == "removed"
+    assert join_as(phone(room, "10.0.0.13"), "Grace").status_code == 200   # other addresses join
+    room.classroom._blocked["10.0.0.12"] = time.monotonic()   # as after removed_address_s
     assert join_as(fresh, "Ada").get_json()["name"] == "Ada (2)"
 
 
