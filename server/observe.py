@@ -37,6 +37,7 @@ from engine.events import PROTOCOL, Clock, Finished, Hello, Rejected, Request, R
 from engine.loadgen import LoadGenerator
 from engine.settings import SettingError, coerce, make_settings, validate
 from engine.stats import RollingStats
+from . import inputs
 
 SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
 STATS_EVERY_S = 0.5
@@ -291,17 +292,29 @@ class Observer:
                 if data == b"[DONE]":
                     break
                 now = self.clock.now()
-                msg = json.loads(data)
+                msg = inputs.loads(data)   # an observed server is a client too: depth and text checked
+                if not isinstance(msg, dict):
+                    raise ValueError(f"a stream chunk that is not a JSON object: {data[:80]!r}")
                 if msg.get("error"):
                     error = _error_message(data)
                     break
-                usage = msg.get("usage") or usage
-                for choice in msg.get("choices") or []:
-                    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-                    if text:
+                if isinstance(msg.get("usage"), dict):   # counts only: whole numbers, nothing else
+                    usage = {k: v for k, v in msg["usage"].items()
+                             if type(v) is int and v >= 0 and k in ("prompt_tokens", "completion_tokens")}
+                choices = msg.get("choices")
+                for choice in choices if isinstance(choices, list) else []:
+                    if not isinstance(choice, dict):
+                        continue
+                    delta = choice.get("delta")
+                    text = choice.get("text") if "text" in choice else (
+                        delta.get("content") if isinstance(delta, dict) else None)
+                    if isinstance(text, str) and text:
                         self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
                         chunks.append(now)
-                    finish = choice.get("finish_reason") or finish
+                    if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
+                        finish = choice["finish_reason"]
+        except inputs.ApiError as e:
+            error = f"the observed server sent {e.message}"
         except (OSError, http.client.HTTPException, ValueError) as e:
             error = str(e) or type(e).__name__
         finally:
@@ -396,8 +409,8 @@ class Observer:
     def _probe(self):
         try:
             status, raw = self._get(self._path + "/models")
-            first = json.loads(raw)["data"][0] if status == 200 else None
-        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
+            first = inputs.loads(raw)["data"][0] if status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, inputs.ApiError):
             first = None
         if isinstance(first, dict) and isinstance(first.get("id"), str):
             self.model, self.max_context = first["id"], first.get("max_model_len")
@@ -415,6 +428,6 @@ class Observer:
 def _error_message(raw):
     """The message of an OpenAI-shaped error body, else the start of the body."""
     try:
-        return str(json.loads(raw)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
+        return str(inputs.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError, inputs.ApiError):
         return raw[:200].decode(errors="replace")

@@ -6,6 +6,7 @@ the observe-mode page receives follows the same schema as the engine's."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -102,3 +103,86 @@ vllm:gpu_cache_usage_perc{model_name="m"} 0.25
     assert parse_gauges(newer)["kv_cache_usage"] == 0.5
     assert parse_gauges("# TYPE other gauge\nother 1\n") == {"running": None, "waiting": None,
                                                              "kv_cache_usage": None}
+
+
+# ------------------------------------------------------------------ a hostile observed server
+HOSTILE = {   # prompt -> (HTTP status, stream lines): what a broken or hostile server might send
+    "deep": (200, [b"data: " + b"[" * 5000 + b"]" * 5000]),
+    "list": (200, [b"data: [1, 2]"]),
+    "surrogate": (200, [b'data: {"choices": [{"delta": {"content": "\\ud800"}}]}']),
+    "odd shapes": (200, [b'data: {"choices": [1, {"delta": "x"}, {"delta": {"content": 5}}], '
+                         b'"usage": {"prompt_tokens": "many", "completion_tokens": [1]}}',
+                         b'data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": {"x": 1}}]}',
+                         b"data: [DONE]"]),
+    "deep error": (500, [b"[" * 10000]),
+    "fine": (200, [b'data: {"choices": [{"delta": {"content": "Hello"}}]}',
+                   b'data: {"choices": [{"delta": {"content": " there"}, "finish_reason": "stop"}], '
+                   b'"usage": {"prompt_tokens": 3, "completion_tokens": 2}}',
+                   b"data: [DONE]"]),
+}
+
+
+@pytest.fixture
+def hostile_server():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = b'{"data": [{"id": "fake-model"}]}' if self.path == "/v1/models" else b"{}"
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
+            status, lines = HOSTILE[prompt]
+            body = b"".join(line + b"\n\n" for line in lines)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
+    """Whatever an observed server streams (nesting past any limit, chunks of the wrong shape,
+    lone surrogates, usage that is not a count), each request ends with a schema-valid
+    `finished` (or, for an HTTP error, `rejected`) event, and a good answer afterwards is
+    drawn as usual."""
+    from server.observe import Observer
+    obs = Observer(hostile_server).start()
+    sub = obs.events.subscribe(replay=False)
+    check = schema_validator()
+    try:
+        finished = {}
+        for prompt in HOSTILE:
+            handle = obs.submit(prompt)
+            deadline = time.monotonic() + 10
+            while handle.id not in finished and time.monotonic() < deadline:
+                for e in sub.get(timeout=0.2):
+                    check.validate(e)
+                    if e["type"] in ("finished", "rejected"):
+                        finished[e["id"]] = (prompt, e)
+            assert handle.id in finished, f"{prompt!r} never ended"
+        reasons = {prompt: (e.get("reason"), e.get("error")) for prompt, e in finished.values()}
+        for prompt in ("deep", "list", "surrogate"):
+            assert reasons[prompt][0] == "error" and reasons[prompt][1], reasons[prompt]
+        rejected = next(e for p, e in finished.values() if p == "deep error")
+        assert rejected["type"] == "rejected" and rejected["code"] == "http_500"
+        assert "nested" in reasons["deep"][1] and "JSON object" in reasons["list"][1]
+        odd = next(e for p, e in finished.values() if p == "odd shapes")
+        assert odd["reason"] == "error" and odd["prompt_tokens"] is None and odd["chunks"] == 1   # the "ok"
+        fine = next(e for p, e in finished.values() if p == "fine")
+        assert fine["reason"] == "stop" and fine["chunks"] == 2 and fine["output_tokens"] == 2
+    finally:
+        obs.events.unsubscribe(sub)
+        obs.shutdown()
