@@ -199,6 +199,12 @@ class Classroom:
             url += "?code=" + quote(self.join_code, safe="")
         return url
 
+    def view_url(self):
+        """Where others watch with the view code (None without one)."""
+        if self.view_code is None:
+            return None
+        return f"{self.base or request.host_url.rstrip('/')}/?view={quote(self.view_code, safe='')}"
+
     def presenter_url(self):
         return f"{self.base or request.host_url.rstrip('/')}/?key={self.key}"
 
@@ -210,7 +216,7 @@ class Classroom:
         if self.join_code:
             lines.append(f"  join code: {self.join_code}  (or scan the QR code: {self.join_url(True)})")
         if self.view_code:
-            lines.append(f"Others watch at: {self.base or ''}/?view={quote(self.view_code, safe='')}  "
+            lines.append(f"Others watch at: {self.view_url()}  "
                          f"(view code: {self.view_code}; without it the page and its events are refused)")
         return lines
 
@@ -254,8 +260,11 @@ class Classroom:
         if not self.is_presenter():
             return "viewer", info
         info.update(join_code=self.join_code, join_url_with_code=self.join_url(True), qr_svg=self.qr_svg(),
-                    clients_url="/classroom/clients", limits={"name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT,
-                                                              "burst": self.rate_burst, "every_s": self.rate_every_s})
+                    view_url=self.view_url(), clients_url="/classroom/clients",
+                    limits={"name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT,
+                            "burst": self.rate_burst, "every_s": self.rate_every_s,
+                            "join_burst": self.join_burst, "join_every_s": self.join_every_s,
+                            "per_address": self.max_per_address, "students": self.max_clients})
         return "presenter", info
 
     # ------------------------------------------------------------------ students

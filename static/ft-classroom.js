@@ -55,9 +55,17 @@
       code.append(el("span", "muted", "join code "), el("b", "", room.join_code));
       box.append(code);
     }
+    if (room.view_url) {
+      const view = el("div", "cls-code");
+      view.id = "cls-view";
+      view.append(el("span", "muted", "watch the page at "), el("b", "", room.view_url));
+      box.append(view);
+    }
     const lim = room.limits;
     box.append(el("p", "note", `One prompt at a time per student, ${lim.burst} in a row, then one every ` +
-                  `${lim.every_s} s; names up to ${lim.name_chars} characters, prompts up to ${lim.prompt_chars}.`));
+                  `${lim.every_s} s; names up to ${lim.name_chars} characters, prompts up to ${lim.prompt_chars}. ` +
+                  `Joins: ${lim.join_burst} in a row from one network address, then one every ` +
+                  `${lim.join_every_s} s; ${lim.per_address} students per address, ${lim.students} in all.`));
     const listHead = el("div", "cls-head");
     const clear = el("button", "danger", "Clear the queue");
     clear.id = "cls-clear";

@@ -17,7 +17,8 @@ import app as app_mod
 from engine import EngineConfig
 from engine.settings import SettingError
 from helpers import frames, schema_validator
-from server.classroom import MAX_NAME, MAX_PROMPT, VIEWER_REFUSED, Classroom, base_url, clean_name, lan_address
+from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,
+                              VIEWER_REFUSED, Classroom, base_url, clean_name, lan_address)
 
 NAMES = ["Ada", "Grace", "Alan", "Katherine"]
 
@@ -379,7 +380,8 @@ def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
         assert hello_of(conn)["role"] == "viewer"
         conn.close()
         conn = presenter_ws(live)
-        assert hello_of(conn)["role"] == "presenter"
+        hello = hello_of(conn)
+        assert hello["role"] == "presenter" and hello["classroom"]["view_url"] == live.url + "/?view=heron"
         conn.close()
         s = student(live, "Ada")                      # /join needs the join code, not the view code
         assert ask(s, live, "hello")[0] == 200
@@ -409,6 +411,10 @@ def test_hello_says_each_connection_its_role(room):
     assert room_p["join_code"] == "owl" and room_p["join_url_with_code"] == room.url + "/join?code=owl"
     assert room_p["qr_svg"].startswith("<svg") and 'xmlns="http://www.w3.org/2000/svg"' in room_p["qr_svg"]
     assert "http" not in room_p["qr_svg"].split(">", 1)[1]   # a QR code of paths, nothing fetched
+    assert room_p["view_url"] is None and room_p["limits"] == {
+        "name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT, "burst": 2, "every_s": 60,
+        "join_burst": JOIN_BURST, "join_every_s": JOIN_EVERY_S, "per_address": MAX_PER_ADDRESS,
+        "students": MAX_CLIENTS}
 
 
 def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
