@@ -56,9 +56,9 @@
       box.append(code);
     }
     if (room.view_url) {
-      const view = el("div", "cls-code");
+      const view = el("div", "cls-view");
       view.id = "cls-view";
-      view.append(el("span", "muted", "watch the page at "), el("b", "", room.view_url));
+      view.append(el("span", "muted", "others watch at "), el("b", "", room.view_url));
       box.append(view);
     }
     const lim = room.limits;
