@@ -183,10 +183,21 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
 
 
 def test_more_slow_connections_from_one_address_than_allowed_are_refused():
-    """PER_ADDRESS arriving connections from one address; the next is answered 503 at once."""
+    """PER_ADDRESS arriving connections from one address; the next is answered 503 at once. A
+    head over MAX_HEAD is 431; a body that stops short is 408 once ARRIVE_S has passed."""
     app = App("--host", "127.0.0.1", "--server", "gunicorn", "--slots", "2", port=free_port())
     socks = []
     try:
+        big = socket.create_connection(("127.0.0.1", app.port), timeout=10)
+        big.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (serving.MAX_HEAD + 10))
+        assert reply_head(big).startswith("HTTP/1.1 431")
+        big.close()
+        short = socket.create_connection(("127.0.0.1", app.port), timeout=serving.ARRIVE_S + 10)
+        short.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+        t0 = time.monotonic()
+        assert reply_head(short).startswith("HTTP/1.1 408")
+        assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < serving.ARRIVE_S + 2
+        short.close()
         for _ in range(serving.PER_ADDRESS):
             s = socket.create_connection(("127.0.0.1", app.port), timeout=10)
             s.sendall(b"GET / HTTP/1.1\r\n")
