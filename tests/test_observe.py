@@ -160,6 +160,9 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     drawn as usual."""
     from server.observe import Observer
     obs = Observer(hostile_server).start()
+    deadline = time.monotonic() + 10
+    while not obs.reachable and time.monotonic() < deadline:   # its /v1/models answered
+        time.sleep(0.05)
     sub = obs.events.subscribe(replay=False)
     check = schema_validator()
     try:
