@@ -350,8 +350,7 @@ class Engine:
         prefill_tokens = decode_tokens = 0
         for seg in segments:
             seq = seg.seq
-            decode = bool(seq.output_ids) and seg.logits and (not seg.cached or seg.n == 1)
-            if decode:
+            if seg.decode:
                 decode_tokens += 1 if seg.cached else seg.n
             else:
                 prefill_tokens += seg.n

@@ -55,7 +55,7 @@ class Scheduler:
         out = Schedule()
         budget = self.budget_left = self.max_batched_tokens
         if self.policy == "prefill-first":
-            if any(not _is_decode(s) for s in self.running) or self._admissible(kv_cache_on):
+            if any(not s.decoding for s in self.running) or self._admissible(kv_cache_on):
                 budget = self._schedule_running(out, budget, only="prefill", whole=True)
                 self._admit(out, budget, kv_cache_on, whole=True)
             else:
@@ -74,7 +74,7 @@ class Scheduler:
         """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),
         oldest first, within the budget (`whole`: whole prompts); returns the budget left."""
         for seq in list(self.running):
-            if seq not in self.running or (only == "decode") != _is_decode(seq):
+            if seq not in self.running or (only == "decode") != seq.decoding:
                 continue
             if not seq.kv_cache:        # recompute everything; the budget counts the new token(s)
                 out.segments.append(Segment(seq, 0, seq.num_tokens, cached=False, logits=True))
@@ -242,9 +242,3 @@ class Scheduler:
     def cache_tokens(self):
         return sum(s.num_computed for s in self.running if s.kv_cache)
 
-
-def _is_decode(seq):
-    """Whether the request's next step is one decode token (its prompt and any recompute done)."""
-    if not seq.output_ids:
-        return False
-    return not seq.kv_cache or seq.num_tokens - seq.num_computed == 1

@@ -77,6 +77,15 @@ class Sequence:
         return (self.prompt_ids + self.output_ids)[start:start + n]
 
     @property
+    def decoding(self):
+        """Whether its next step is a decode: it has output, and its next forward computes the
+        one newest token against the cache (KV cache off: recomputes the whole sequence for it).
+        False while it (re)computes its prompt, or everything after a preemption, in chunks."""
+        if not self.output_ids:
+            return False
+        return not self.kv_cache or self.num_tokens - self.num_computed == 1
+
+    @property
     def prefill_done(self):
         return self.num_computed >= len(self.prompt_ids)
 
