@@ -225,7 +225,8 @@ class Engine:
         for seq in list(self._by_id.values()):
             self._finish(seq, "cancelled")
         self.stats = RollingStats()
-        self.blocks.queries = self.blocks.hits = self.scheduler.preemptions = 0
+        self.blocks.reset_counters()
+        self.scheduler.reset_counters()
         # Every block is free now: forget their prefixes too, as vLLM's reset_prefix_cache does, so
         # a lesson run again (a preset resets first) starts from the same empty cache.
         self.blocks.forget_hashes()

@@ -50,6 +50,10 @@ class Scheduler:
         self.preemptions = 0
         self.budget_left = 0            # of the last step's token budget
 
+    def reset_counters(self):
+        """Zero the preemption count (the engine's reset)."""
+        self.preemptions = 0
+
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):
         out = Schedule()
