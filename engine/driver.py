@@ -205,11 +205,12 @@ class EngineDriver:
             elif kind == "preset":
                 preset, overrides = arg
                 self._actions[:] = [(self.clock.now() + a.at, a) for a in preset.actions]
-                self._publish(eng.apply_preset(preset, overrides))
+                self._publish(preset.apply(eng, overrides))
                 self._load_wake.set()
             elif kind == "measure":
-                self._publish(eng.measure_start())
-                self._publish(eng.measure(publish=self._publish))
+                from . import measure   # here: it imports torch, which observe mode never loads
+                self._publish(measure.announce(eng))
+                self._publish(measure.run(eng, publish=self._publish))
 
     def _run_due_actions(self):
         """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).

@@ -14,11 +14,10 @@ fails everything in flight.
 import itertools
 import queue
 
-from . import bandwidth, measure, presets, sampler
+from . import bandwidth, presets, sampler
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Measure, Preempted, Prefill, Preset,
-                     Rejected, Request, Reset, Settings, Stats, Step, Token, Tokenized)
+from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Preempted, Prefill, Rejected, Request, Reset, Settings, Stats, Step, Token, Tokenized)
 from .kv_cache import BlockManager, PagedKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
 from .runner import Runner
@@ -232,60 +231,6 @@ class Engine:
         self.blocks.forget_hashes()
         self._emit(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
         return self._take()
-
-    def apply_preset(self, preset, overrides=None):
-        """Reset, then every setting as `preset` has it (presets.Preset), with validated
-        `overrides` over them; its bursts are the driver's to time. Returns reset, settings and
-        `preset` events."""
-        events = self.reset()
-        events += self.apply_settings(preset.full_settings(self.specs, overrides))
-        events.append(Preset(t=self.clock.now(), name=preset.name, title=preset.title, explain=preset.explain,
-                             watch=preset.watch, overrides=dict(overrides or {}), requests=preset.requests))
-        return events
-
-    def _measure_plan(self):
-        return measure.plan(self.settings["slots"], self.max_context)
-
-    def measure_start(self):
-        """The `measure` event that announces the pause (the sweep follows on this thread)."""
-        batches, contexts, lengths = self._measure_plan()
-        return [Measure(t=self.clock.now(), status="running", batches=batches, contexts=contexts,
-                        points_total=len(batches) * len(contexts) + len(lengths))]
-
-    def measure(self, publish=None):
-        """Sweep decode step time (batch x context) and KV cache on vs off on this engine's runner
-        and free blocks (engine/measure.py); the requests in flight wait meanwhile. `publish`
-        gets a "running" `measure` event after each point (what is timed so far and an estimate
-        of the time left), so a page draws the sweep as it goes."""
-        batches, contexts, lengths = self._measure_plan()
-        t0 = self.clock.now()
-        total = len(batches) * len(contexts) + len(lengths)
-        got = {"decode": [], "skipped": [], "kv": []}
-
-        def progress(**part):
-            got.update({k: list(v) for k, v in part.items()})
-            if publish is None:
-                return
-            done, now = len(got["decode"]) + len(got["skipped"]) + len(got["kv"]), self.clock.now()
-            # the rest at the pace so far: a rough guide (long recomputes come last), said as "about"
-            eta = (now - t0) / done * (total - done) if done else None
-            publish([Measure(t=now, status="running", batches=batches, contexts=contexts, decode=got["decode"],
-                             kv=got["kv"], skipped=got["skipped"], points_done=done, points_total=total, eta_s=eta)])
-        bps = self.weight_bytes / self.bandwidth["floor_s"]
-
-        def floor(batch, context):
-            return (self.weight_bytes + batch * context * self.bytes_per_token) / bps
-
-        vocab = self.bundle.model.config.vocab_size
-        try:
-            decode, skipped = measure.decode_sweep(self.runner, self.blocks, vocab, batches, contexts, floor,
-                                                   progress=lambda d, s: progress(decode=d, skipped=s))
-            kv = measure.kv_sweep(self.runner, self.blocks, vocab, lengths, progress=lambda k: progress(kv=k))
-        except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
-            return [Measure(t=self.clock.now(), status="error", batches=batches, contexts=contexts,
-                            message=f"{type(e).__name__}: {e}")]
-        return [Measure(t=self.clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
-                        skipped=skipped, seconds=self.clock.now() - t0)]
 
     def fail_all(self, message):
         """End every request in flight with reason "error" (the driver's answer to a fault
