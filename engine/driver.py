@@ -26,8 +26,8 @@ from .broadcast import Broadcaster
 from .events import Error, Rejected
 from . import presets
 from .settings import SettingError, coerce, validate
+from .timing import STATS_EVERY_S
 
-STATS_EVERY_S = 0.5
 INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
 
 

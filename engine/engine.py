@@ -17,16 +17,15 @@ import queue
 from . import bandwidth, presets, sampler
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import (PROTOCOL, Admitted, Clock, Error, Finished, Hello, Preempted, Prefill, Rejected, Request, Reset, Settings, Stats, Step, Token, Tokenized)
+from .events import PROTOCOL, Clock, Error, Hello, Rejected, Request, Reset, Settings, Tokenized
 from .kv_cache import BlockManager, PagedKVStore, kv_bytes_per_token
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .scheduler import Scheduler
 from .sequence import SamplingParams, Sequence
 from .settings import SettingError, check_text, coerce, make_settings
-from .stats import RollingStats
+from .timing import StepRecorder
 
-STATS_EVERY_S = 0.5
 MAX_PROMPT_CHARS = 200_000
 MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
 CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
@@ -45,27 +44,26 @@ class Engine:
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(config.block_size, config.cache_tokens // config.block_size)
         self.scheduler = Scheduler(self.blocks, config.slots)
+        self._out = []
+        self.timing = StepRecorder(self.clock, self._emit, self.scheduler)
         self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
         self.runner = Runner(model, self.store)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context)
         self.settings = {}
-        self._out = []
         self.apply_settings({name: spec.default for name, spec in self.specs.items()})
-        self._out = []
+        self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once per process).
         self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
         self.bench = bench
-        self.stats = RollingStats()
         self.subscribers = lambda: 0   # how many pages listen (the driver knows; stats report it)
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._ids = itertools.count(1)
         self._by_id = {}
-        self._next_stats = 0.0
 
     # ------------------------------------------------------------------ facts
     def hello(self):
@@ -223,7 +221,7 @@ class Engine:
     def reset(self):
         for seq in list(self._by_id.values()):
             self._finish(seq, "cancelled")
-        self.stats = RollingStats()
+        self.timing.reset()
         self.blocks.reset_counters()
         self.scheduler.reset_counters()
         # Every block is free now: forget their prefixes too, as vLLM's reset_prefix_cache does, so
@@ -247,36 +245,30 @@ class Engine:
 
     def idle_timeout(self):
         """How long the caller may wait for news before the next `step()` is due (stats)."""
-        return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
+        return self.timing.idle_timeout()
 
     def step(self):
-        """Schedule, emit stats when due, run one forward over the scheduled tokens, sample, finish."""
-        plan = self.scheduler.schedule(self.settings["kv_cache"])
-        now = self.clock.now()
-        for seq in plan.preempted:
-            seq.preempted_at = now
-            if seq.first_delivered is not None and seq.recovering_since is None:
-                seq.recovering_since = now
-            self._emit(Preempted(t=now, id=seq.id, tokens=seq.num_tokens, preemptions=seq.preemptions))
-        for seq, reason in plan.refused:
-            self._refuse_waiting(seq, reason)
-        for seq in plan.admitted:
-            resumed = seq.admitted is not None
-            waited = now - (seq.preempted_at if resumed else seq.arrival)
-            if resumed and seq.first_delivered is None:
-                seq.requeue_s += waited
-            seq.admitted = seq.admitted or now
-            self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=waited, blocks=len(seq.block_table),
-                                prompt_tokens=seq.num_tokens, cached_tokens=seq.admitted_cached, resumed=resumed))
-        # Right after admission, so whoever still waits really is blocked (stats say on what).
-        if self.clock.now() >= self._next_stats:
-            self._emit_stats()
+        """Schedule, run one forward over the scheduled tokens, postprocess (sample, hand out,
+        finish); return the events."""
+        plan = self._schedule()
         if plan.segments:
             try:
-                self._run(plan.segments)
+                logits = self._run(plan.segments)
+                self._postprocess(plan.segments, logits)
             except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
                 self._fail([seg.seq for seg in plan.segments], e)
         return self._take()
+
+    def _schedule(self):
+        """The scheduler's plan for this step, its preemptions, refusals and admissions recorded;
+        then stats when due, so whoever still waits really is blocked (stats say on what)."""
+        plan = self.scheduler.schedule(self.settings["kv_cache"])
+        at = self.timing.preempted(plan.preempted)
+        for seq, reason in plan.refused:
+            self._refuse_waiting(seq, reason)
+        self.timing.admitted(plan.admitted, at)
+        self.timing.stats_if_due(self.settings["kv_cache"], self.subscribers)
+        return plan
 
     def _refuse_waiting(self, seq, reason):
         """A waiting request the lowered cache budget can never hold: rejected (or, if it had
@@ -290,90 +282,52 @@ class Engine:
             seq.sink.put(("rejected", reason, "exceeds_cache"))
 
     def _run(self, segments):
-        t0 = self.clock.now()
+        """One forward over `segments`; their positions are computed after it. The logits of
+        those that sample."""
+        self.timing.forward_started()
         logits = self.runner.forward(segments)
-        t1 = self.clock.now()
-        prefill_tokens = decode_tokens = 0
+        self.timing.forward_ended()
         for seg in segments:
-            seq = seg.seq
-            if seg.decode:
-                decode_tokens += 1 if seg.cached else seg.n
-            else:
-                prefill_tokens += seg.n
-                if seq.first_delivered is None:       # the shared forward is each one's prefill time
-                    seq.prefill_start = seq.prefill_start if seq.prefill_start is not None else t0
-                    seq.prefill_s += t1 - t0
-                self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n,
-                                   done=seg.logits))
             self.scheduler.computed(seg)
-        self._account_later(segments, t1 - t0, prefill_tokens)
-        kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
-        self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
-                        tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
-                        decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache, cache_tokens=self.scheduler.cache_tokens, cache_blocks_used=self.blocks.used,
-                        per_request={g.seq.id: g.start + g.n for g in segments}))
-        sampling = [g.seq for g in segments if g.logits]
-        if sampling:
-            self._sample_and_deliver(sampling, logits)
+        self.timing.forward_recorded(segments)
+        return logits
 
-    def _account_later(self, segments, forward_s, prefill_tokens):
-        """Charge this forward to every running request past its first token: to `decode` or
-        `mixed` (other requests' prompt chunks shared the forward) if it was in the forward, to
-        `stalled` if it waited outside it. A request recovering from preemption is charged as a
-        whole when its next token comes (`preempted`)."""
-        inside = {seg.seq.id for seg in segments}
-        for seq in self.scheduler.running:
-            if seq.first_delivered is None or seq.recovering_since is not None:
-                continue
-            if seq.id not in inside:
-                seq.later_stalled_s += forward_s
-            elif prefill_tokens:
-                seq.later_mixed_s += forward_s
-            else:
-                seq.later_decode_s += forward_s
-
-    def _sample_and_deliver(self, seqs, logits):
-        t0 = self.clock.now()
+    def _postprocess(self, segments, logits):
+        """A token for each segment that wanted one, handed out; requests that stopped finish.
+        A request whose own sampling raised fails alone."""
+        seqs = [seg.seq for seg in segments if seg.logits]
+        if not seqs:
+            return
+        self.timing.sampling_started()
         failed = {}
         try:
             ids = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         except sampler.RowsFailed as e:     # some requests' sampling raised: they alone fail
             ids, failed = e.tokens, e.failed
-        sampled = self.clock.now()
-        sample_s = sampled - t0
+        self.timing.sampled()
         done = []
         for seq, tid in zip(seqs, ids):
-            if tid is None:
+            if tid is None:                 # its sampling failed: below
                 continue
-            first = not seq.output_ids
-            seq.output_ids.append(tid)
-            text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
-            stopped = seq.stops.feed(text)
-            handed = self.clock.now()
-            self._emit(Token(t=handed, id=seq.id, index=len(seq.output_ids) - 1, token_id=tid, text=text,
-                             first=first, sampled=sampled, sample_s=sample_s))
-            if seq.sink is not None:
-                seq.sink.put(("token", text, tid))
-            delivered = self.clock.now()
-            if first:
-                seq.first_sampled, seq.first_sample_s, seq.first_delivered = sampled, sample_s, delivered
-                self.stats.first_token(delivered - seq.arrival)   # the headline counts it now, not at the end
-            else:
-                if seq.recovering_since is not None:
-                    seq.later_preempted_s += t0 - seq.recovering_since
-                    seq.recovering_since = None
-                seq.later_sample_s += sample_s
-                seq.later_delivery_s += delivered - sampled
-                self.stats.gap(delivered - seq.last_delivered)
-            seq.last_delivered = delivered
-            self.stats.token(delivered)
-            reason = self._stop_reason(seq, tid, stopped)
+            reason = self._deliver(seq, tid)
             if reason:
                 done.append((seq, reason))
         for i, error in failed.items():
             self._fail([seqs[i]], error, "sampling")
         for seq, reason in done:
             self._finish(seq, reason)
+
+    def _deliver(self, seq, tid):
+        """Append the token and hand its text out (event, then the request's consumer); return
+        why it ends the request, if it does."""
+        seq.output_ids.append(tid)
+        text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
+        stopped = seq.stops.feed(text)
+        self.timing.token(seq, tid, text)
+        if seq.sink is not None:
+            seq.sink.put(("token", text, tid))
+        self.timing.delivered(seq)
+        return self._stop_reason(seq, tid, stopped)
 
     def _fail(self, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
@@ -398,32 +352,7 @@ class Engine:
     def _finish(self, seq, reason, error=None):
         self._by_id.pop(seq.id, None)
         self.scheduler.remove(seq)
-        now = self.clock.now()
-        ev = Finished(t=now, id=seq.id, reason=reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
-                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error,
-                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
-        if seq.first_delivered is not None:
-            ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
-            self.stats.finished += 1
+        ev = self.timing.finished(seq, reason, error)
         seq.finish_reason = reason
-        self._emit(ev)
         if seq.sink is not None:
             seq.sink.put(("finished", ev))
-
-    def _emit_stats(self):
-        now = self.clock.now()
-        self._next_stats = now + STATS_EVERY_S
-        sched = self.scheduler
-        busy = max([sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])
-        self._emit(Stats(
-            t=now, queue=len(sched.waiting), running=len(sched.running),
-            waiting_ids=[s.id for s in list(sched.waiting)[:50]],
-            # every slot up to the limit, plus any still busy above a lowered limit
-            slots=[s.id if s else None for s in sched.slots[:busy]],
-            cache_blocks_used=self.blocks.used, cache_blocks=self.blocks.budget,
-            cache_tokens=sched.cache_tokens, cache_blocks_shared=self.blocks.shared,
-            cache_blocks_cached=self.blocks.cached_free,
-            block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
-            prefix_queries=self.blocks.queries, prefix_hits=self.blocks.hits, preemptions=sched.preemptions,
-            subscribers=self.subscribers(),
-            blocked_on=sched.blocked_on(self.settings["kv_cache"]), **self.stats.snapshot(now)))
