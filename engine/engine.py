@@ -1,34 +1,29 @@
-"""The engine as a step function: `Engine.step()` admits, schedules, runs one forward,
-samples, finishes, and returns the typed events it produced.
+"""The engine as a step function: `Engine.step()` is schedule (preemptions, refusals,
+admissions), run (one forward over the scheduled tokens) and postprocess (sample, hand each
+token out, finish what stopped), returning the typed events it produced. Clock reads, each
+request's stage accounting and the events that carry them are the step recorder's
+(engine/timing.py), called at fixed points of the step.
 
 It owns no thread and takes no locks: one caller (the driver thread in engine/driver.py,
 or a test) calls `add`, `cancel`, `apply_settings`, `reset` and `step` in turn, and
-publishes what they return. The only method other threads may call is `new_sequence`,
-which validates and tokenizes a request in the caller's thread (measured as the
-request's tokenize stage) and touches no engine state.
+publishes what they return. Other threads may call only `new_sequence` (engine/intake.py:
+validation and the tokenize stage), which touches no engine state.
 
 An exception in a forward or in sampling fails the requests of that batch (reason
 "error") and the step carries on; any other exception escapes `step()` and the driver
 fails everything in flight.
 """
-import itertools
-import queue
-
 from . import bandwidth, presets, sampler
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import PROTOCOL, Clock, Error, Hello, Rejected, Request, Reset, Settings, Tokenized
-from .kv_cache import BlockManager, PagedKVStore, kv_bytes_per_token
+from .events import PROTOCOL, Clock, Error, Hello, Rejected, Reset, Settings
+from .intake import Intake
+from .kv_cache import BlockManager, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .scheduler import Scheduler
-from .sequence import SamplingParams, Sequence
-from .settings import SettingError, check_text, coerce, make_settings
+from .settings import make_settings
 from .timing import StepRecorder
-
-MAX_PROMPT_CHARS = 200_000
-MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
-CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
 
 
 class Engine:
@@ -36,21 +31,21 @@ class Engine:
         """`bench`: the committed `python -m bench` results for this model, carried in `hello`."""
         self.config = config = config or EngineConfig()
         self.bundle = bundle
-        model, tok = bundle.model, bundle.tokenizer
-        cfg = model.config
+        model, cfg, tok = bundle.model, bundle.model.config, bundle.tokenizer
         self.tokenizer = tok
         self.clock = Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(config.block_size, config.cache_tokens // config.block_size)
         self.scheduler = Scheduler(self.blocks, config.slots)
+        self.settings = {}
+        self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
         self._out = []
         self.timing = StepRecorder(self.clock, self._emit, self.scheduler)
         self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
         self.runner = Runner(model, self.store)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context)
-        self.settings = {}
         self.apply_settings({name: spec.default for name, spec in self.specs.items()})
         self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
@@ -62,21 +57,18 @@ class Engine:
         self.subscribers = lambda: 0   # how many pages listen (the driver knows; stats report it)
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-        self._ids = itertools.count(1)
         self._by_id = {}
 
     # ------------------------------------------------------------------ facts
     def hello(self):
-        cfg = self.bundle.model.config
-        b = self.bundle
+        b, cfg = self.bundle, self.bundle.model.config
         return Hello(
             t=self.clock.now(), protocol=PROTOCOL, mode="engine", server_time=self.clock.wall0 + self.clock.now(),
             model=b.name, device=b.device, dtype=b.dtype_name, params=self.params,
-            weight_bytes=self.weight_bytes, layers=cfg.num_hidden_layers,
-            kv_heads=getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-            hidden=cfg.hidden_size, vocab=cfg.vocab_size, kv_bytes_per_token=self.bytes_per_token,
-            block_size=self.blocks.block_size, cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
+            weight_bytes=self.weight_bytes, layers=cfg.num_hidden_layers, kv_heads=kv_heads(cfg),
+            head_dim=head_dim(cfg), hidden=cfg.hidden_size, vocab=cfg.vocab_size,
+            kv_bytes_per_token=self.bytes_per_token, block_size=self.blocks.block_size,
+            cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench,
             presets=[p.describe() for p in presets.PRESETS.values()])
@@ -86,65 +78,10 @@ class Engine:
         return len(self._by_id)
 
     # ------------------------------------------- any thread: validate + tokenize
-    def new_sequence(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-                     top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None,
-                     ignore_eos=False, min_tokens=0, label=None):
-        """A validated, tokenized request, not yet known to the engine (hand it to `add`).
-
-        `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length);
-        `label` names who asked (the `request` event carries it). Raises SettingError for
-        invalid parameters."""
-        arrival = self.clock.now()
-        if label is not None and (not isinstance(label, str) or not label or len(label) > MAX_LABEL_CHARS):
-            raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
-        if label is not None:
-            check_text("label", label)
-        params = self._params(max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens)
-        text, ids = self._tokenize(prompt, messages, chat)
-        if prompt_tokens is not None:
-            ids = ids[:prompt_tokens]
-        return Sequence(id=f"r{next(self._ids)}", source=source, prompt=text, prompt_ids=ids, params=params,
-                        arrival=arrival, tokenize_end=self.clock.now(), label=label,
-                        sink=queue.Queue() if stream else None)
-
-    def _params(self, max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens):
-        s = self.settings
-        p = SamplingParams(
-            max_new_tokens=coerce("max_new_tokens", "int", s["max_new_tokens"] if max_new_tokens is None
-                                  else max_new_tokens, 1, self.max_context),
-            temperature=coerce("temperature", "float", s["temperature"] if temperature is None
-                               else temperature, 0.0, 2.0),
-            top_p=coerce("top_p", "float", s["top_p"] if top_p is None else top_p, 0.0, 1.0),
-            seed=None if seed is None else coerce("seed", "int", seed, 0, 2**63 - 1),
-            stop=tuple(stop or ()), ignore_eos=coerce("ignore_eos", "bool", ignore_eos),
-            min_tokens=coerce("min_tokens", "int", min_tokens, 0, self.max_context))
-        if p.min_tokens > p.max_new_tokens:
-            raise SettingError("min_tokens", f"must be at most max_new_tokens ({p.max_new_tokens})")
-        if p.top_p <= 0:
-            raise SettingError("top_p", "must be greater than 0")
-        if not all(isinstance(x, str) and x for x in p.stop) or len(p.stop) > 4:
-            raise SettingError("stop", "must be up to 4 non-empty strings")
-        for x in p.stop:
-            check_text("stop", x)
-        return p
-
-    def _tokenize(self, prompt, messages, chat):
-        if messages is not None:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        elif isinstance(prompt, str) and prompt:
-            if len(prompt) > MAX_PROMPT_CHARS:
-                raise SettingError("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
-            text = prompt
-            if chat and self.tokenizer.chat_template:
-                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                          tokenize=False, add_generation_prompt=True)
-        else:
-            raise SettingError("prompt", "must be a non-empty string")
-        check_text("prompt", text)   # a lone surrogate is a TypeError in the tokenizer
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise SettingError("prompt", "tokenizes to nothing")
-        return text, ids
+    def new_sequence(self, **request):
+        """A validated, tokenized request, not yet known to the engine (hand it to `add`); the
+        arguments are `Intake.new_sequence`'s. Raises SettingError for invalid parameters."""
+        return self.intake.new_sequence(**request)
 
     # ------------------------------------------------ commands (the caller's turn)
     def _emit(self, event):
@@ -156,21 +93,10 @@ class Engine:
 
     def add(self, seq):
         """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
-        n = len(seq.prompt_ids)
-        self._emit(Request(t=seq.arrival, id=seq.id, source=seq.source, prompt_tokens=n,
-                           max_new_tokens=seq.params.max_new_tokens, preview=seq.prompt[:80], label=seq.label))
-        # Token chips: a person's own prompt in full (up to 512), a generated one abridged, to
-        # keep the stream small under heavy load.
-        shown = seq.prompt_ids[:CHIPS_LOAD if seq.source == "load" else CHIPS_OWN]
-        self._emit(Tokenized(t=seq.tokenize_end, id=seq.id, start=seq.arrival, end=seq.tokenize_end, n=n,
-                             ids=shown, pieces=self.tokenizer.batch_decode([[i] for i in shown]),
-                             truncated=n > len(shown)))
-        refusal = self._refusal(seq)
+        self._out += self.intake.announce(seq)
+        refusal = self.intake.refusal(seq)
         if refusal:
-            reason, code = refusal
-            self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
-            if seq.sink is not None:
-                seq.sink.put(("rejected", reason, code))
+            self._reject(seq, *refusal)
             return self._take()
         if seq.params.seed is not None:
             seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)
@@ -179,20 +105,11 @@ class Engine:
         self.scheduler.waiting.append(seq)
         return self._take()
 
-    def _refusal(self, seq):
-        """(reason, code) when the request can never run here, else None. The code is a stable
-        name for API clients; the reason is prose."""
-        n, new = len(seq.prompt_ids), seq.params.max_new_tokens
-        need = n + new
-        if need > self.max_context:
-            return (f"prompt ({n} tokens) + max_new_tokens ({new}) exceeds the context of "
-                    f"{self.max_context} tokens", "context_length_exceeded")
-        if self.blocks.blocks_for(need) > self.blocks.budget:
-            return (f"needs {need} tokens of KV cache; the cache budget is "
-                    f"{self.blocks.budget * self.blocks.block_size} tokens", "exceeds_cache")
-        if len(self.scheduler.waiting) >= self.scheduler.max_waiting:
-            return f"queue full ({self.scheduler.max_waiting} waiting)", "queue_full"
-        return None
+    def _reject(self, seq, reason, code):
+        self._by_id.pop(seq.id, None)
+        self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
+        if seq.sink is not None:
+            seq.sink.put(("rejected", reason, code))
 
     def cancel(self, rid):
         seq = self._by_id.get(rid)
@@ -209,12 +126,7 @@ class Engine:
     def apply_settings(self, changes):
         """Apply validated changes (`settings.validate`); return the `settings` event."""
         self.settings.update(changes)
-        sched, s = self.scheduler, self.settings
-        sched.slot_limit, sched.policy, sched.max_batched_tokens = s["slots"], s["schedule"], s["max_batched_tokens"]
-        if sched.prefix_caching and not s["prefix_caching"]:
-            self.blocks.forget_hashes()
-        sched.prefix_caching = s["prefix_caching"]
-        self.blocks.budget = s["cache_tokens"] // self.blocks.block_size
+        self.scheduler.apply(self.settings)
         self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
         return self._take()
 
@@ -264,22 +176,14 @@ class Engine:
         then stats when due, so whoever still waits really is blocked (stats say on what)."""
         plan = self.scheduler.schedule(self.settings["kv_cache"])
         at = self.timing.preempted(plan.preempted)
-        for seq, reason in plan.refused:
-            self._refuse_waiting(seq, reason)
+        for seq, reason in plan.refused:    # the lowered cache budget can never hold it: not left waiting
+            if seq.output_ids:              # it started before a preemption
+                self._finish(seq, "error", reason)
+            else:
+                self._reject(seq, reason, "exceeds_cache")
         self.timing.admitted(plan.admitted, at)
         self.timing.stats_if_due(self.settings["kv_cache"], self.subscribers)
         return plan
-
-    def _refuse_waiting(self, seq, reason):
-        """A waiting request the lowered cache budget can never hold: rejected (or, if it had
-        started before a preemption, finished with an error) instead of waiting forever."""
-        if seq.output_ids:
-            self._finish(seq, "error", reason)
-            return
-        self._by_id.pop(seq.id, None)
-        self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code="exceeds_cache"))
-        if seq.sink is not None:
-            seq.sink.put(("rejected", reason, "exceeds_cache"))
 
     def _run(self, segments):
         """One forward over `segments`; their positions are computed after it. The logits of
@@ -299,23 +203,18 @@ class Engine:
         if not seqs:
             return
         self.timing.sampling_started()
-        failed = {}
         try:
-            ids = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            ids, failed = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs]), {}
         except sampler.RowsFailed as e:     # some requests' sampling raised: they alone fail
             ids, failed = e.tokens, e.failed
         self.timing.sampled()
-        done = []
-        for seq, tid in zip(seqs, ids):
-            if tid is None:                 # its sampling failed: below
-                continue
-            reason = self._deliver(seq, tid)
-            if reason:
-                done.append((seq, reason))
+        # every token out before anyone finishes; a None token is a failed row's
+        delivered = [(seq, self._deliver(seq, tid)) for seq, tid in zip(seqs, ids) if tid is not None]
         for i, error in failed.items():
             self._fail([seqs[i]], error, "sampling")
-        for seq, reason in done:
-            self._finish(seq, reason)
+        for seq, stop in delivered:
+            if stop:
+                self._finish(seq, stop)
 
     def _deliver(self, seq, tid):
         """Append the token and hand its text out (event, then the request's consumer); return
@@ -327,7 +226,7 @@ class Engine:
         if seq.sink is not None:
             seq.sink.put(("token", text, tid))
         self.timing.delivered(seq)
-        return self._stop_reason(seq, tid, stopped)
+        return seq.stop_reason(tid in self.eos, stopped)
 
     def _fail(self, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
@@ -337,17 +236,6 @@ class Engine:
         for seq in seqs:
             if seq.id in self._by_id:
                 self._finish(seq, "error", message)
-
-    def _stop_reason(self, seq, tid, stop_string_seen):
-        p, n = seq.params, len(seq.output_ids)
-        if n >= p.min_tokens:
-            if tid in self.eos and not p.ignore_eos:
-                return "stop"
-            if stop_string_seen:
-                return "stop_string"
-        if n >= p.max_new_tokens:
-            return "length"
-        return None
 
     def _finish(self, seq, reason, error=None):
         self._by_id.pop(seq.id, None)

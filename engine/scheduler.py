@@ -39,7 +39,7 @@ class Scheduler:
     def __init__(self, blocks, max_slots, max_waiting=512):
         self.blocks = blocks
         self.max_slots = max_slots
-        self.slot_limit = max_slots     # live settings, set by the engine
+        self.slot_limit = max_slots     # live settings (`apply`)
         self.max_batched_tokens = 256
         self.policy = "mixed"
         self.prefix_caching = True
@@ -53,6 +53,16 @@ class Scheduler:
     def reset_counters(self):
         """Zero the preemption count (the engine's reset)."""
         self.preemptions = 0
+
+    def apply(self, settings):
+        """Take the live settings that shape its steps (the engine's `apply_settings`), and the
+        cache budget. Turning prefix caching off forgets every cached prefix."""
+        s = settings
+        self.slot_limit, self.policy, self.max_batched_tokens = s["slots"], s["schedule"], s["max_batched_tokens"]
+        if self.prefix_caching and not s["prefix_caching"]:
+            self.blocks.forget_hashes()
+        self.prefix_caching = s["prefix_caching"]
+        self.blocks.budget = s["cache_tokens"] // self.blocks.block_size
 
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):

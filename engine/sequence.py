@@ -89,6 +89,19 @@ class Sequence:
     def prefill_done(self):
         return self.num_computed >= len(self.prompt_ids)
 
+    def stop_reason(self, eos_seen, stop_string_seen):
+        """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of
+        sequence and stop strings count only from `min_tokens` on."""
+        p, n = self.params, len(self.output_ids)
+        if n >= p.min_tokens:
+            if eos_seen and not p.ignore_eos:
+                return "stop"
+            if stop_string_seen:
+                return "stop_string"
+        if n >= p.max_new_tokens:
+            return "length"
+        return None
+
     def stage_summary(self):
         """The article's accounting: stages that add up to the measured TTFT, remainder as 'other'."""
         ttft = self.first_delivered - self.arrival
