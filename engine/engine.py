@@ -38,7 +38,7 @@ class Engine:
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(config.block_size, config.cache_tokens // config.block_size)
         self.scheduler = Scheduler(self.blocks, config.slots)
-        self.settings = {}
+        self.settings = {}   # live: updated in place (the intake and the driver hold it too)
         self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
         self._out = []
         self.timing = StepRecorder(self.clock, self._emit, self.scheduler)

@@ -85,10 +85,6 @@ class Sequence:
             return False
         return not self.kv_cache or self.num_tokens - self.num_computed == 1
 
-    @property
-    def prefill_done(self):
-        return self.num_computed >= len(self.prompt_ids)
-
     def stop_reason(self, eos_seen, stop_string_seen):
         """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of
         sequence and stop strings count only from `min_tokens` on."""
