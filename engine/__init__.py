@@ -2,16 +2,19 @@
 
 Data flows one way:
 
-    EngineDriver.submit() -> Engine.new_sequence (tokenizer, in the caller's thread) -> inbox
+    EngineDriver.submit() -> Engine.new_sequence (Intake: validation, tokenizer, in the
+      caller's thread) -> inbox
       -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
          -> Runner (one forward over every scheduled token) -> sampler -> typed events
+         (the StepRecorder reads the clock and keeps each request's stages as it goes)
       -> Broadcaster -> every subscriber (websockets, metrics, API streams)
 
 Modules, one job each:
     config     EngineConfig: capacity fixed at start (slots, KV tokens, block size, context)
     settings   named, validated live controls (one validation layer for every client)
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
-    sequence   one request's state and measured timestamps
+    sequence   one request's state and measured timestamps; when it decodes, why it stops
+    intake     a request's way in: validation, tokenization, its first events, refusals
     kv_cache   the paged KV memory, the block manager (free list, reference counts) and
                prefix hashes
     scheduler  waiting queue, slots, the per-step token budget, policies, preemption
@@ -19,15 +22,21 @@ Modules, one job each:
     sampler    greedy / temperature / top-p, seeded
     detok      incremental detokenisation and stop strings, cost independent of length
     events     the clock and the typed events (the wire protocol; `python -m engine.schema`)
+    schema     the JSON Schema of every event and of a trace, generated from the events
     broadcast  bounded fan-out of events to pages and listeners
     stats      rolling percentiles and throughput
     loadgen    open-loop Poisson arrivals with real prompts
     bandwidth  measured memory bandwidth and the decode-step floor it implies
-    measure    the page's decode-cost sweep (batch x context; KV cache on vs off)
-    presets    the teaching presets: settings plus timed bursts, one name each
-    engine     Engine: step() = admit, schedule, forward, sample, finish -> events (no threads)
+    measure    the page's decode-cost sweep (batch x context; KV cache on vs off), run on
+               an engine by the driver
+    presets    the teaching presets: settings plus timed bursts, one name each (`Preset.apply`)
+    timing     the step recorder: clock reads, per-request stage accounting, rolling stats
+               and the events that carry them
+    engine     Engine: step() = schedule, run (one forward), postprocess (sample, hand out,
+               finish) -> events (no threads)
     driver     EngineDriver: the engine thread, the inbox, the load thread, failure handling
     backend    the Backend protocol the web layer serves from (the driver, observe mode)
+    record     recording a trace: `hello`, then every event a backend publishes for a while
 
 No Flask, no HTTP, no bench files here: the web layer is the `server` package.
 """

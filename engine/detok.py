@@ -185,7 +185,20 @@ class StopStrings:
 
 def _measure(lengths=(64, 512, 2048), stops=("\n\nUser:", "</s>", "###", "THE END")):
     """Per-token cost, old way vs this module, on the default model's tokenizer (prints a table)."""
-    import time
+    tok, ids = _corpus_ids(max(lengths))
+    print(f"{'n':>6} {'old decode':>11} {'Detokenizer':>12} {'old stop':>9} {'StopStrings':>12}  (us per token)")
+    for n in lengths:
+        window = ids[:n]
+        d = Detokenizer(tok)
+        pieces = [d.add(t) for t in window]
+        ways = (lambda: _old_decode(tok, window), lambda: _new_decode(tok, window),
+                lambda: _old_stop(pieces, stops), lambda: _new_stop(pieces, stops))
+        old_d, new_d, old_s, new_s = (_us_per_token(way, n) for way in ways)
+        print(f"{n:>6} {old_d:>11.2f} {new_d:>12.2f} {old_s:>9.2f} {new_s:>12.2f}")
+
+
+def _corpus_ids(n):
+    """The default model's tokenizer and at least `n` ids of the shipped corpus."""
     from transformers import AutoTokenizer
     from engine import model
     from engine.loadgen import CORPUS
@@ -193,50 +206,48 @@ def _measure(lengths=(64, 512, 2048), stops=("\n\nUser:", "</s>", "###", "THE EN
     if not directory.exists():
         model.load()
     tok = AutoTokenizer.from_pretrained(directory)
-    text = CORPUS.read_text()
-    ids = tok(text * (max(lengths) // 1000 + 2), add_special_tokens=False)["input_ids"]
+    return tok, tok(CORPUS.read_text() * (n // 1000 + 2), add_special_tokens=False)["input_ids"]
 
-    def old_decode(n):
-        text = ""
-        for i in range(1, n + 1):
-            full = tok.decode(ids[:i], skip_special_tokens=True)
-            if not full.endswith(REPLACEMENT):
-                full[len(text):]
-                text = full
 
-    def new_decode(n):
-        d = Detokenizer(tok)
-        for t in ids[:n]:
-            d.add(t)
+def _old_decode(tok, ids):
+    """The whole output decoded again after every token."""
+    text = ""
+    for i in range(1, len(ids) + 1):
+        full = tok.decode(ids[:i], skip_special_tokens=True)
+        if not full.endswith(REPLACEMENT):
+            full[len(text):]   # the new piece, as the old way sent it (its cost counts)
+            text = full
 
-    pieces = {}
-    for n in lengths:
-        d = Detokenizer(tok)
-        pieces[n] = [d.add(t) for t in ids[:n]]
 
-    def old_stop(n):
-        text = ""
-        for p in pieces[n]:
-            text += p
-            any(s in text for s in stops)
+def _new_decode(tok, ids):
+    d = Detokenizer(tok)
+    for t in ids:
+        d.add(t)
 
-    def new_stop(n):
-        s = StopStrings(stops)
-        for p in pieces[n]:
-            s.feed(p)
 
-    def per_token(fn, n):
-        best = float("inf")
-        for _ in range(3 if n > 1000 else 7):
-            t0 = time.perf_counter()
-            fn(n)
-            best = min(best, (time.perf_counter() - t0) / n)
-        return best * 1e6
+def _old_stop(pieces, stops):
+    """Every stop string searched for in the whole text after every piece."""
+    text = ""
+    for p in pieces:
+        text += p
+        any(s in text for s in stops)
 
-    print(f"{'n':>6} {'old decode':>11} {'Detokenizer':>12} {'old stop':>9} {'StopStrings':>12}  (us per token)")
-    for n in lengths:
-        print(f"{n:>6} {per_token(old_decode, n):>11.2f} {per_token(new_decode, n):>12.2f} "
-              f"{per_token(old_stop, n):>9.2f} {per_token(new_stop, n):>12.2f}")
+
+def _new_stop(pieces, stops):
+    s = StopStrings(stops)
+    for p in pieces:
+        s.feed(p)
+
+
+def _us_per_token(way, n):
+    """Best of a few runs of `way()` (over `n` tokens), in microseconds per token."""
+    import time
+    best = float("inf")
+    for _ in range(3 if n > 1000 else 7):
+        t0 = time.perf_counter()
+        way()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from .broadcast import Broadcaster
 from .events import Error, Rejected
 from . import presets
 from .settings import SettingError, coerce, validate
+from .timing import STATS_EVERY_S
 
-STATS_EVERY_S = 0.5
 INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
 
 
@@ -205,11 +205,12 @@ class EngineDriver:
             elif kind == "preset":
                 preset, overrides = arg
                 self._actions[:] = [(self.clock.now() + a.at, a) for a in preset.actions]
-                self._publish(eng.apply_preset(preset, overrides))
+                self._publish(preset.apply(eng, overrides))
                 self._load_wake.set()
             elif kind == "measure":
-                self._publish(eng.measure_start())
-                self._publish(eng.measure(publish=self._publish))
+                from . import measure   # here: it imports torch, which observe mode never loads
+                self._publish(measure.announce(eng))
+                self._publish(measure.run(eng, publish=self._publish))
 
     def _run_due_actions(self):
         """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).

@@ -64,6 +64,10 @@ class BlockManager:
         self.queries = 0                # prompt tokens looked up in the prefix cache
         self.hits = 0                   # ... of which found
 
+    def reset_counters(self):
+        """Zero the prefix-cache query and hit counts (the engine's reset)."""
+        self.queries = self.hits = 0
+
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)
 

@@ -10,15 +10,18 @@ pauses meanwhile; the page announces it):
 * one new token at growing sequence lengths, with the KV cache (one position computed
   against cached keys) and without (the whole sequence recomputed, as `kv_cache` off does).
 
-The synthetic requests take blocks from the free list like any request and give them back;
-points that need more free blocks than there are are skipped and said so. Attention reads
-every block whatever it holds, so the timing is that of real requests of that length.
+`announce` and `run` act on the engine through its public attributes (runner, blocks, clock,
+settings); the driver calls them on its thread. The synthetic requests take blocks from the
+free list like any request and give them back; points that need more free blocks than there
+are are skipped and said so. Attention reads every block whatever it holds, so the timing is
+that of real requests of that length.
 """
 import statistics
 import time
 
 import torch
 
+from .events import Measure
 from .runner import Segment
 from .sequence import SamplingParams, Sequence
 
@@ -28,12 +31,59 @@ KV_LENGTHS = (32, 64, 128, 256, 512)
 REPEATS = 3
 
 
-def plan(max_slots, max_context):
-    """(batches, contexts, kv lengths) this engine can sweep."""
-    batches = [b for b in BATCHES if b < max_slots] + [max_slots]
+def plan(engine):
+    """(batches, contexts, kv lengths) this engine can sweep: batches up to its `slots` setting."""
+    slots, max_context = engine.settings["slots"], engine.max_context
+    batches = [b for b in BATCHES if b < slots] + [slots]
     contexts = [c for c in CONTEXTS if c < max_context]
     lengths = [n for n in KV_LENGTHS if n < max_context]
     return batches, contexts, lengths
+
+
+def announce(engine):
+    """The `measure` event that announces the pause (`run` follows on the same thread)."""
+    batches, contexts, lengths = plan(engine)
+    return [Measure(t=engine.clock.now(), status="running", batches=batches, contexts=contexts,
+                    points_total=len(batches) * len(contexts) + len(lengths))]
+
+
+def run(engine, publish=None):
+    """Both sweeps on `engine`'s runner and free blocks; the requests in flight wait meanwhile.
+    Returns the final `measure` event ("done", or "error" if a sweep raised: serving carries
+    on). `publish` gets a "running" `measure` event after each point (what is timed so far and
+    an estimate of the time left), so a page draws the sweep as it goes."""
+    batches, contexts, lengths = plan(engine)
+    clock, t0 = engine.clock, engine.clock.now()
+    total = len(batches) * len(contexts) + len(lengths)
+    got = {"decode": [], "skipped": [], "kv": []}
+
+    def progress(**part):
+        got.update({k: list(v) for k, v in part.items()})
+        if publish is None:
+            return
+        done, now = len(got["decode"]) + len(got["skipped"]) + len(got["kv"]), clock.now()
+        # the rest at the pace so far: a rough guide (long recomputes come last), said as "about"
+        eta = (now - t0) / done * (total - done) if done else None
+        publish([Measure(t=now, status="running", batches=batches, contexts=contexts, decode=got["decode"],
+                         kv=got["kv"], skipped=got["skipped"], points_done=done, points_total=total, eta_s=eta)])
+
+    vocab = engine.bundle.model.config.vocab_size
+    try:
+        decode, skipped = decode_sweep(engine.runner, engine.blocks, vocab, batches, contexts, _floor(engine),
+                                       progress=lambda d, s: progress(decode=d, skipped=s))
+        kv = kv_sweep(engine.runner, engine.blocks, vocab, lengths, progress=lambda k: progress(kv=k))
+    except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
+        return [Measure(t=clock.now(), status="error", batches=batches, contexts=contexts,
+                        message=f"{type(e).__name__}: {e}")]
+    return [Measure(t=clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
+                    skipped=skipped, seconds=clock.now() - t0)]
+
+
+def _floor(engine):
+    """floor(batch, context): the bandwidth floor of a decode step, the weights plus the batch's
+    keys/values read once at the bandwidth measured at start."""
+    bps = engine.weight_bytes / engine.bandwidth["floor_s"]
+    return lambda batch, context: (engine.weight_bytes + batch * context * engine.bytes_per_token) / bps
 
 
 def _timed(fn, repeats, warm=True):

@@ -2,8 +2,9 @@
 
 A preset is every setting (defaults, then its own values, clamped to this engine's capacity)
 plus a few timed actions: bursts of load-generator requests, optionally of another prompt
-length or sharing a prompt prefix. Applying one resets the engine, so what the class sees
-afterwards is that situation alone. The page (`/?preset=NAME`, the presets panel, the tour),
+length or sharing a prompt prefix. Applying one (`Preset.apply`, through the engine's public
+`reset` and `apply_settings`) resets the engine, so what the class sees afterwards is that
+situation alone. The page (`/?preset=NAME`, the presets panel, the tour),
 `python app.py record --preset NAME` and the tests all apply presets through
 `EngineDriver.apply_preset`, so they set up exactly the same thing.
 
@@ -13,6 +14,7 @@ relatively, since the page shows the measured ones.
 """
 from dataclasses import dataclass, field
 
+from . import events
 from .settings import SettingError
 
 
@@ -69,6 +71,16 @@ class Preset:
     def requests(self):
         """How many requests its bursts submit."""
         return sum(a.burst for a in self.actions)
+
+    def apply(self, engine, overrides=None):
+        """Reset `engine`, then every setting as this preset has it, with validated `overrides`
+        over them; the bursts are the driver's to time. Returns the reset, settings and
+        `preset` events."""
+        out = engine.reset()
+        out += engine.apply_settings(self.full_settings(engine.specs, overrides))
+        out.append(events.Preset(t=engine.clock.now(), name=self.name, title=self.title, explain=self.explain,
+                                 watch=self.watch, overrides=dict(overrides or {}), requests=self.requests))
+        return out
 
 
 # `queueing` computes each prompt whole and alone (prefill-first, a budget of one prompt): two

@@ -12,7 +12,7 @@ With the KV cache off nothing is written: each segment is a whole sequence recom
 its first token, attending only to itself.
 """
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import time
 
 import torch
@@ -42,10 +42,20 @@ class Segment:
     n: int
     cached: bool         # keys/values kept in its blocks (False: KV cache off, recompute)
     logits: bool         # logits wanted at its last position (it samples a token)
+    # A decode step of its request (`Sequence.decoding`), the step's accounting: decode or
+    # prefill tokens, a `prefill` event or not. Fixed when the segment is made: the request's
+    # `num_computed` moves on once the forward is done.
+    decode: bool = field(init=False)
+
+    def __post_init__(self):
+        self.decode = self.logits and self.seq.decoding
 
     @property
     def is_decode_row(self):
-        """One new token attending to cached keys: batched with the other such rows."""
+        """One new token attending to cached keys: batched with the other such rows. This is the
+        attention's layout, not the step's accounting (`decode`): it also holds a prompt whose
+        prefix-cache hit left one token to compute (and the measure sweep's synthetic rows), and
+        not a decode with the KV cache off (the whole sequence recomputed, attending causally)."""
         return self.cached and self.n == 1 and self.start > 0
 
 

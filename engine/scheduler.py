@@ -39,7 +39,7 @@ class Scheduler:
     def __init__(self, blocks, max_slots, max_waiting=512):
         self.blocks = blocks
         self.max_slots = max_slots
-        self.slot_limit = max_slots     # live settings, set by the engine
+        self.slot_limit = max_slots     # live settings (`apply`)
         self.max_batched_tokens = 256
         self.policy = "mixed"
         self.prefix_caching = True
@@ -50,12 +50,26 @@ class Scheduler:
         self.preemptions = 0
         self.budget_left = 0            # of the last step's token budget
 
+    def reset_counters(self):
+        """Zero the preemption count (the engine's reset)."""
+        self.preemptions = 0
+
+    def apply(self, settings):
+        """Take the live settings that shape its steps (the engine's `apply_settings`), and the
+        cache budget. Turning prefix caching off forgets every cached prefix."""
+        s = settings
+        self.slot_limit, self.policy, self.max_batched_tokens = s["slots"], s["schedule"], s["max_batched_tokens"]
+        if self.prefix_caching and not s["prefix_caching"]:
+            self.blocks.forget_hashes()
+        self.prefix_caching = s["prefix_caching"]
+        self.blocks.budget = s["cache_tokens"] // self.blocks.block_size
+
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):
         out = Schedule()
         budget = self.budget_left = self.max_batched_tokens
         if self.policy == "prefill-first":
-            if any(not _is_decode(s) for s in self.running) or self._admissible(kv_cache_on):
+            if any(not s.decoding for s in self.running) or self._admissible(kv_cache_on):
                 budget = self._schedule_running(out, budget, only="prefill", whole=True)
                 self._admit(out, budget, kv_cache_on, whole=True)
             else:
@@ -74,7 +88,7 @@ class Scheduler:
         """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),
         oldest first, within the budget (`whole`: whole prompts); returns the budget left."""
         for seq in list(self.running):
-            if seq not in self.running or (only == "decode") != _is_decode(seq):
+            if seq not in self.running or (only == "decode") != seq.decoding:
                 continue
             if not seq.kv_cache:        # recompute everything; the budget counts the new token(s)
                 out.segments.append(Segment(seq, 0, seq.num_tokens, cached=False, logits=True))
@@ -242,9 +256,3 @@ class Scheduler:
     def cache_tokens(self):
         return sum(s.num_computed for s in self.running if s.kv_cache)
 
-
-def _is_decode(seq):
-    """Whether the request's next step is one decode token (its prompt and any recompute done)."""
-    if not seq.output_ids:
-        return False
-    return not seq.kv_cache or seq.num_tokens - seq.num_computed == 1

@@ -77,8 +77,26 @@ class Sequence:
         return (self.prompt_ids + self.output_ids)[start:start + n]
 
     @property
-    def prefill_done(self):
-        return self.num_computed >= len(self.prompt_ids)
+    def decoding(self):
+        """Whether its next step is a decode: it has output, and its next forward computes the
+        one newest token against the cache (KV cache off: recomputes the whole sequence for it).
+        False while it (re)computes its prompt, or everything after a preemption, in chunks."""
+        if not self.output_ids:
+            return False
+        return not self.kv_cache or self.num_tokens - self.num_computed == 1
+
+    def stop_reason(self, eos_seen, stop_string_seen):
+        """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of
+        sequence and stop strings count only from `min_tokens` on."""
+        p, n = self.params, len(self.output_ids)
+        if n >= p.min_tokens:
+            if eos_seen and not p.ignore_eos:
+                return "stop"
+            if stop_string_seen:
+                return "stop_string"
+        if n >= p.max_new_tokens:
+            return "length"
+        return None
 
     def stage_summary(self):
         """The article's accounting: stages that add up to the measured TTFT, remainder as 'other'."""

@@ -456,6 +456,6 @@ def test_ttft_percentiles_count_a_request_from_its_first_token(engine):
     while not run.of(ev.Token, rid):
         run.step()
     assert run.of(ev.Finished) == []
-    ttft = engine.stats.snapshot(engine.clock.now())["ttft"]["p50"]
+    ttft = engine.timing.stats.snapshot(engine.clock.now())["ttft"]["p50"]
     assert ttft == pytest.approx(run.of(ev.Token, rid)[0].t - run.of(ev.Request, rid)[0].t, abs=0.05)
-    assert engine.stats.finished == 0
+    assert engine.timing.stats.finished == 0

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, SettingError, presets
+from engine import Engine, EngineConfig, EngineDriver, SettingError, measure, presets
 from engine.settings import validate
 from helpers import schema_validator
 
@@ -136,7 +136,7 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
 def test_measure_skips_what_the_free_blocks_cannot_hold(tiny):
     eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=1024))
     eng.apply_settings({"cache_tokens": 1024})
-    (done,) = eng.measure()
+    (done,) = measure.run(eng)
     assert done.status == "done"
     assert {(p["batch"], p["context"]) for p in done.decode} == {(1, 128), (2, 128), (4, 128), (1, 512)}
     assert len(done.skipped) == 2 and all("free KV blocks" in s for s in done.skipped)
