@@ -26,59 +26,79 @@ def internal_error(backend, exc):
                   "message")
 
 
+def _parse(backend, raw):
+    """(the message as a dict, None), or (None, the `error` reply) for a frame that is not one."""
+    if isinstance(raw, bytes) or raw is None:
+        return None, _error(backend, "messages must be JSON text frames", "message")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        return None, _error(backend, f"message larger than {MAX_MESSAGE_BYTES} bytes", "message")
+    try:
+        msg = inputs.loads(raw)   # bounded nesting; every string one the tokenizer takes
+    except ApiError as e:
+        return None, _error(backend, e.message, e.param or "message")
+    if not isinstance(msg, dict):
+        return None, _error(backend, "message must be a JSON object", "message")
+    return msg, None
+
+
+def _submit(backend, msg):
+    chat = msg.get("chat", True)
+    if not isinstance(chat, bool):
+        raise SettingError("chat", "must be true or false")
+    backend.submit(prompt=msg.get("prompt"), source="page", chat=chat, max_new_tokens=msg.get("max_new_tokens"),
+                   temperature=msg.get("temperature"), top_p=msg.get("top_p"), seed=msg.get("seed"))
+
+
+def _sync(backend, msg):
+    client_t = msg.get("client_t")
+    if isinstance(client_t, bool) or not isinstance(client_t, (int, float)):
+        raise SettingError("client_t", "must be a number")
+    now = backend.clock.now()
+    return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
+
+
+def _commands(classroom):
+    """Each message type's action: (backend, message) -> events for this client (sync's reply)
+    or None; the backend's own answers are not the client's (what changed reaches every page
+    as events). The presenter's classroom commands only in classroom mode."""
+    def run(call):
+        def action(backend, msg):
+            call(backend, msg)
+        return action
+    commands = {
+        "set": run(lambda backend, msg: backend.update_settings(msg.get("settings"))),
+        "load": run(lambda backend, msg: backend.update_settings({"load": msg.get("on")})),
+        "burst": run(lambda backend, msg: backend.burst(msg.get("n", 8), seed=msg.get("seed"))),
+        "reset": run(lambda backend, msg: backend.reset()),
+        "preset": run(lambda backend, msg: backend.apply_preset(msg.get("name"), msg.get("settings"))),
+        "measure": run(lambda backend, msg: backend.measure()),
+        "submit": run(_submit),
+        "sync": _sync,
+    }
+    if classroom is not None:   # (a viewer was refused everything but sync already)
+        commands["clear_queue"] = run(lambda backend, msg: backend.clear_queue())
+        commands["remove_client"] = run(lambda backend, msg: classroom.remove(backend, msg.get("client")))
+    return commands
+
+
 def handle(backend, raw, role="solo", classroom=None):
     """Apply one raw client message from a page of this `role` ("solo", "presenter", "viewer");
     return the events to send back to that client only, or raise Leave. `classroom`: the
     Classroom, if any."""
-    if isinstance(raw, bytes) or raw is None:
-        return [_error(backend, "messages must be JSON text frames", "message")]
-    if len(raw) > MAX_MESSAGE_BYTES:
-        return [_error(backend, f"message larger than {MAX_MESSAGE_BYTES} bytes", "message")]
-    try:
-        msg = inputs.loads(raw)   # bounded nesting; every string one the tokenizer takes
-    except ApiError as e:
-        return [_error(backend, e.message, e.param or "message")]
-    if not isinstance(msg, dict):
-        return [_error(backend, "message must be a JSON object", "message")]
+    msg, refusal = _parse(backend, raw)
+    if refusal is not None:
+        return [refusal]
     kind = msg.get("type")
     if kind == "leave":
         raise Leave()
     if role == "viewer" and kind != "sync":
         return [_error(backend, VIEWER_REFUSED, "type")]
+    action = _commands(classroom).get(kind) if isinstance(kind, str) else None
+    if action is None:
+        return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
+                                "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "
+                                "mode)", "type")]
     try:
-        if kind == "set":
-            backend.update_settings(msg.get("settings"))
-        elif kind == "load":
-            backend.update_settings({"load": msg.get("on")})
-        elif kind == "burst":
-            backend.burst(msg.get("n", 8), seed=msg.get("seed"))
-        elif kind == "reset":
-            backend.reset()
-        elif kind == "preset":
-            backend.apply_preset(msg.get("name"), msg.get("settings"))
-        elif kind == "measure":
-            backend.measure()
-        elif kind == "submit":
-            chat = msg.get("chat", True)
-            if not isinstance(chat, bool):
-                raise SettingError("chat", "must be true or false")
-            backend.submit(prompt=msg.get("prompt"), source="page", chat=chat,
-                           max_new_tokens=msg.get("max_new_tokens"), temperature=msg.get("temperature"),
-                          top_p=msg.get("top_p"), seed=msg.get("seed"))
-        elif kind == "sync":
-            client_t = msg.get("client_t")
-            if isinstance(client_t, bool) or not isinstance(client_t, (int, float)):
-                raise SettingError("client_t", "must be a number")
-            now = backend.clock.now()
-            return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
-        elif kind == "clear_queue" and classroom is not None:   # (a viewer was refused above)
-            backend.clear_queue()
-        elif kind == "remove_client" and classroom is not None:
-            classroom.remove(backend, msg.get("client"))
-        else:
-            return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                    "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "
-                                    "mode)", "type")]
+        return action(backend, msg) or []
     except SettingError as e:
         return [_error(backend, e.message, e.field)]
-    return []
