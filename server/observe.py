@@ -292,27 +292,13 @@ class Observer:
                 if data == b"[DONE]":
                     break
                 now = self.clock.now()
-                msg = inputs.loads(data)   # an observed server is a client too: depth and text checked
-                if not isinstance(msg, dict):
-                    raise ValueError(f"a stream chunk that is not a JSON object: {data[:80]!r}")
-                if msg.get("error"):
-                    error = _error_message(data)
+                texts, chunk_usage, chunk_finish, error = read_chunk(data)
+                if error is not None:
                     break
-                if isinstance(msg.get("usage"), dict):   # counts only: whole numbers, nothing else
-                    usage = {k: v for k, v in msg["usage"].items()
-                             if type(v) is int and v >= 0 and k in ("prompt_tokens", "completion_tokens")}
-                choices = msg.get("choices")
-                for choice in choices if isinstance(choices, list) else []:
-                    if not isinstance(choice, dict):
-                        continue
-                    delta = choice.get("delta")
-                    text = choice.get("text") if "text" in choice else (
-                        delta.get("content") if isinstance(delta, dict) else None)
-                    if isinstance(text, str) and text:
-                        self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
-                        chunks.append(now)
-                    if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
-                        finish = choice["finish_reason"]
+                usage, finish = chunk_usage or usage, chunk_finish or finish
+                for text in texts:
+                    self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
+                    chunks.append(now)
         except inputs.ApiError as e:
             error = f"the observed server sent {e.message}"
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -423,6 +409,33 @@ class Observer:
             return parse_gauges(raw.decode()) if status == 200 else None
         except (OSError, http.client.HTTPException, ValueError):
             return None
+
+
+def read_chunk(data):
+    """One streamed chunk's (texts, usage, finish reason, error message) from its JSON `data`:
+    an observed server is a client too, so its depth and text are checked (inputs.ApiError),
+    anything of the wrong shape is skipped, and usage keeps whole-number counts only."""
+    msg = inputs.loads(data)
+    if not isinstance(msg, dict):
+        raise ValueError(f"a stream chunk that is not a JSON object: {data[:80]!r}")
+    if msg.get("error"):
+        return [], None, None, _error_message(data)
+    usage = None
+    if isinstance(msg.get("usage"), dict):
+        usage = {k: v for k, v in msg["usage"].items()
+                 if type(v) is int and v >= 0 and k in ("prompt_tokens", "completion_tokens")}
+    texts, finish = [], None
+    choices = msg.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        text = choice.get("text") if "text" in choice else (delta.get("content") if isinstance(delta, dict) else None)
+        if isinstance(text, str) and text:
+            texts.append(text)
+        if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
+            finish = choice["finish_reason"]
+    return texts, usage, finish, None
 
 
 def _error_message(raw):
