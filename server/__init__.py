@@ -7,13 +7,14 @@
     metrics  /metrics (Prometheus, vLLM's names)
     classroom /join, /join/session, /join/ask, /classroom/clients (--classroom; server/classroom.py)
 
+Errors: any route or hook raises `errors.ApiError`; one registered handler answers it.
 App state lives in `app.extensions["first_token"]` (server/state.py). `python app.py`
 creates the app, then loads the model in the background (server/loader.py) so /healthz
 reports progress from the first second; tests hand a ready backend in the config.
 """
 from flask import Flask
 
-from . import api, classroom, control, live, metrics, openai_api, pages, security
+from . import api, classroom, control, errors, live, metrics, openai_api, pages, security
 from .state import State
 
 DEFAULTS = {
@@ -36,6 +37,7 @@ def create_app(config=None):
     app = Flask(__name__, root_path=str(pages.ROOT), template_folder="templates", static_folder="static")
     app.config.update(DEFAULTS)
     app.config.update(config or {})
+    errors.init_app(app)
     security.init_app(app)
     state = State()
     app.extensions["first_token"] = state

@@ -5,6 +5,7 @@ import socket
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from . import inputs, openai_api as oa
+from .errors import ApiError
 from .state import current
 
 bp = Blueprint("api", __name__)
@@ -18,10 +19,10 @@ def _backend():
     backend = state.backend
     if backend is None:
         if state.error:
-            raise oa.ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
-        raise oa.ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
+            raise ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
+        raise ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
     if backend.api_model is None:
-        raise oa.ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
+        raise ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
                                "send requests there", code="observe_mode")
     return backend
 
@@ -58,8 +59,6 @@ def _generate(kind):
             return Response(oa.start_stream(backend, req, timeout_s, gone), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return jsonify(oa.respond(backend, req, timeout_s, gone))
-    except oa.ApiError as e:
-        return e.reply()
     except oa.ClientGone:
         return Response(status=CLIENT_CLOSED)
 
@@ -76,8 +75,5 @@ def completions():
 
 @bp.get("/v1/models")
 def models():
-    try:
-        backend = _backend()
-    except oa.ApiError as e:
-        return e.reply()
+    backend = _backend()
     return jsonify(oa.models_list(backend.api_model, backend.clock.wall0, backend.max_context))

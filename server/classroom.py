@@ -46,6 +46,7 @@ from flask import Blueprint, Response, current_app, jsonify, redirect, render_te
 
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
+from .errors import ApiError
 
 PRESENTER_COOKIE = "ft_presenter"
 CLIENT_COOKIE = "ft_client"
@@ -250,7 +251,7 @@ class Classroom:
         with self._lock:
             wait = self._join_bucket(address).take()
         if wait:
-            raise oa.ApiError(429, f"too many tries from your network: try again in {wait:.0f} s",
+            raise ApiError(429, f"too many tries from your network: try again in {wait:.0f} s",
                               code="join_rate_limited", retry_after=wait)
         return hmac.compare_digest(code.encode(), self.view_code.encode())
 
@@ -275,23 +276,23 @@ class Classroom:
         with self._lock:
             wait = self._join_bucket(address).take()
         if wait:
-            raise oa.ApiError(429, f"too many joins from your network: try again in {wait:.0f} s",
+            raise ApiError(429, f"too many joins from your network: try again in {wait:.0f} s",
                               code="join_rate_limited", retry_after=wait)
         if self._blocked.get(address, 0.0) > time.monotonic():
-            raise oa.ApiError(403, REMOVED, code="removed")
+            raise ApiError(403, REMOVED, code="removed")
         if self.join_code is not None and not (isinstance(code, str) and
                                                hmac.compare_digest(code.encode(), self.join_code.encode())):
-            raise oa.ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
+            raise ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
         try:
             name = clean_name(name)
         except SettingError as e:
-            raise oa.ApiError(400, f"name: {e.message}", code="bad_name") from None
+            raise ApiError(400, f"name: {e.message}", code="bad_name") from None
         with self._lock:
             now = time.monotonic()
             if self._count() >= self.max_clients and not self._expire(now):
-                raise oa.ApiError(503, f"the classroom is full ({self.max_clients} joined)", code="full")
+                raise ApiError(503, f"the classroom is full ({self.max_clients} joined)", code="full")
             if self._count(address) >= self.max_per_address and not self._expire(now, address):
-                raise oa.ApiError(429, f"{self.max_per_address} students have joined from your network "
+                raise ApiError(429, f"{self.max_per_address} students have joined from your network "
                                        "address: no more from it", code="address_full")
             student = Student(id=secrets.token_urlsafe(12), name=self._unique(name), joined=time.time(),
                               prompts=Bucket(self.rate_burst, self.rate_every_s), address=address, seen=now)
@@ -346,10 +347,10 @@ class Classroom:
     def student(self, client_id):
         s = self.students.get(client_id or "")
         if s is None:
-            raise oa.ApiError(401, "join first: this phone has not joined the class (or the app restarted)",
+            raise ApiError(401, "join first: this phone has not joined the class (or the app restarted)",
                               code="not_joined")
         if s.removed:
-            raise oa.ApiError(403, REMOVED, code="removed")
+            raise ApiError(403, REMOVED, code="removed")
         s.seen = time.monotonic()
         return s
 
@@ -358,11 +359,11 @@ class Classroom:
         with self._lock:
             s = self.student(client_id)
             if s.request is not None:
-                raise oa.ApiError(409, "you already have a request in flight: wait for its answer",
+                raise ApiError(409, "you already have a request in flight: wait for its answer",
                                   code="in_flight")
             wait = s.prompts.take()
             if wait:
-                raise oa.ApiError(429, f"slow down: one prompt every {self.rate_every_s:g} s "
+                raise ApiError(429, f"slow down: one prompt every {self.rate_every_s:g} s "
                                        f"(after {self.rate_burst} in a row); try again in {wait:.0f} s",
                                   code="rate_limited", retry_after=wait)
             s.request = ""            # held until the engine's id is known
@@ -483,7 +484,7 @@ def guard():
     if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
         message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
                    "printed at start); students ask at /join")
-        return oa.ApiError(403, message, code="classroom_presenter_only").reply()
+        raise ApiError(403, message, code="classroom_presenter_only")
     return None
 
 
@@ -491,11 +492,7 @@ def view_guard(room):
     """--view-code: `?view=CODE` becomes a cookie (and leaves the address bar); without it the
     pages answer a form asking for the code and /ws is refused before its upgrade (403)."""
     if "view" in request.args:
-        try:
-            right = room.try_view_code(request.args["view"], request.remote_addr or "")
-        except oa.ApiError as e:
-            return e.reply()
-        if right:
+        if room.try_view_code(request.args["view"], request.remote_addr or ""):
             rest = {k: v for k, v in request.args.items() if k != "view"}
             target = request.path + (f"?{urlencode(rest)}" if rest else "")
             return _cookie(redirect(target), VIEWER_COOKIE, room.view_code)
@@ -505,15 +502,15 @@ def view_guard(room):
     else:
         message = "Type the view code the presenter gave to watch the model at work."
     if request.path == "/ws":
-        return oa.ApiError(403, "this class's page needs its view code: open the page with ?view=CODE",
-                           code="view_code_required").reply()
+        raise ApiError(403, "this class's page needs its view code: open the page with ?view=CODE",
+                       code="view_code_required")
     return render_template("view_code.html", path=request.path, message=message), 403
 
 
 def _room():
     room = current()
     if room is None:
-        raise oa.ApiError(404, "classroom mode is off: start the app with --classroom", code="not_classroom")
+        raise ApiError(404, "classroom mode is off: start the app with --classroom", code="not_classroom")
     return room
 
 
@@ -530,13 +527,10 @@ def join_page():
 def who_am_i():
     """Whether this phone has joined (a fresh phone has not: that is no error, so 200)."""
     client = request.cookies.get(CLIENT_COOKIE) or ""
-    try:
-        room = _room()
-        if client not in room.students:
-            return jsonify({"joined": False})
-        s = room.student(client)
-    except oa.ApiError as e:   # classroom mode is off, or the presenter removed this phone
-        return e.reply()
+    room = _room()
+    if client not in room.students:
+        return jsonify({"joined": False})
+    s = room.student(client)   # ApiError 403 when the presenter removed this phone
     return jsonify({"joined": True, "name": s.name})
 
 
@@ -547,10 +541,10 @@ def join():
         room = _room()
         body = _json_body()
         s = room.join(body.get("name"), body.get("code"), request.remote_addr or "")
-    except oa.ApiError as e:
+    except ApiError as e:
         if room is not None:
             room.refuse(e.code)
-        return e.reply()
+        raise
     return _cookie(jsonify({"name": s.name}), CLIENT_COOKIE, s.id)
 
 
@@ -565,14 +559,14 @@ def refuse_removed():
         return REMOVED, 403
     if request.path == "/join/session" and request.method == "POST":
         room.refuse("removed")
-    return oa.ApiError(403, REMOVED, code="removed").reply()
+    raise ApiError(403, REMOVED, code="removed")
 
 
 @bp.get("/classroom/clients")
 def clients():
     room = current()
     if room is None or not room.is_presenter():
-        return oa.ApiError(403, "only the presenter's page sees the class list", code="presenter_only").reply()
+        raise ApiError(403, "only the presenter's page sees the class list", code="presenter_only")
     return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins()})
 
 
@@ -585,32 +579,29 @@ def ask():
     """Queue this student's prompt; stream the answer back (server-sent events: `start`, `token`
     …, then `finished` with the engine's measured TTFT and time per output token, or `error`)."""
     from .api import _backend, client_gone
-    try:
-        room = _room()
-        body = _json_body()
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise oa.ApiError(400, "prompt: write something first", code="bad_prompt")
-        if len(prompt) > MAX_PROMPT:
-            raise oa.ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
-        backend = _backend()
-        with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
-            try:
-                handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                        chat=True, stream=True)
-            except SettingError as e:
-                raise oa.ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
-            claim.started(backend, handle.id)
-            items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"],
-                               client_gone(request.environ))
-            response = Response(_answer(claim, items), mimetype="text/event-stream",
-                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            # Also when the stream never started (the phone left at once): cancel and free the student.
-            response.call_on_close(lambda: (items.close(), claim.release()))
-            claim.hand_over()
-            return response
-    except oa.ApiError as e:
-        return e.reply()
+    room = _room()
+    body = _json_body()
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ApiError(400, "prompt: write something first", code="bad_prompt")
+    if len(prompt) > MAX_PROMPT:
+        raise ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
+    backend = _backend()
+    with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
+        try:
+            handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
+                                    chat=True, stream=True)
+        except SettingError as e:
+            raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
+        claim.started(backend, handle.id)
+        items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"],
+                           client_gone(request.environ))
+        response = Response(_answer(claim, items), mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # Also when the stream never started (the phone left at once): cancel and free the student.
+        response.call_on_close(lambda: (items.close(), claim.release()))
+        claim.hand_over()
+        return response
 
 
 def _answer(claim, items):
@@ -634,7 +625,7 @@ def _answer(claim, items):
                     yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
                                   "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
                                   "output_tokens": ev.output_tokens})
-    except oa.ApiError as e:
+    except ApiError as e:
         yield oa.sse({"type": "error", "message": e.message, "code": e.code})
     except oa.ClientGone:
         pass

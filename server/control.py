@@ -7,7 +7,7 @@ from engine.events import Error, Sync
 from engine.settings import SettingError
 from . import inputs
 from .classroom import VIEWER_REFUSED
-from .openai_api import ApiError
+from .errors import ApiError
 
 MAX_MESSAGE_BYTES = 256 * 1024
 

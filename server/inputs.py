@@ -18,7 +18,8 @@ import json
 import re
 
 from engine.settings import surrogate_problem
-from .openai_api import MAX_BODY_BYTES, ApiError
+from .errors import ApiError
+from .openai_api import MAX_BODY_BYTES
 
 MAX_DEPTH = 32
 _ESCAPE = re.compile(r"\\.", re.S)        # a backslash and the character it escapes

@@ -21,7 +21,7 @@ from wsproto.utilities import LocalProtocolError
 from engine.broadcast import encode
 from engine.events import Error, Loading
 from . import classroom, control
-from .openai_api import ApiError
+from .errors import ApiError
 from .state import current
 
 SEND_EVERY_S = 0.05       # coalescing tick for websocket frames: at most one frame per tick
@@ -91,8 +91,8 @@ def bound_viewers():
     if viewers.open < bound or classroom.connection_role()[0] == "presenter":
         return None
     viewers.refuse()
-    return ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
-                    code="too_many_viewers", retry_after=10).reply()
+    raise ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
+                   code="too_many_viewers", retry_after=10)
 
 
 @sock.route("/ws", bp=bp)

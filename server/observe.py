@@ -38,6 +38,7 @@ from engine.loadgen import LoadGenerator
 from engine.settings import SettingError, coerce, make_settings, validate
 from engine.stats import RollingStats
 from . import inputs
+from .errors import ApiError
 
 SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
 STATS_EVERY_S = 0.5
@@ -299,7 +300,7 @@ class Observer:
                 for text in texts:
                     self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
                     chunks.append(now)
-        except inputs.ApiError as e:
+        except ApiError as e:
             error = f"the observed server sent {e.message}"
         except (OSError, http.client.HTTPException, ValueError) as e:
             error = str(e) or type(e).__name__
@@ -396,7 +397,7 @@ class Observer:
         try:
             status, raw = self._get(self._path + "/models")
             first = inputs.loads(raw)["data"][0] if status == 200 else None
-        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, inputs.ApiError):
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError, ApiError):
             first = None
         if isinstance(first, dict) and isinstance(first.get("id"), str):
             self.model, self.max_context = first["id"], first.get("max_model_len")
@@ -413,7 +414,7 @@ class Observer:
 
 def read_chunk(data):
     """One streamed chunk's (texts, usage, finish reason, error message) from its JSON `data`:
-    an observed server is a client too, so its depth and text are checked (inputs.ApiError),
+    an observed server is a client too, so its depth and text are checked (ApiError),
     anything of the wrong shape is skipped, and usage keeps whole-number counts only."""
     msg = inputs.loads(data)
     if not isinstance(msg, dict):
@@ -442,5 +443,5 @@ def _error_message(raw):
     """The message of an OpenAI-shaped error body, else the start of the body."""
     try:
         return str(inputs.loads(raw)["error"]["message"])
-    except (ValueError, KeyError, TypeError, inputs.ApiError):
+    except (ValueError, KeyError, TypeError, ApiError):
         return raw[:200].decode(errors="replace")

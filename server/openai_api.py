@@ -28,6 +28,7 @@ import queue
 import time
 
 from engine.settings import SettingError
+from .errors import ApiError
 
 MAX_BODY_BYTES = 1 << 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
@@ -40,25 +41,6 @@ ROLES = ("system", "developer", "user", "assistant")
 UNSUPPORTED = ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
                "tools", "functions", "response_format", "echo", "best_of", "suffix")
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
-
-
-class ApiError(Exception):
-    """An error answered in OpenAI's shape with an HTTP status (and, when the client may try
-    again later, after how many seconds). Every route's errors use it, the classroom's too."""
-
-    def __init__(self, status, message, param=None, code=None, retry_after=None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.retry_after = retry_after
-
-    def body(self):
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-    def reply(self):
-        """(body, status, headers): what a Flask view or before_request hook returns."""
-        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after else {}
-        return self.body(), self.status, headers
 
 
 @dataclass

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from flask import current_app, request
 
-from .openai_api import ApiError
+from .errors import ApiError
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -88,7 +88,7 @@ def check_origin():
         return None
     message = (f"origin {origin!r} is not allowed here: only this app's own pages and the origins given "
                "with --allow-origin may use its websocket and API from a browser")
-    return ApiError(403, message, code="origin_not_allowed").reply()
+    raise ApiError(403, message, code="origin_not_allowed")
 
 
 def _allowed():
@@ -113,7 +113,7 @@ def check_host():
         return None
     message = (f"host {name or request.host!r} is not one this app answers to: it listens on this machine "
                "only, and other names could be DNS rebinding; behind a proxy, start it with --allow-host NAME")
-    return ApiError(403, message, code="host_not_allowed").reply()
+    raise ApiError(403, message, code="host_not_allowed")
 
 
 def parse_frame_ancestors(text):

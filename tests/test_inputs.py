@@ -13,7 +13,7 @@ from simple_websocket import Client
 from engine.settings import SettingError
 from helpers import frames
 from server import inputs
-from server.openai_api import ApiError
+from server.errors import ApiError
 
 DEEP = "[" * 100000 + "]" * 100000            # the body: RecursionError in json.loads
 SURROGATE = "\ud800"
