@@ -5,7 +5,7 @@
     live     /ws: hello, replayed history, live events; control messages from the page
     api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible)
     metrics  /metrics (Prometheus, vLLM's names)
-    classroom /join, /join/session, /join/ask, /classroom/clients (--classroom; server/classroom.py)
+    join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model: server/classroom.py)
 
 Errors: any route or hook raises `errors.ApiError`; one registered handler answers it.
 App state lives in `app.extensions["first_token"]` (server/state.py). `python app.py`
@@ -14,7 +14,7 @@ reports progress from the first second; tests hand a ready backend in the config
 """
 from flask import Flask
 
-from . import api, classroom, control, errors, live, metrics, openai_api, pages, security
+from . import api, control, errors, join, live, metrics, openai_api, pages, security
 from .state import State
 
 DEFAULTS = {
@@ -41,7 +41,7 @@ def create_app(config=None):
     security.init_app(app)
     state = State()
     app.extensions["first_token"] = state
-    for bp in (pages.bp, live.bp, api.bp, metrics.bp, classroom.bp):
+    for bp in (pages.bp, live.bp, api.bp, metrics.bp, join.bp):
         app.register_blueprint(bp)
     live.sock.init_app(app)
     if app.config.get("BACKEND") is not None:

@@ -26,6 +26,9 @@ Who can do what:
   client (its request cancelled, its later requests refused): the `clear_queue` and
   `remove_client` control messages (server/control.py; `Classroom.remove` here).
 
+This module is the classroom's model (the Classroom, its students, their limits, the
+addresses to print); its routes and request guards are server/join.py.
+
 A removed student can join again from a fresh browser under another name (no accounts; an
 address is only a limit, not an identity: a classroom's phones share one behind a NAT): the
 presenter removes again, or restarts with a new join code.
@@ -40,25 +43,22 @@ import threading
 import time
 import unicodedata
 from dataclasses import dataclass
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
-from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
+from flask import current_app, request
 
 from engine.settings import SettingError
-from . import inputs, openai_api as oa
 from .errors import ApiError
 
 PRESENTER_COOKIE = "ft_presenter"
 CLIENT_COOKIE = "ft_client"
 VIEWER_COOKIE = "ft_viewer"
-VIEW_PATHS = ("/", "/embed", "/ws")   # what --view-code guards: the pages, and the events that carry prompts
 MAX_NAME = 24           # characters of a student's name
 MAX_PROMPT = 500        # characters of a student's prompt
 MAX_CLIENTS = 500       # students joined at once (each costs a few hundred bytes)
 MAX_CODE = 64
 RATE_BURST = 3          # token bucket: prompts a student may send back to back...
 RATE_EVERY_S = 15.0     # ...then one more every this many seconds
-MAX_BODY = 16 * 1024    # a /join request's JSON body, bytes
 JOIN_BURST = 30         # joins one network address may make back to back...
 JOIN_EVERY_S = 1.0      # ...then one more every this many seconds (a class behind one NAT: 30 at once)
 MAX_PER_ADDRESS = 100   # students joined at once from one network address
@@ -69,7 +69,6 @@ REMOVED_ADDRESS_S = 600.0   # a removed student's network address may not join a
 VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
 REMOVED = "the presenter removed you from the class"
 
-bp = Blueprint("classroom", __name__)
 
 
 class Bucket:
@@ -459,176 +458,3 @@ def connection_role():
         return "solo", None, None
     role, info = room.hello_fields()
     return role, info, room
-
-
-def _cookie(response, name, value):
-    response.set_cookie(name, value, httponly=True, samesite="Strict", path="/")
-    return response
-
-
-@bp.before_app_request
-def guard():
-    """The presenter's key becomes a cookie (and leaves the address bar); POST /v1 needs it."""
-    room = current()
-    if room is None:
-        return None
-    if request.path == "/" and "key" in request.args:
-        if not hmac.compare_digest(request.args["key"].encode(), room.key.encode()):
-            return "wrong presenter key: use the address printed when the app started", 403
-        rest = {k: v for k, v in request.args.items() if k != "key"}
-        return _cookie(redirect("/" + (f"?{urlencode(rest)}" if rest else "")), PRESENTER_COOKIE, room.key)
-    if room.view_code is not None and request.path in VIEW_PATHS:
-        refused = view_guard(room)
-        if refused is not None:
-            return refused
-    if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
-        message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
-                   "printed at start); students ask at /join")
-        raise ApiError(403, message, code="classroom_presenter_only")
-    return None
-
-
-def view_guard(room):
-    """--view-code: `?view=CODE` becomes a cookie (and leaves the address bar); without it the
-    pages answer a form asking for the code and /ws is refused before its upgrade (403)."""
-    if "view" in request.args:
-        if room.try_view_code(request.args["view"], request.remote_addr or ""):
-            rest = {k: v for k, v in request.args.items() if k != "view"}
-            target = request.path + (f"?{urlencode(rest)}" if rest else "")
-            return _cookie(redirect(target), VIEWER_COOKIE, room.view_code)
-        message = "That is not this class's view code: ask the presenter for it."
-    elif room.may_view():
-        return None
-    else:
-        message = "Type the view code the presenter gave to watch the model at work."
-    if request.path == "/ws":
-        raise ApiError(403, "this class's page needs its view code: open the page with ?view=CODE",
-                       code="view_code_required")
-    return render_template("view_code.html", path=request.path, message=message), 403
-
-
-def _room():
-    room = current()
-    if room is None:
-        raise ApiError(404, "classroom mode is off: start the app with --classroom", code="not_classroom")
-    return room
-
-
-@bp.get("/join")
-def join_page():
-    room = current()
-    if room is None:
-        return "classroom mode is off: start the app with --classroom", 404
-    return render_template("join.html", code_required=room.join_code is not None,
-                           max_name=MAX_NAME, max_prompt=MAX_PROMPT)
-
-
-@bp.get("/join/session")
-def who_am_i():
-    """Whether this phone has joined (a fresh phone has not: that is no error, so 200)."""
-    client = request.cookies.get(CLIENT_COOKIE) or ""
-    room = _room()
-    if client not in room.students:
-        return jsonify({"joined": False})
-    s = room.student(client)   # ApiError 403 when the presenter removed this phone
-    return jsonify({"joined": True, "name": s.name})
-
-
-@bp.post("/join/session")
-def join():
-    room = current()
-    try:
-        room = _room()
-        body = _json_body()
-        s = room.join(body.get("name"), body.get("code"), request.remote_addr or "")
-    except ApiError as e:
-        if room is not None:
-            room.refuse(e.code)
-        raise
-    return _cookie(jsonify({"name": s.name}), CLIENT_COOKIE, s.id)
-
-
-@bp.before_request
-def refuse_removed():
-    """A device the presenter removed (its cookie) is refused 403 on every /join route,
-    joining again included."""
-    room = current()
-    if room is None or not request.path.startswith("/join") or not room.removed(request.cookies.get(CLIENT_COOKIE)):
-        return None
-    if request.path == "/join":
-        return REMOVED, 403
-    if request.path == "/join/session" and request.method == "POST":
-        room.refuse("removed")
-    raise ApiError(403, REMOVED, code="removed")
-
-
-@bp.get("/classroom/clients")
-def clients():
-    room = current()
-    if room is None or not room.is_presenter():
-        raise ApiError(403, "only the presenter's page sees the class list", code="presenter_only")
-    return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins()})
-
-
-def _json_body():
-    return inputs.read_object(request.stream, MAX_BODY)
-
-
-@bp.post("/join/ask")
-def ask():
-    """Queue this student's prompt; stream the answer back (server-sent events: `start`, `token`
-    …, then `finished` with the engine's measured TTFT and time per output token, or `error`)."""
-    from .api import _backend, client_gone
-    room = _room()
-    body = _json_body()
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ApiError(400, "prompt: write something first", code="bad_prompt")
-    if len(prompt) > MAX_PROMPT:
-        raise ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
-    backend = _backend()
-    with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
-        try:
-            handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                    chat=True, stream=True)
-        except SettingError as e:
-            raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
-        claim.started(backend, handle.id)
-        items = oa.outputs(backend, handle, current_app.config["REQUEST_TIMEOUT"],
-                           client_gone(request.environ))
-        response = Response(_answer(claim, items), mimetype="text/event-stream",
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        # Also when the stream never started (the phone left at once): cancel and free the student.
-        response.call_on_close(lambda: (items.close(), claim.release()))
-        claim.hand_over()
-        return response
-
-
-def _answer(claim, items):
-    """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
-    try:
-        yield oa.sse({"type": "start", "id": claim.rid, "name": claim.student.name})
-        for item in items:
-            if item is None:
-                yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
-            elif item[0] == "token":
-                yield oa.sse({"type": "token", "text": item[1]})
-            elif item[0] == "rejected":
-                yield oa.sse({"type": "error", "message": f"the engine refused it: {item[1]}", "code": item[2]})
-            else:
-                ev = item[1]
-                if ev.reason in ("cancelled", "error"):
-                    why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
-                        if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
-                    yield oa.sse({"type": "error", "message": why, "code": ev.reason})
-                else:
-                    yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
-                                  "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
-                                  "output_tokens": ev.output_tokens})
-    except ApiError as e:
-        yield oa.sse({"type": "error", "message": e.message, "code": e.code})
-    except oa.ClientGone:
-        pass
-    finally:
-        items.close()       # cancels the request unless it ended
-        claim.release()
