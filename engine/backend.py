@@ -39,10 +39,17 @@ class Backend(Protocol):
         """(/healthz body, HTTP status)."""
 
     def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False, label=None) -> RequestHandle:
-        """Queue one request; SettingError (nothing queued) for a bad parameter."""
+               top_p=None, seed=None, stop=(), chat=None, stream=False, label=None, ignore_eos=False,
+               min_tokens=0) -> RequestHandle:
+        """Queue one request; SettingError (nothing queued) for a bad parameter. Observe mode
+        takes the page's parameters only (prompt, source, chat, max_new_tokens, temperature,
+        top_p, seed): the API and the classroom, which send the rest, need a model of its own."""
 
     def cancel(self, rid: str) -> None: ...
+
+    def clear_queue(self) -> None:
+        """Cancel every waiting request (the classroom presenter's; the engine's driver only,
+        as classroom mode needs a model of its own)."""
 
     def update_settings(self, changes: dict) -> dict:
         """Validate every change (SettingError, nothing applied, on any bad one), then apply."""
