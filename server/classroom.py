@@ -193,8 +193,7 @@ class Classroom:
 
     # ------------------------------------------------------------------ addresses
     def join_url(self, with_code=False):
-        root = self.base or request.host_url.rstrip("/")
-        url = f"{root}/join"
+        url = f"{self._root()}/join"
         if with_code and self.join_code:
             url += "?code=" + quote(self.join_code, safe="")
         return url
@@ -203,10 +202,14 @@ class Classroom:
         """Where others watch with the view code (None without one)."""
         if self.view_code is None:
             return None
-        return f"{self.base or request.host_url.rstrip('/')}/?view={quote(self.view_code, safe='')}"
+        return f"{self._root()}/?view={quote(self.view_code, safe='')}"
 
     def presenter_url(self):
-        return f"{self.base or request.host_url.rstrip('/')}/?key={self.key}"
+        return f"{self._root()}/?key={self.key}"
+
+    def _root(self):
+        """Where others reach the app: `base`, or the address this request came to."""
+        return self.base or request.host_url.rstrip("/")
 
     def banner(self):
         """What `python app.py --classroom` prints (call with `base` set)."""
@@ -247,11 +250,7 @@ class Classroom:
     def try_view_code(self, code, address):
         """True for the right view code; a wrong one counts against the address's join rate
         (as a wrong join code does), so it cannot be guessed fast: ApiError 429 past it."""
-        with self._lock:
-            wait = self._join_bucket(address).take()
-        if wait:
-            raise ApiError(429, f"too many tries from your network: try again in {wait:.0f} s",
-                              code="join_rate_limited", retry_after=wait)
+        self._attempt(address, "tries")
         return hmac.compare_digest(code.encode(), self.view_code.encode())
 
     def hello_fields(self):
@@ -272,11 +271,7 @@ class Classroom:
         """A new Student, or ApiError: 429 `join_rate_limited` (every attempt from an address
         counts, so a join code cannot be guessed fast), 403 `bad_code`, 400 `bad_name`, 503
         `full`, 429 `address_full`. Every refusal is counted for the presenter (`refuse`)."""
-        with self._lock:
-            wait = self._join_bucket(address).take()
-        if wait:
-            raise ApiError(429, f"too many joins from your network: try again in {wait:.0f} s",
-                              code="join_rate_limited", retry_after=wait)
+        self._attempt(address)
         if self._blocked.get(address, 0.0) > time.monotonic():
             raise ApiError(403, REMOVED, code="removed")
         if self.join_code is not None and not (isinstance(code, str) and
@@ -302,6 +297,15 @@ class Classroom:
         """Count a refused join (the presenter's class list shows the counts)."""
         with self._lock:
             self.refused[code or "invalid"] += 1
+
+    def _attempt(self, address, what="joins"):
+        """Count an attempt (a join, a view code) against the address's join rate: ApiError 429
+        `join_rate_limited` past it."""
+        with self._lock:
+            wait = self._join_bucket(address).take()
+        if wait:
+            raise ApiError(429, f"too many {what} from your network: try again in {wait:.0f} s",
+                           code="join_rate_limited", retry_after=wait)
 
     def _join_bucket(self, address):
         bucket = self._joins.get(address)

@@ -41,7 +41,7 @@ def _parse(backend, raw):
     return msg, None
 
 
-def _submit(backend, msg):
+def _submit(backend, msg, room):
     chat = msg.get("chat", True)
     if not isinstance(chat, bool):
         raise SettingError("chat", "must be true or false")
@@ -49,7 +49,7 @@ def _submit(backend, msg):
                    temperature=msg.get("temperature"), top_p=msg.get("top_p"), seed=msg.get("seed"))
 
 
-def _sync(backend, msg):
+def _sync(backend, msg, room):
     client_t = msg.get("client_t")
     if isinstance(client_t, bool) or not isinstance(client_t, (int, float)):
         raise SettingError("client_t", "must be a number")
@@ -57,28 +57,44 @@ def _sync(backend, msg):
     return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
 
 
-def _commands(classroom):
-    """Each message type's action: (backend, message) -> events for this client (sync's reply)
-    or None; the backend's own answers are not the client's (what changed reaches every page
-    as events). The presenter's classroom commands only in classroom mode."""
-    def run(call):
-        def action(backend, msg):
-            call(backend, msg)
-        return action
-    commands = {
-        "set": run(lambda backend, msg: backend.update_settings(msg.get("settings"))),
-        "load": run(lambda backend, msg: backend.update_settings({"load": msg.get("on")})),
-        "burst": run(lambda backend, msg: backend.burst(msg.get("n", 8), seed=msg.get("seed"))),
-        "reset": run(lambda backend, msg: backend.reset()),
-        "preset": run(lambda backend, msg: backend.apply_preset(msg.get("name"), msg.get("settings"))),
-        "measure": run(lambda backend, msg: backend.measure()),
-        "submit": run(_submit),
-        "sync": _sync,
-    }
-    if classroom is not None:   # (a viewer was refused everything but sync already)
-        commands["clear_queue"] = run(lambda backend, msg: backend.clear_queue())
-        commands["remove_client"] = run(lambda backend, msg: classroom.remove(backend, msg.get("client")))
-    return commands
+# Each message type's action: (backend, message, classroom) -> events for this client (sync's
+# reply) or None; what the backend answers is not the client's (what changed reaches every page
+# as events).
+def _set(backend, msg, room):
+    backend.update_settings(msg.get("settings"))
+
+
+def _load(backend, msg, room):
+    backend.update_settings({"load": msg.get("on")})
+
+
+def _burst(backend, msg, room):
+    backend.burst(msg.get("n", 8), seed=msg.get("seed"))
+
+
+def _reset(backend, msg, room):
+    backend.reset()
+
+
+def _preset(backend, msg, room):
+    backend.apply_preset(msg.get("name"), msg.get("settings"))
+
+
+def _measure(backend, msg, room):
+    backend.measure()
+
+
+def _clear_queue(backend, msg, room):
+    backend.clear_queue()
+
+
+def _remove_client(backend, msg, room):
+    room.remove(backend, msg.get("client"))
+
+
+COMMANDS = {"set": _set, "load": _load, "burst": _burst, "reset": _reset, "preset": _preset,
+            "measure": _measure, "submit": _submit, "sync": _sync}
+CLASSROOM_COMMANDS = {"clear_queue": _clear_queue, "remove_client": _remove_client}   # the presenter's
 
 
 def handle(backend, raw, role="solo", classroom=None):
@@ -93,12 +109,14 @@ def handle(backend, raw, role="solo", classroom=None):
         raise Leave()
     if role == "viewer" and kind != "sync":
         return [_error(backend, VIEWER_REFUSED, "type")]
-    action = _commands(classroom).get(kind) if isinstance(kind, str) else None
+    action = None
+    if isinstance(kind, str):   # (a viewer was refused everything but sync already)
+        action = COMMANDS.get(kind) or (CLASSROOM_COMMANDS.get(kind) if classroom is not None else None)
     if action is None:
         return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
                                 "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "
                                 "mode)", "type")]
     try:
-        return action(backend, msg) or []
+        return action(backend, msg, classroom) or []
     except SettingError as e:
         return [_error(backend, e.message, e.field)]

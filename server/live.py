@@ -88,7 +88,8 @@ def bound_viewers():
     if request.path != "/ws":
         return None
     viewers, bound = current().viewers, current_app.config["MAX_VIEWERS"]
-    if viewers.open < bound or classroom.connection_role()[0] == "presenter":
+    room = classroom.current()
+    if viewers.open < bound or (room is not None and room.is_presenter()):
         return None
     viewers.refuse()
     raise ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",

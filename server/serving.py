@@ -31,9 +31,11 @@ import time
 
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from .openai_api import MAX_BODY_BYTES
+
 ARRIVE_S = 10.0            # from a connection's first chance to its request wholly arrived
 MAX_HEAD = 16 * 1024       # bytes of request line and headers
-MAX_BODY = 1024 * 1024     # bodies up to this are read before a thread is given (the API's limit)
+MAX_BODY = MAX_BODY_BYTES     # bodies up to the API's limit are read before a thread is given
 PER_ADDRESS = 256          # connections arriving at once from one address
 SPARE_THREADS = 256        # pool threads beyond one per open page
 CONNECTIONS = 8000         # open connections in all (each is a file descriptor)
