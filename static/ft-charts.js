@@ -98,6 +98,10 @@
     return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
   }
 
+  // At most one y tick per ~26 px of the plot's height (the box less the margins, legend and
+  // axis title), so a short chart (presenter mode on a small laptop) never stacks its labels.
+  const yTicks = (div) => Math.max(2, Math.floor((div.clientHeight - 26 - 42 - 30) / 26));
+
   // With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
   // chart then plots step time against sequence length (the cache-on steps of the same run too).
   function byLength(div) {
@@ -110,7 +114,7 @@
     Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
       legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
-      yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid},
+      yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks: yTicks(div)},
     }), PLOT_CONFIG);
   }
 
@@ -125,7 +129,7 @@
       legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
       xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                            s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
-      yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid},
+      yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks: yTicks(div)},
     }), PLOT_CONFIG);
   }
 
