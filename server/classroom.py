@@ -11,8 +11,9 @@ Who can do what:
 * A student joins (`POST /join/session`: name, and the join code when one is set) and gets a
   client id in an HttpOnly cookie. `POST /join/ask` queues one prompt (source "join", labelled
   with the name) and streams the answer back as server-sent events. Limits: one request in
-  flight per client (409), a token bucket per client (429), prompts and names bounded (400), a
-  wrong join code (403); a client the presenter removed is refused (403) on every /join route.
+  flight per client (409), MAX_IN_FLIGHT for the class together (503 `class_busy`: a script
+  holding many identities cannot fill the engine's queue), a token bucket per client (429),
+  prompts and names bounded (400), a wrong join code (403); a client the presenter removed is refused (403) on every /join route.
   A student who closes the stream has the request cancelled.
 * Joins a script cannot exhaust: a token bucket per network address (JOIN_BURST, then one
   every JOIN_EVERY_S; 429), at most MAX_PER_ADDRESS joined from one address (429) and
@@ -56,6 +57,7 @@ VIEWER_COOKIE = "ft_viewer"
 MAX_NAME = 24           # characters of a student's name
 MAX_PROMPT = 500        # characters of a student's prompt
 MAX_CLIENTS = 500       # students joined at once (each costs a few hundred bytes)
+MAX_IN_FLIGHT = 64      # students' requests in flight at once, the class together (503 past it)
 MAX_CODE = 64
 RATE_BURST = 3          # token bucket: prompts a student may send back to back...
 RATE_EVERY_S = 15.0     # ...then one more every this many seconds
@@ -172,7 +174,7 @@ class Classroom:
     def __init__(self, join_code=None, base=None, view_code=None, rate_burst=RATE_BURST, rate_every_s=RATE_EVERY_S,
                  max_clients=MAX_CLIENTS, join_burst=JOIN_BURST, join_every_s=JOIN_EVERY_S,
                  max_per_address=MAX_PER_ADDRESS, idle_expire_s=IDLE_EXPIRE_S,
-                 removed_address_s=REMOVED_ADDRESS_S):
+                 removed_address_s=REMOVED_ADDRESS_S, max_in_flight=MAX_IN_FLIGHT):
         if join_code is not None:
             check_join_code(join_code)
         if view_code is not None:
@@ -185,6 +187,8 @@ class Classroom:
         self.join_burst, self.join_every_s = join_burst, join_every_s
         self.max_per_address, self.idle_expire_s = max_per_address, idle_expire_s
         self.removed_address_s = removed_address_s
+        self.max_in_flight, self.in_flight = max_in_flight, 0   # students' requests held by a Claim
+        self.busy_asks = 0            # prompts refused because the class had max_in_flight
         self.students = {}            # client id -> Student (removed ones too, up to MAX_REMOVED_KEPT)
         self.refused = Counter()      # refused joins by code, for the presenter
         self._joins = {}              # network address -> its join Bucket
@@ -364,6 +368,10 @@ class Classroom:
             if s.request is not None:
                 raise ApiError(409, "you already have a request in flight: wait for its answer",
                                   code="in_flight")
+            if self.in_flight >= self.max_in_flight:   # before the bucket: a busy class spends no prompt
+                self.busy_asks += 1
+                raise ApiError(503, f"the class has {self.in_flight} prompts in flight: try again in a few seconds",
+                               code="class_busy", retry_after=5)
             wait = s.prompts.take()
             if wait:
                 raise ApiError(429, f"slow down: one prompt every {self.rate_every_s:g} s "
@@ -371,6 +379,7 @@ class Classroom:
                                   code="rate_limited", retry_after=wait)
             s.request = ""            # held until the engine's id is known
             s.asked += 1
+            self.in_flight += 1
             return Claim(self, s)
 
     def remove(self, backend, client_id):
@@ -445,6 +454,7 @@ class Claim:
             self.held = False
             s = self.student
             s.request = None
+            self.room.in_flight -= 1
             if not self.rid:          # nothing reached the engine: the prompt is not spent
                 s.prompts.give_back()
                 s.asked -= 1

@@ -124,7 +124,8 @@ def clients():
     room = current()
     if room is None or not room.is_presenter():
         raise ApiError(403, "only the presenter's page sees the class list", code="presenter_only")
-    return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins()})
+    return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins(),
+                    "in_flight": {"now": room.in_flight, "max": room.max_in_flight, "refused": room.busy_asks}})
 
 
 def _json_body():

@@ -161,6 +161,33 @@ def test_one_request_in_flight_per_student_then_the_rate_limit(room):
     assert 1 <= int(r.headers["Retry-After"]) <= 60 and "slow down" in r.json()["error"]["message"]
 
 
+def test_the_class_together_has_a_bound_on_requests_in_flight(room):
+    """Many identities (a script that joined many times) cannot fill the engine's queue: past
+    the class-wide bound an ask is 503 `class_busy`, spends no prompt, and the presenter sees it;
+    once a request ends, the next student's ask goes in."""
+    room.classroom.max_in_flight = 2
+    room.gate.clear()
+    held = [[], []]
+    threads = [threading.Thread(target=ask, args=(student(room, n), room, "hi", held[i]))
+               for i, n in enumerate(NAMES[:2])]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: all(held))
+    third = student(room, NAMES[2])
+    r = third.post(room.url + "/join/ask", json={"prompt": "me too"}, timeout=10)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "class_busy" and r.headers["Retry-After"]
+    clients = requests.get(room.url + "/classroom/clients", cookies={"ft_presenter": room.classroom.key},
+                           timeout=10).json()
+    assert clients["in_flight"] == {"now": 2, "max": 2, "refused": 1}
+    room.gate.set()
+    for t in threads:
+        t.join(30)
+    assert all(h[-1]["type"] == "finished" for h in held)
+    assert wait_for(lambda: room.classroom.in_flight == 0)
+    # rate_burst is 2: the refused ask spent none, so two go in back to back
+    assert ask(third, room, "now")[0] == 200 and ask(third, room, "again")[0] == 200
+
+
 def test_join_code_names_and_prompts_are_checked(room):
     s = requests.Session()
     for code in (None, "", "OWL", "owl ", 5):
