@@ -18,8 +18,9 @@ Here:
   everything else (API streams, students' asks, pages, /healthz), and server/live.py refuses
   a page beyond `--max-viewers` (the presenter's never) with 503 before its upgrade.
 
-A chunked body, or one over MAX_BODY, is handed over after its head and read by the thread,
-as gunicorn does.
+A chunked body is read the same way, to its last chunk. A body over MAX_BODY is handed over
+once MAX_BODY of it is here (or, declared by Content-Length, after its head): the app
+refuses it with 413 without waiting for the rest.
 """
 from collections import Counter, deque
 import errno
@@ -45,14 +46,43 @@ _CHUNKED = re.compile(rb"^transfer-encoding[ \t]*:", re.I | re.M)
 
 
 def wanted(buf):
-    """How many bytes of `buf` make a whole request; None while its head is still arriving."""
+    """How many bytes of `buf` make a whole request; None while it is still arriving."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         return None
     head = bytes(buf[:end])
+    if _CHUNKED.search(head):
+        return _chunked_end(buf, end + 4)
     length = _LENGTH.search(head)
-    body = int(length.group(1)) if length and not _CHUNKED.search(head) else 0
+    body = int(length.group(1)) if length else 0
     return end + 4 + (body if body <= MAX_BODY else 0)
+
+
+def _chunked_end(buf, at):
+    """Where a chunked body starting at `at` ends (its last chunk and trailers arrived); None
+    while it is arriving. Past MAX_BODY, or malformed, it is handed over where it stands: the
+    app refuses a body too large with 413, the parser a malformed one with 400, from bytes
+    already here, so neither holds a thread waiting for a slow client."""
+    while len(buf) - at <= MAX_BODY:
+        line = buf.find(b"\r\n", at)
+        if line < 0:
+            return None
+        try:
+            size = int(bytes(buf[at:line]).split(b";")[0], 16)
+        except ValueError:
+            return at
+        if size == 0:                            # the last chunk, then trailers up to an empty line
+            rest = line + 2
+            if len(buf) < rest + 2:
+                return None
+            if buf[rest:rest + 2] == b"\r\n":
+                return rest + 2
+            trailers = buf.find(b"\r\n\r\n", rest)
+            return None if trailers < 0 else trailers + 4
+        at = line + 2 + size + 2
+        if at > len(buf):
+            return None
+    return at
 
 
 def _refuse(sock, status, reason):

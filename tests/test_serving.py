@@ -25,12 +25,35 @@ HANDSHAKE = ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 0),
     (b"POST /v1 HTTP/1.1\r\nContent-Length: 5\r\n\r\nab", 3),                   # body still arriving
     (b"POST /v1 HTTP/1.1\r\ncontent-length:5 \r\n\r\nabcde", 0),
-    (b"POST /v1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 0),   # the thread reads it
     (b"POST /v1 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (serving.MAX_BODY + 1), 0),     # so does a huge one
 ])
 def test_a_request_is_whole_once_its_head_and_small_body_arrived(buf, missing):
     need = serving.wanted(bytearray(buf))
     assert need == (None if missing is None else len(buf) + missing)
+
+
+CHUNKED = b"POST /v1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+BIG = b"%x\r\n" % (serving.MAX_BODY + 10) + b"a" * (serving.MAX_BODY + 1)
+
+
+@pytest.mark.parametrize("body, whole", [
+    (b"5\r\nab", None),                                        # a chunk still arriving
+    (b"5\r\nabcde\r\n", None),                                 # no last chunk yet
+    (b"5\r\nabcde\r\n0\r\n", None),                            # the last chunk's empty line to come
+    (b"5\r\nabcde\r\n3;ext=1\r\nfgh\r\n0\r\n\r\n", -1),         # whole (a chunk extension too)
+    (b"0\r\nX-Trailer: 1\r\n\r\n", -1),                         # whole, with a trailer
+    (b"0\r\n\r\nGET / HTTP/1.1\r\n", 5),                         # a pipelined request after it
+    (b"zz\r\nabc", 0),                                          # malformed: handed over, the parser's 400 now
+    (BIG, 0),                                                  # over the bound: handed over, the app's 413 now
+])
+def test_a_chunked_body_arrives_before_a_thread_reads_it(body, whole):
+    """`whole`: bytes of the body that make the request (-1: all of them), None: still arriving.
+    Past MAX_BODY or malformed it is handed over as it stands, so no thread waits on the client."""
+    need = serving.wanted(bytearray(CHUNKED + body))
+    if whole is None:
+        assert need is None
+    else:
+        assert need == len(CHUNKED) + (len(body) if whole == -1 else whole)
 
 
 # ------------------------------------------------------------------ a thousand pages, 200 slowloris
@@ -184,7 +207,8 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
 
 def test_more_slow_connections_from_one_address_than_allowed_are_refused():
     """PER_ADDRESS arriving connections from one address; the next is answered 503 at once. A
-    head over MAX_HEAD is 431; a body that stops short is 408 once ARRIVE_S has passed."""
+    head over MAX_HEAD is 431; a body that stops short (sized or chunked) is 408 once ARRIVE_S
+    has passed; a whole chunked body is answered."""
     app = App("--host", "127.0.0.1", "--server", "gunicorn", "--slots", "2", port=free_port())
     socks = []
     try:
@@ -192,12 +216,24 @@ def test_more_slow_connections_from_one_address_than_allowed_are_refused():
         big.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (serving.MAX_HEAD + 10))
         assert reply_head(big).startswith("HTTP/1.1 431")
         big.close()
-        short = socket.create_connection(("127.0.0.1", app.port), timeout=serving.ARRIVE_S + 10)
-        short.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+        shorts = [b"Content-Length: 100\r\n\r\n{\"prompt\"",
+                  b"Transfer-Encoding: chunked\r\n\r\n9\r\n{\"prompt\"\r\n"]   # no last chunk
         t0 = time.monotonic()
-        assert reply_head(short).startswith("HTTP/1.1 408")
-        assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < serving.ARRIVE_S + 2
-        short.close()
+        for body in shorts:
+            short = socket.create_connection(("127.0.0.1", app.port), timeout=serving.ARRIVE_S + 10)
+            short.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + body)
+            socks.append(short)
+        for short in socks:
+            assert reply_head(short).startswith("HTTP/1.1 408")
+            assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < serving.ARRIVE_S + 2
+            short.close()
+        socks.clear()
+        model = requests.get(app.url + "/v1/models", timeout=10).json()["data"][0]["id"].encode()
+        whole = requests.post(app.url + "/v1/completions", timeout=60,   # a generator body is sent chunked
+                              data=(part for part in (b'{"prompt": "Hi", "model": "%s", ' % model,
+                                                      b'"max_tokens": 2}')),
+                              headers={"Content-Type": "application/json"})
+        assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 2
         for _ in range(serving.PER_ADDRESS):
             s = socket.create_connection(("127.0.0.1", app.port), timeout=10)
             s.sendall(b"GET / HTTP/1.1\r\n")
