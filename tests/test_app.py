@@ -184,3 +184,22 @@ def test_a_model_that_fails_to_load_is_reported(tmp_path):
             conn.receive(timeout=10)
     finally:
         served.stop()
+
+
+def test_record_and_export_are_subcommands_of_one_parser(tmp_path, capsys):
+    """One argparse parser: no subcommand serves; `record` takes the model's flags after it
+    and checks them as serving does; an unknown subcommand or a serving flag on `export` is a
+    usage error naming it."""
+    serve = parse_args(["--slots", "3"])
+    assert serve.command is None and serve.slots == 3 and serve.host == "127.0.0.1"
+    rec = parse_args(["record", "--seconds", "2", "-o", "t.json", "--slots", "5", "--set", "rate=2"])
+    assert (rec.command, rec.slots, rec.seconds, rec.set) == ("record", 5, 2.0, [{"rate": 2}])
+    exp = parse_args(["export", "t.json", "-o", "t.html"])
+    assert (exp.command, exp.trace, exp.theme) == ("export", "t.json", "dark")
+    for argv, message in [(["replay"], "invalid choice: 'replay'"),
+                          (["record", "--seconds", "1", "-o", "t", "--kv-tokens", "4"], "at least one block"),
+                          (["record", "--seconds", "1", "-o", "t", "--model", str(tmp_path / "no")], "no such file"),
+                          (["export", "t.json", "-o", "t.html", "--slots", "2"], "unrecognized arguments: --slots")]:
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
