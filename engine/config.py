@@ -15,5 +15,6 @@ class EngineConfig:
     history: int = 2000          # events replayed to a page that connects
 
     @property
-    def cache_tokens(self):
+    def cache_capacity_tokens(self):
+        """Tokens the KV cache can hold: the `cache_tokens` setting's maximum."""
         return self.kv_tokens or self.slots * 1024

@@ -36,7 +36,7 @@ class Engine:
         self.clock = Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
-        self.blocks = BlockManager(config.block_size, config.cache_tokens // config.block_size)
+        self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
         self.scheduler = Scheduler(self.blocks, config.slots)
         self.settings = {}   # live: updated in place (the intake and the driver hold it too)
         self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)

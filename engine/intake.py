@@ -102,15 +102,15 @@ class Intake:
     def refusal(self, seq):
         """(reason, code) when the request can never run here, else None. The code is a stable
         name for API clients; the reason is prose."""
-        blocks, sched = self.scheduler.blocks, self.scheduler
+        sched = self.scheduler
         n, new = len(seq.prompt_ids), seq.params.max_new_tokens
         need = n + new
         if need > self.max_context:
             return (f"prompt ({n} tokens) + max_new_tokens ({new}) exceeds the context of "
                     f"{self.max_context} tokens", "context_length_exceeded")
-        if blocks.blocks_for(need) > blocks.budget:
-            return (f"needs {need} tokens of KV cache; the cache budget is "
-                    f"{blocks.budget * blocks.block_size} tokens", "exceeds_cache")
+        too_big = sched.never_fits(seq)
+        if too_big:
+            return too_big, "exceeds_cache"
         if len(sched.waiting) >= sched.max_waiting:
             return f"queue full ({sched.max_waiting} waiting)", "queue_full"
         return None

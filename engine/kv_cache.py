@@ -55,7 +55,7 @@ class BlockManager:
     def __init__(self, block_size, num_blocks):
         self.block_size = block_size
         self.capacity = num_blocks      # physical blocks, fixed at start
-        self.budget = num_blocks        # live setting (<= capacity): most blocks in use at once
+        self.block_budget = num_blocks  # live setting (<= capacity): most blocks in use at once
         self.ref = [0] * num_blocks
         self.hash = [None] * num_blocks
         self.by_hash = {}               # hash -> block holding that prefix block
@@ -72,7 +72,7 @@ class BlockManager:
         return -(-tokens // self.block_size)
 
     def can_allocate(self, n):
-        return self.used + n <= self.budget and len(self.free) >= n
+        return self.used + n <= self.block_budget and len(self.free) >= n
 
     def allocate(self, n):
         """`n` fresh blocks (evicting the oldest cached contents), or None if they do not fit."""
@@ -114,7 +114,7 @@ class BlockManager:
                 break
             found.append(block)
         revived = sum(1 for b in found if self.ref[b] == 0)
-        if self.used + revived > self.budget:
+        if self.used + revived > self.block_budget:
             return None
         for block in found:
             if self.ref[block] == 0:

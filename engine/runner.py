@@ -42,8 +42,8 @@ class Segment:
     n: int
     cached: bool         # keys/values kept in its blocks (False: KV cache off, recompute)
     logits: bool         # logits wanted at its last position (it samples a token)
-    # A decode step of its request (`Sequence.decoding`), the step's accounting: decode or
-    # prefill tokens, a `prefill` event or not. Fixed when the segment is made: the request's
+    # A decode step of its request (`Sequence.decoding`, the one definition): the step's
+    # accounting, decode or prefill tokens, a `prefill` event or not. Fixed when the segment is made: the request's
     # `num_computed` moves on once the forward is done.
     decode: bool = field(init=False)
 
@@ -51,7 +51,7 @@ class Segment:
         self.decode = self.logits and self.seq.decoding
 
     @property
-    def is_decode_row(self):
+    def is_single_query(self):
         """One new token attending to cached keys: batched with the other such rows. This is the
         attention's layout, not the step's accounting (`decode`): it also holds a prompt whose
         prefix-cache hit left one token to compute (and the measure sweep's synthetic rows), and
@@ -82,7 +82,7 @@ class Plan:
                 blocks = seg.seq.block_table[:-(-length // bs)]
                 rows.extend(range(q0, q0 + seg.n))
                 slots.extend(blocks[p // bs] * bs + p % bs for p in range(seg.start, length))
-                if seg.is_decode_row:
+                if seg.is_single_query:
                     dec_blocks.append(blocks)
                     dec_len.append(length)
                 elif seg.start > 0:     # a later chunk: attends to earlier chunks' keys too

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .kv_cache import block_hashes
 from .runner import Segment
+from .settings import Policy
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Scheduler:
         self.max_slots = max_slots
         self.slot_limit = max_slots     # live settings (`apply`)
         self.max_batched_tokens = 256
-        self.policy = "mixed"
+        self.policy = Policy.MIXED
         self.prefix_caching = True
         self.max_waiting = max_waiting
         self.waiting = deque()
@@ -58,30 +59,31 @@ class Scheduler:
         """Take the live settings that shape its steps (the engine's `apply_settings`), and the
         cache budget. Turning prefix caching off forgets every cached prefix."""
         s = settings
-        self.slot_limit, self.policy, self.max_batched_tokens = s["slots"], s["schedule"], s["max_batched_tokens"]
+        self.slot_limit, self.max_batched_tokens = s["slots"], s["max_batched_tokens"]
+        self.policy = Policy(s["schedule"])
         if self.prefix_caching and not s["prefix_caching"]:
             self.blocks.forget_hashes()
         self.prefix_caching = s["prefix_caching"]
-        self.blocks.budget = s["cache_tokens"] // self.blocks.block_size
+        self.blocks.block_budget = s["cache_tokens"] // self.blocks.block_size
 
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):
         out = Schedule()
         budget = self.budget_left = self.max_batched_tokens
-        if self.policy == "prefill-first":
+        if self.policy is Policy.PREFILL_FIRST:
             if any(not s.decoding for s in self.running) or self._admissible(kv_cache_on):
                 budget = self._schedule_running(out, budget, only="prefill", whole=True)
                 self._admit(out, budget, kv_cache_on, whole=True)
             else:
                 self._schedule_running(out, budget, only="decode")
         else:
-            admit = self.policy == "mixed" or not self.running
+            admit = self.policy is Policy.MIXED or not self.running
             budget = self._schedule_running(out, budget, only="decode")
             budget = self._schedule_running(out, budget, only="prefill")
             if admit:
                 self._admit(out, budget, kv_cache_on, whole=False)
             self.budget_left = budget - sum(s.n for s in out.segments if s.seq in out.admitted)
-        out.segments.sort(key=lambda s: not s.is_decode_row)
+        out.segments.sort(key=lambda s: not s.is_single_query)
         return out
 
     def _schedule_running(self, out, budget, only, whole=False):
@@ -127,17 +129,17 @@ class Scheduler:
         steps admit while budget is left; `whole` prompts (prefill-first) fit the budget, or
         are the step's only work. Static batching admits a whole batch and chunks its prompts
         over the following steps."""
-        static = self.policy == "static"
+        static = self.policy is Policy.STATIC
         while self.waiting and len(self.running) < self.slot_limit:
             seq = self.waiting[0]
             if self.running and self.running[0].kv_cache != kv_cache_on:
                 break                   # mode change: drain first
             if not static and budget <= 0:
                 break
-            if kv_cache_on and self.blocks.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens) > self.blocks.budget:
+            reason = self.never_fits(seq) if kv_cache_on else None
+            if reason:
                 self.waiting.popleft()
-                out.refused.append((seq, f"needs {len(seq.prompt_ids) + seq.params.max_new_tokens} tokens of KV "
-                                         f"cache; the budget is {self.blocks.budget * self.blocks.block_size}"))
+                out.refused.append((seq, reason))
                 continue
             if whole and out.segments and seq.num_tokens > budget:
                 break
@@ -226,7 +228,7 @@ class Scheduler:
         batch must finish first), "budget" (the step's token budget went to others), or None."""
         if not self.waiting:
             return None
-        if self.policy == "static" and self.running:
+        if self.policy is Policy.STATIC and self.running:
             return "batch"
         if len(self.running) >= self.slot_limit:
             return "slot"
@@ -234,7 +236,7 @@ class Scheduler:
             return "drain"
         if kv_cache_on and not self.blocks.can_allocate(self._first_chunk_blocks(self.waiting[0])):
             return "cache"
-        if self.policy == "mixed" and self.budget_left <= 0:
+        if self.policy is Policy.MIXED and self.budget_left <= 0:
             return "budget"
         return None
 
@@ -252,7 +254,17 @@ class Scheduler:
         first = min(seq.num_tokens - cached * bs, self.max_batched_tokens)
         return self.blocks.blocks_for(cached * bs + first) - cached
 
+    def never_fits(self, seq):
+        """Why the request can never be held by the KV cache's live block budget, or None: the
+        one rule for refusing it (at intake, and when a lowered budget leaves it waiting)."""
+        need = len(seq.prompt_ids) + seq.params.max_new_tokens
+        if self.blocks.blocks_for(need) > self.blocks.block_budget:
+            return (f"needs {need} tokens of KV cache; the cache budget is "
+                    f"{self.blocks.block_budget * self.blocks.block_size} tokens")
+        return None
+
     @property
-    def cache_tokens(self):
+    def kv_tokens_in_use(self):
+        """Positions whose keys/values are held in the cache by running requests."""
         return sum(s.num_computed for s in self.running if s.kv_cache)
 

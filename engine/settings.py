@@ -5,9 +5,18 @@ message, presets, URL parameters and the CLI all go through `validate()`, so a b
 value gets the same clear error everywhere and never half-applies.
 """
 from dataclasses import dataclass
+from enum import Enum
 import math
 
-POLICIES = ("mixed", "prefill-first", "static")   # the scheduler's policies (engine/scheduler.py)
+
+class Policy(str, Enum):
+    """The scheduler's policies (the `schedule` setting; engine/scheduler.py says what each does)."""
+    MIXED = "mixed"
+    PREFILL_FIRST = "prefill-first"
+    STATIC = "static"
+
+
+POLICIES = tuple(p.value for p in Policy)
 
 
 class SettingError(ValueError):

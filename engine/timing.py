@@ -72,8 +72,8 @@ class StepRecorder:
             waiting_ids=[s.id for s in list(sched.waiting)[:50]],
             # every slot up to the limit, plus any still busy above a lowered limit
             slots=[s.id if s else None for s in sched.slots[:busy]],
-            cache_blocks_used=blocks.used, cache_blocks=blocks.budget,
-            cache_tokens=sched.cache_tokens, cache_blocks_shared=blocks.shared,
+            cache_blocks_used=blocks.used, cache_blocks=blocks.block_budget,
+            cache_tokens=sched.kv_tokens_in_use, cache_blocks_shared=blocks.shared,
             cache_blocks_cached=blocks.cached_free,
             block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
             prefix_queries=blocks.queries, prefix_hits=blocks.hits, preemptions=sched.preemptions,
@@ -108,7 +108,7 @@ class StepRecorder:
         self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
                         tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
                         decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
-                        cache_tokens=self.scheduler.cache_tokens, cache_blocks_used=self.scheduler.blocks.used,
+                        cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
                         per_request={g.seq.id: g.start + g.n for g in segments}))
 
     def _charge_later(self, segments, forward_s, prefill_tokens):

@@ -61,7 +61,7 @@ def assert_clean(engine):
     assert engine.blocks.used == 0 and not any(engine.blocks.ref)
     assert len(engine.blocks.free) == engine.blocks.capacity
     assert engine.scheduler.slots == [None] * engine.scheduler.max_slots
-    assert engine.scheduler.cache_tokens == 0
+    assert engine.scheduler.kv_tokens_in_use == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
     assert engine.in_flight == 0
 
@@ -405,7 +405,7 @@ def test_block_manager_counts_shares_and_evicts_oldest_first():
     bm.release(a)
     fresh = bm.allocate(2)                                            # the never-used block, then the oldest freed
     assert fresh[0] == 3 and fresh[1] == a[0] and bm.match(hashes) == []   # a[0] evicted: chain broken at the start
-    bm.budget = 2
+    bm.block_budget = 2
     assert not bm.can_allocate(1) and bm.match(hashes[1:2]) is None   # reviving a block would pass the budget
     bm.release(fresh)
     assert bm.used == 0
