@@ -84,7 +84,8 @@ class TeachPage(Page):
     def finished_since(self, t0, n, timeout=60_000):
         """Wait until n requests that arrived since t0 finished; return them (arrival order)."""
         ft = self.ft()
-        self.wait("([ft, t0, n]) => ft.figures.finishedSince(firstToken.state, t0).length >= n", [ft, t0, n], timeout=timeout)
+        self.wait("([ft, t0, n]) => ft.figures.finishedSince(firstToken.state, t0).length >= n", [ft, t0, n],
+                  timeout=timeout)
         return self.js("""([ft, t0]) => ft.figures.finishedSince(firstToken.state, t0).map(r => ({id: r.id, arrival: r.arrival,
             ttft: r.ttft, prefill: r.stages.prefill, queue: r.stages.queue, prompt: r.promptTokens}))""", [ft, t0])
 
@@ -262,7 +263,8 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
             tpage.page.click("#tour-next")
         tpage.wait("t => document.getElementById('lesson-title').textContent === t", step["title"], timeout=5_000)
         if step["preset"]:
-            tpage.wait("([ft, n]) => ft.teach.active && ft.teach.active.name === n", [tpage.ft(), step["preset"]], timeout=15_000)
+            tpage.wait("([ft, n]) => ft.teach.active && ft.teach.active.name === n", [tpage.ft(), step["preset"]],
+                       timeout=15_000)
             want = tpage.preset_settings(step["preset"])
             tpage.wait("w => Object.entries(w).every(([k, v]) => firstToken.state.settings[k] === v)", want, timeout=10_000)
         assert tpage.js("document.body.classList.contains('touring')")
