@@ -7,10 +7,20 @@ mode: its stylesheet, its scripts, plotly.js from the installed package and the 
 inlined, so it replays from file:// with no server and no network. The page shows a `preset`
 event's explanation and a link-free attribution line from `hello` (static/ft-replay.js).
 
-Inlining is safe by construction: the trace is JSON with every `<` written `\\u003c`, and
-in the code and stylesheet `</script`, `</style` and `<!--` are written with `\\x3C` / `\\3C `
-escapes (the same text to JavaScript and CSS), so nothing inlined can end its element early.
+The page's ES modules cannot be inlined as they stand (a module is imported by URL, and a page
+opened from file:// may not load module scripts from files), so the import map the template
+renders maps each module's specifier (`ft/util`, ...) to a `data:text/javascript;base64,` URL
+of that module's text instead of its /static URL (server/pages.py); the modules import each
+other by those specifiers only, never by relative path, so they resolve the same either way.
+The trace is a JSON block (`<script type="application/json" id="ft-trace">`) that
+static/ft-replay.js reads.
+
+Inlining is safe by construction: the trace is JSON with every `<` written `\\u003c`; the
+modules are base64 (no `<` at all) in an import map that is JSON with `<` escaped the same way;
+and in plotly.js and the stylesheet `</script`, `</style` and `<!--` are written with `\\x3C` /
+`\\3C ` escapes (the same text to JavaScript and CSS), so nothing inlined can end its element early.
 """
+import base64
 import json
 import math
 from pathlib import Path
@@ -66,10 +76,16 @@ def _static(url):
     if url == "/static/plotly.min.js":
         return pages.plotly_js_path()
     name = url.removeprefix("/static/")
-    path = pages.ROOT / "static" / name
+    path = pages.STATIC / name
     if not url.startswith("/static/") or "/" in name or not path.is_file():
         raise RuntimeError(f"the page refers to {url}, which is not one of its static files")
     return path
+
+
+def _module_url(filename):
+    """A module's text as a data: URL (the import map's value for it in the exported page)."""
+    text = (pages.STATIC / filename).read_text(encoding="utf-8")
+    return "data:text/javascript;base64," + base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
 def render(trace, name, theme="dark"):
@@ -77,10 +93,10 @@ def render(trace, name, theme="dark"):
     check(trace)
     app = create_app({"TESTING": True})
     with app.test_request_context("/"):
-        html = render_template("index.html", **pages.page_options({"theme": theme}, embed=False))
-    data = json.dumps(trace, separators=(",", ":")).replace("<", "\\u003c")
-    boot = (f"<script>window.FT_TRACE = {data};\nwindow.FT_TRACE_NAME = "
-            f"{json.dumps(name).replace('<', chr(92) + 'u003c')};</script>\n")
+        html = render_template("index.html", import_map=pages.import_map(_module_url),
+                               **pages.page_options({"theme": theme}, embed=False))
+    data = json.dumps({"name": name, "events": trace}, separators=(",", ":")).replace("<", "\\u003c")
+    boot = f'<script type="application/json" id="ft-trace">{data}</script>\n'
     html = html.replace("<title>First Token</title>", "<title>First Token replay</title>", 1)
     html = STYLESHEET.sub(lambda m: f"<style>\n{_style(_static(m.group(1)).read_text(encoding='utf-8'))}</style>", html)
     first = SCRIPT.search(html)

@@ -7,16 +7,24 @@ allowed): `panels` (the strips shown besides the timeline), `theme` (dark or lig
 shipped example: no websocket, no engine work) or `preset=NAME` (live: the page asks the
 engine for that preset). Only the traces in examples/ are served, by name. The full page
 takes the same view parameters, and `?trace=URL` for any same-origin trace.
+
+The pages' scripts are native ES modules, static/ft-NAME.js, that import each other by bare
+specifiers (`import {fmtS} from "ft/util"`). Every template gets `import_map`, the
+`<script type="importmap">` that maps each specifier to its file; `app.py export` renders the
+same templates with each specifier mapped to a data: URL of the file's text instead, since a
+page opened from file:// cannot load module scripts from files (server/export.py).
 """
 from pathlib import Path
 import re
 
-from flask import Blueprint, current_app, jsonify, render_template, request, send_file
+from flask import Blueprint, current_app, jsonify, render_template, request, send_file, url_for
 
 from .state import current
 
 ROOT = Path(__file__).resolve().parents[1]   # templates/ and static/ sit at the top level
 EXAMPLES = ROOT / "examples"
+STATIC = ROOT / "static"
+MODULES = tuple(sorted(p.stem.removeprefix("ft-") for p in STATIC.glob("ft-*.js")))   # ft/NAME: static/ft-NAME.js
 PANELS = ("timeline", "kv", "blocks", "queue", "slots", "detail")   # the page's parts, in page order
 EMBED_PANELS = ("timeline",)                                          # /embed's default
 THEMES = ("dark", "light")
@@ -27,6 +35,18 @@ bp = Blueprint("pages", __name__)
 
 class BadParam(ValueError):
     """A URL parameter the page cannot honour: answered with 400 and this message."""
+
+
+def import_map(url_of):
+    """The pages' import map: each module's specifier `ft/NAME` -> url_of("ft-NAME.js")."""
+    return {"imports": {f"ft/{name}": url_of(f"ft-{name}.js") for name in MODULES}}
+
+
+@bp.app_context_processor
+def served_modules():
+    """Every template's import map, for pages served by this app: the modules' /static URLs.
+    (A value passed to render_template wins over this one: the export passes its own.)"""
+    return {"import_map": import_map(lambda filename: url_for("static", filename=filename))}
 
 
 def plotly_js_path():

@@ -3,170 +3,173 @@
 // hover read-outs (measured numbers only), click-to-select on the timeline, and drawing
 // the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
 // animation frame.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$, fmtS, fmtBytes} = FT;
-  let app, s, view, ui;   // the page's shared objects, from init
-  let hover = null;
-  let tapTimer = null;
-  const TAP_TIP_MS = 2500;
+import {drawBlocks, hitBlocks} from "ft/blocks";
+import {prefillTime} from "ft/state";
+import {drawKV, drawQueue, drawTimeline, hitTimeline} from "ft/timeline";
+import {$, fmtBytes, fmtS} from "ft/util";
 
-  // ------------------------------------------------------------ hover read-outs
-  function describeReq(r) {
-    const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
-    if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
-    if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
-    const a = r.admits[0];
-    if (a) {
-      lines.push(`queued ${fmtS(r.queueS)} → slot ${a.slot}, ${a.blocks} KV blocks at admission` +
-                 (a.cachedTokens ? ` (${a.cachedTokens} prompt tokens from the prefix cache)` : ""));
-    }
-    const chunks = r.prefills.filter((p) => !p.recompute).length;
-    if (chunks) lines.push(`prefill ${fmtS(FT.prefillTime(r))} in ${chunks} chunk${chunks > 1 ? "s" : ""}`);
-    if (r.preempts.length) {
-      const again = r.prefills.length - chunks;
-      lines.push(`preempted ${r.preempts.length}× · recompute ${fmtS(FT.prefillTime(r, true))} ` +
-                 `in ${again} chunk${again === 1 ? "" : "s"}`);
-    }
-    if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
-    lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
+// From init: the page state, the shared time window (span, right edge, paused), the UI state
+// (selected request; the layouts drawn, which hover and click read), `select(id)`, and
+// `engineNow()`: the time the strips end at (live, or a replay's virtual clock).
+let s, view, ui, select, engineNow;
+export function init(deps) { ({s, view, ui, select, engineNow} = deps); }
+let hover = null;
+let tapTimer = null;
+const TAP_TIP_MS = 2500;
+
+// ------------------------------------------------------------ hover read-outs
+function describeReq(r) {
+  const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
+  if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
+  if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
+  const a = r.admits[0];
+  if (a) {
+    lines.push(`queued ${fmtS(r.queueS)} → slot ${a.slot}, ${a.blocks} KV blocks at admission` +
+               (a.cachedTokens ? ` (${a.cachedTokens} prompt tokens from the prefix cache)` : ""));
+  }
+  const chunks = r.prefills.filter((p) => !p.recompute).length;
+  if (chunks) lines.push(`prefill ${fmtS(prefillTime(r))} in ${chunks} chunk${chunks > 1 ? "s" : ""}`);
+  if (r.preempts.length) {
+    const again = r.prefills.length - chunks;
+    lines.push(`preempted ${r.preempts.length}× · recompute ${fmtS(prefillTime(r, true))} ` +
+               `in ${again} chunk${again === 1 ? "" : "s"}`);
+  }
+  if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
+  lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
+  return lines;
+}
+
+function stepText(st) {
+  const took = fmtS(st.end - st.start), n = st.ids.length;
+  if (st.kind === "decode") return `decode step ${took} · batch of ${n}`;
+  if (st.kind === "prefill") return `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}`;
+  return `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
+}
+
+// The last item of a time-ordered list at or before t (by `key`), or null.
+function lastAtOrBefore(list, key, t) {
+  let found = null;
+  for (const x of list) { if (x[key] <= t) found = x; else break; }
+  return found;
+}
+
+// Each returns the tooltip's lines for the pointer at (h.x, h.y) on its canvas, or null.
+const HOVER = {
+  timeline(s, layouts, h) {
+    const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
+    if (!hit) return null;
+    const lines = describeReq(hit.req);
+    if (hit.step) lines.push(stepText(hit.step));
     return lines;
+  },
+  kv(s, layouts, h) {
+    const f = layouts.kv && layouts.kv.f;
+    if (!f || !s.hello) return null;
+    const t = f.t(h.x), st = lastAtOrBefore(s.steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
+    if (!st || !u) return null;
+    const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
+    return [`t = ${(t - f.origin).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
+            `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
+            `${u.used} blocks in use = ${u.used * bs} tokens (${fmtBytes(u.used * bs * bpt)})`];
+  },
+  blocks(s, layouts, h) {
+    const hit = hitBlocks(layouts.blocks, h.x, h.y);
+    if (!hit) return null;
+    if (!hit.held.length) return [`block ${hit.block}: free`];
+    const bs = s.hello.block_size;
+    const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
+    return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
+  },
+  queue(s, layouts, h) {
+    const f = layouts.queue && layouts.queue.f;
+    const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
+    return p ? [`t = ${(p.t - f.origin).toFixed(2)} s`, `${p.queue} waiting · ${p.running} running · ${p.tps.toFixed(1)} tokens/s`] : null;
+  },
+};
+
+function showTip(lines, hover) {
+  const tip = $("tip");
+  if (!lines) { tip.hidden = true; return; }
+  tip.textContent = lines.join("\n");
+  tip.hidden = false;
+  const x = Math.min(window.innerWidth - tip.offsetWidth - 8, hover.cx + 14);
+  const y = Math.min(window.innerHeight - tip.offsetHeight - 8, hover.cy + 14);
+  tip.style.left = `${x}px`; tip.style.top = `${y}px`;
+}
+
+function setSpan(span, anchorT) {
+  const old = view.span;
+  view.span = Math.min(600, Math.max(1, span));
+  if (view.paused && anchorT !== undefined) view.right = anchorT + (view.right - anchorT) * (view.span / old);
+  $("span-label").textContent = `${+view.span.toFixed(1)} s`;
+}
+
+function setPaused(p) {
+  view.paused = p;
+  $("btn-pause").textContent = p ? "Live" : "Pause";
+  $("btn-pause").classList.toggle("primary", p);
+}
+
+// While paused, dragging pans the window.
+function pan(e, f) {
+  if (!view.paused) return;
+  const startX = e.clientX, startRight = view.right;
+  const move = (m) => { view.right = startRight - ((m.clientX - startX) / f.pw) * view.span; };
+  const up = () => { window.removeEventListener("pointermove", move); window.removeEventListener("pointerup", up); };
+  window.addEventListener("pointermove", move);
+  window.addEventListener("pointerup", up);
+}
+
+// Every canvas has hover read-outs; the time strips also zoom (wheel) and pan (drag).
+function wireCanvas(id) {
+  const c = $(id);
+  if (!c) return;
+  const frameOf = () => ui.layouts[id] && ui.layouts[id].f;
+  if (id !== "blocks") {
+    c.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const f = frameOf();
+      setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
+    }, {passive: false});
+    c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
   }
+  c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
+  c.addEventListener("mouseleave", hideTip);
+  // A tap (touch) has no "leave": its read-out goes after a moment, or as the page scrolls.
+  c.addEventListener("pointerup", (e) => {
+    if (e.pointerType !== "mouse") { clearTimeout(tapTimer); tapTimer = setTimeout(hideTip, TAP_TIP_MS); }
+  });
+}
 
-  function stepText(st) {
-    const took = fmtS(st.end - st.start), n = st.ids.length;
-    if (st.kind === "decode") return `decode step ${took} · batch of ${n}`;
-    if (st.kind === "prefill") return `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}`;
-    return `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
-  }
+function hideTip() { hover = null; $("tip").hidden = true; }
 
-  // The last item of a time-ordered list at or before t (by `key`), or null.
-  function lastAtOrBefore(list, key, t) {
-    let found = null;
-    for (const x of list) { if (x[key] <= t) found = x; else break; }
-    return found;
-  }
-
-  // Each returns the tooltip's lines for the pointer at (h.x, h.y) on its canvas, or null.
-  const HOVER = {
-    timeline(s, layouts, h) {
-      const hit = FT.hitTimeline(layouts.timeline, s, h.x, h.y);
-      if (!hit) return null;
-      const lines = describeReq(hit.req);
-      if (hit.step) lines.push(stepText(hit.step));
-      return lines;
-    },
-    kv(s, layouts, h) {
-      const f = layouts.kv && layouts.kv.f;
-      if (!f || !s.hello) return null;
-      const t = f.t(h.x), st = lastAtOrBefore(s.steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
-      if (!st || !u) return null;
-      const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
-      return [`t = ${(t - f.origin).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
-              `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
-              `${u.used} blocks in use = ${u.used * bs} tokens (${fmtBytes(u.used * bs * bpt)})`];
-    },
-    blocks(s, layouts, h) {
-      const hit = FT.hitBlocks(layouts.blocks, h.x, h.y);
-      if (!hit) return null;
-      if (!hit.held.length) return [`block ${hit.block}: free`];
-      const bs = s.hello.block_size;
-      const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
-      return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
-    },
-    queue(s, layouts, h) {
-      const f = layouts.queue && layouts.queue.f;
-      const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
-      return p ? [`t = ${(p.t - f.origin).toFixed(2)} s`, `${p.queue} waiting · ${p.running} running · ${p.tps.toFixed(1)} tokens/s`] : null;
-    },
-  };
-
-  function showTip(lines, hover) {
-    const tip = $("tip");
-    if (!lines) { tip.hidden = true; return; }
-    tip.textContent = lines.join("\n");
-    tip.hidden = false;
-    const x = Math.min(window.innerWidth - tip.offsetWidth - 8, hover.cx + 14);
-    const y = Math.min(window.innerHeight - tip.offsetHeight - 8, hover.cy + 14);
-    tip.style.left = `${x}px`; tip.style.top = `${y}px`;
-  }
-
-  function setSpan(span, anchorT) {
-    const old = view.span;
-    view.span = Math.min(600, Math.max(1, span));
-    if (view.paused && anchorT !== undefined) view.right = anchorT + (view.right - anchorT) * (view.span / old);
-    $("span-label").textContent = `${+view.span.toFixed(1)} s`;
-  }
-
-  function setPaused(p) {
-    view.paused = p;
-    $("btn-pause").textContent = p ? "Live" : "Pause";
-    $("btn-pause").classList.toggle("primary", p);
-  }
-
-  // While paused, dragging pans the window.
-  function pan(e, f) {
-    if (!view.paused) return;
-    const startX = e.clientX, startRight = view.right;
-    const move = (m) => { view.right = startRight - ((m.clientX - startX) / f.pw) * view.span; };
-    const up = () => { window.removeEventListener("pointermove", move); window.removeEventListener("pointerup", up); };
-    window.addEventListener("pointermove", move);
-    window.addEventListener("pointerup", up);
-  }
-
-  // Every canvas has hover read-outs; the time strips also zoom (wheel) and pan (drag).
-  function wireCanvas(id) {
-    const c = $(id);
-    if (!c) return;
-    const frameOf = () => ui.layouts[id] && ui.layouts[id].f;
-    if (id !== "blocks") {
-      c.addEventListener("wheel", (e) => {
-        e.preventDefault();
-        const f = frameOf();
-        setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
-      }, {passive: false});
-      c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
+export function wire() {
+  window.addEventListener("scroll", hideTip, {passive: true});
+  $("btn-zoom-in").addEventListener("click", () => setSpan(view.span * 0.8));
+  $("btn-zoom-out").addEventListener("click", () => setSpan(view.span * 1.25));
+  $("btn-pause").addEventListener("click", () => setPaused(!view.paused));
+  document.addEventListener("keydown", (e) => {
+    if (e.code === "Space" && !["TEXTAREA", "INPUT", "BUTTON"].includes(document.activeElement.tagName)) {
+      e.preventDefault(); setPaused(!view.paused);
     }
-    c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
-    c.addEventListener("mouseleave", hideTip);
-    // A tap (touch) has no "leave": its read-out goes after a moment, or as the page scrolls.
-    c.addEventListener("pointerup", (e) => {
-      if (e.pointerType !== "mouse") { clearTimeout(tapTimer); tapTimer = setTimeout(hideTip, TAP_TIP_MS); }
-    });
-  }
+  });
+  for (const id of Object.keys(HOVER)) wireCanvas(id);
+  $("timeline").addEventListener("click", (e) => {
+    const layout = ui.layouts.timeline;
+    const h = layout && hitTimeline(layout, s, e.offsetX, e.offsetY);
+    if (h) select(h.req.id);
+  });
+}
 
-  function hideTip() { hover = null; $("tip").hidden = true; }
+export function draw() {
+  const now = engineNow();
+  if (!view.paused) view.right = now + view.span * 0.03;
+  view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
+  ui.layouts.timeline = drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
+  // The strips the page has (an /embed shows those its `panels` parameter asked for).
+  if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);
+  if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);
+  if ($("blocks")) ui.layouts.blocks = drawBlocks($("blocks"), s);
+  if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
+}
 
-  function wire() {
-    window.addEventListener("scroll", hideTip, {passive: true});
-    $("btn-zoom-in").addEventListener("click", () => setSpan(view.span * 0.8));
-    $("btn-zoom-out").addEventListener("click", () => setSpan(view.span * 1.25));
-    $("btn-pause").addEventListener("click", () => setPaused(!view.paused));
-    document.addEventListener("keydown", (e) => {
-      if (e.code === "Space" && !["TEXTAREA", "INPUT", "BUTTON"].includes(document.activeElement.tagName)) {
-        e.preventDefault(); setPaused(!view.paused);
-      }
-    });
-    for (const id of Object.keys(HOVER)) wireCanvas(id);
-    $("timeline").addEventListener("click", (e) => {
-      const layout = ui.layouts.timeline;
-      const h = layout && FT.hitTimeline(layout, s, e.offsetX, e.offsetY);
-      if (h) app.select(h.req.id);
-    });
-  }
-
-  function draw() {
-    const now = app.engineNow();
-    if (!view.paused) view.right = now + view.span * 0.03;
-    view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
-    ui.layouts.timeline = FT.drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
-    // The strips the page has (an /embed shows those its `panels` parameter asked for).
-    if ($("kv")) ui.layouts.kv = FT.drawKV($("kv"), s, view, now);
-    if ($("queue")) ui.layouts.queue = FT.drawQueue($("queue"), s, view, now);
-    if ($("blocks")) ui.layouts.blocks = FT.drawBlocks($("blocks"), s);
-    if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
-  }
-
-  FT.canvases = {init(a) { app = a; ({s, view, ui} = a); }, wire, draw};
-})();

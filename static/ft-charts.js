@@ -1,151 +1,151 @@
 // First Token: the plotly charts, redrawn at 2 Hz when the state moved and only while
 // visible. Where the time to first token went for the last finished requests, and the
 // measured decode step time against batch size with the estimated bandwidth floor.
-// Colours come from the palette in ft.css (FT.palette).
-"use strict";
-(function () {
-  const FT = window.FT;
-  const P = FT.palette;
-  let s;   // the page state, from init
-  let version = -1;   // the state version last drawn
-  let drawnSize = "";   // and the charts' boxes it was drawn in
+// Colours come from the palette in ft.css (ft-palette.js). Plotly is the global that
+// plotly.min.js (a classic script, loaded before the modules where the page has charts) defines.
+import {STAGES, alpha, palette as P, stageColor} from "ft/palette";
+import {stepMedians} from "ft/state";
+import {$, fmtBytes} from "ft/util";
 
-  const PLOT_LAYOUT = {
-    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    font: {color: P.text2, size: 13, family: "system-ui, sans-serif"},
-    margin: {l: 52, r: 10, t: 6, b: 36}, showlegend: true,
-    legend: {orientation: "h", y: -0.22, font: {size: 13}},
+let s;   // the page state, from init
+export function init(deps) { ({s} = deps); }
+let version = -1;   // the state version last drawn
+let drawnSize = "";   // and the charts' boxes it was drawn in
+
+const PLOT_LAYOUT = {
+  paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+  font: {color: P.text2, size: 13, family: "system-ui, sans-serif"},
+  margin: {l: 52, r: 10, t: 6, b: 36}, showlegend: true,
+  legend: {orientation: "h", y: -0.22, font: {size: 13}},
+};
+// Sized by us (update, sized), not by plotly's `responsive`: that follows only the window,
+// and under presenter mode's CSS zoom plotly measures the zoomed box and draws 1.4x too wide.
+const PLOT_CONFIG = {displayModeBar: false, responsive: false, staticPlot: false};
+const sized = (div, height) => ({width: div.clientWidth, height: height || div.clientHeight});
+const SHOW_FINISHED = 16;   // requests in the stages chart
+const ROW_PX = 19;          // its least height per request (13 px names, one per row)
+// A legend in one row above the plot, out of the way of the points and the floor's label.
+const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
+
+// Median step time per batch size, as a trace's x and y.
+function medians(pts) {
+  const m = stepMedians(pts);
+  return {x: [...m.keys()], y: [...m.values()]};
+}
+const jitter = (p) => p.batch + ((p.ms * 7919) % 1 - 0.5) * 0.3;   // deterministic spread so dots don't stack
+
+// Dots and their median line, for the steps with the KV cache on, then (if any) off.
+function stepTraces(points) {
+  const on = points.filter((p) => p.kv), off = points.filter((p) => !p.kv);
+  const data = [
+    {type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
+     marker: {color: alpha(P.decode, 0.45), size: 5}, hoverinfo: "skip"},
+    Object.assign({type: "scatter", mode: "lines+markers", name: "median", line: {color: P.decode, width: 3},
+                   hovertemplate: "batch %{x}: median %{y:.1f} ms<extra></extra>"}, medians(on)),
+  ];
+  if (off.length) {
+    data.push({type: "scattergl", mode: "markers", name: "KV cache off", x: off.map(jitter), y: off.map((p) => p.ms),
+               marker: {color: alpha(P.bad, 0.5), size: 5}, hoverinfo: "skip"});
+    data.push(Object.assign({type: "scatter", mode: "lines", name: "median (off)", line: {color: P.bad, width: 3}}, medians(off)));
+  }
+  return data;
+}
+
+// The estimated floor (weight bytes ÷ measured bandwidth, from hello) as a dashed line.
+function floorMarks(hello) {
+  const bw = hello && hello.bandwidth;
+  if (!bw || typeof bw.floor_s !== "number") return {shapes: [], annotations: []};
+  const y = bw.floor_s * 1000;
+  // short enough for the narrowest chart (a phone's); the heading's tooltip says the rest
+  const text = typeof bw.gbs === "number" ? `estimated floor: ${fmtBytes(hello.weight_bytes)} ÷ ${bw.gbs.toFixed(1)} GB/s`
+                                          : "estimated floor (weights ÷ bandwidth)";
+  return {
+    shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: P.accent, width: 2, dash: "dash"}}],
+    annotations: [{xref: "paper", x: 0.01, xanchor: "left", y, yanchor: "bottom", showarrow: false,
+                   font: {color: P.accent, size: 13}, text}],
   };
-  // Sized by us (update, sized), not by plotly's `responsive`: that follows only the window,
-  // and under presenter mode's CSS zoom plotly measures the zoomed box and draws 1.4x too wide.
-  const PLOT_CONFIG = {displayModeBar: false, responsive: false, staticPlot: false};
-  const sized = (div, height) => ({width: div.clientWidth, height: height || div.clientHeight});
-  const SHOW_FINISHED = 16;   // requests in the stages chart
-  const ROW_PX = 19;          // its least height per request (13 px names, one per row)
-  // A legend in one row above the plot, out of the way of the points and the floor's label.
-  const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
+}
 
-  // Median step time per batch size, as a trace's x and y.
-  function medians(pts) {
-    const m = FT.stepMedians(pts);
-    return {x: [...m.keys()], y: [...m.values()]};
+function drawStages(div) {
+  const done = [];
+  for (let i = s.order.length - 1; i >= 0 && done.length < SHOW_FINISHED; i--) {
+    const r = s.reqs.get(s.order[i]);
+    if (r.stages) done.push(r);
   }
-  const jitter = (p) => p.batch + ((p.ms * 7919) % 1 - 0.5) * 0.3;   // deterministic spread so dots don't stack
+  done.reverse();
+  const y = done.map((r) => r.id);
+  const data = STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => r.stages[k] * 1000),
+    marker: {color: stageColor(k)}, hovertemplate: `%{y} ${name}: %{x:.1f} ms<extra></extra>`}));
+  // Rows named as the timeline names them: a classroom student's name, else the request id.
+  // (a student who asked twice: both rows, told apart by request id).
+  const count = new Map();
+  for (const r of done) if (r.label) count.set(r.label, (count.get(r.label) || 0) + 1);
+  const names = done.map((r) => (!r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label));
+  for (const d of data) d.y = names;
+  // a row for every name (plotly drops category labels that do not fit): the chart grows with them
+  const tall = done.length * ROW_PX + 60;
+  div.style.minHeight = `${tall}px`;
+  Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
+    barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, ...sized(div, Math.max(tall, div.clientHeight)),
+    xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
+                         done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
+    yaxis: {type: "category", dtick: 1, automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
+  }), PLOT_CONFIG);
+}
 
-  // Dots and their median line, for the steps with the KV cache on, then (if any) off.
-  function stepTraces(points) {
-    const on = points.filter((p) => p.kv), off = points.filter((p) => !p.kv);
-    const data = [
-      {type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
-       marker: {color: FT.alpha(P.decode, 0.45), size: 5}, hoverinfo: "skip"},
-      Object.assign({type: "scatter", mode: "lines+markers", name: "median", line: {color: P.decode, width: 3},
-                     hovertemplate: "batch %{x}: median %{y:.1f} ms<extra></extra>"}, medians(on)),
-    ];
-    if (off.length) {
-      data.push({type: "scattergl", mode: "markers", name: "KV cache off", x: off.map(jitter), y: off.map((p) => p.ms),
-                 marker: {color: FT.alpha(P.bad, 0.5), size: 5}, hoverinfo: "skip"});
-      data.push(Object.assign({type: "scatter", mode: "lines", name: "median (off)", line: {color: P.bad, width: 3}}, medians(off)));
-    }
-    return data;
-  }
+// One tick per batch size while they fit in the chart's width (about 40 px a label).
+function batchTick(points, div) {
+  const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+  const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
+  return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
+}
 
-  // The estimated floor (weight bytes ÷ measured bandwidth, from hello) as a dashed line.
-  function floorMarks(hello) {
-    const bw = hello && hello.bandwidth;
-    if (!bw || typeof bw.floor_s !== "number") return {shapes: [], annotations: []};
-    const y = bw.floor_s * 1000;
-    // short enough for the narrowest chart (a phone's); the heading's tooltip says the rest
-    const text = typeof bw.gbs === "number" ? `estimated floor: ${FT.fmtBytes(hello.weight_bytes)} ÷ ${bw.gbs.toFixed(1)} GB/s`
-                                            : "estimated floor (weights ÷ bandwidth)";
-    return {
-      shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: P.accent, width: 2, dash: "dash"}}],
-      annotations: [{xref: "paper", x: 0.01, xanchor: "left", y, yanchor: "bottom", showarrow: false,
-                     font: {color: P.accent, size: 13}, text}],
-    };
-  }
+// At most one y tick per ~26 px of the plot's height (the box less the margins, legend and
+// axis title), so a short chart (presenter mode on a small laptop) never stacks its labels.
+const yTicks = (div) => Math.max(2, Math.floor((div.clientHeight - 26 - 42 - 30) / 26));
 
-  function drawStages(div) {
-    const done = [];
-    for (let i = s.order.length - 1; i >= 0 && done.length < SHOW_FINISHED; i--) {
-      const r = s.reqs.get(s.order[i]);
-      if (r.stages) done.push(r);
-    }
-    done.reverse();
-    const y = done.map((r) => r.id);
-    const data = FT.STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => r.stages[k] * 1000),
-      marker: {color: FT.stageColor(k)}, hovertemplate: `%{y} ${name}: %{x:.1f} ms<extra></extra>`}));
-    // Rows named as the timeline names them: a classroom student's name, else the request id.
-    // (a student who asked twice: both rows, told apart by request id).
-    const count = new Map();
-    for (const r of done) if (r.label) count.set(r.label, (count.get(r.label) || 0) + 1);
-    const names = done.map((r) => (!r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label));
-    for (const d of data) d.y = names;
-    // a row for every name (plotly drops category labels that do not fit): the chart grows with them
-    const tall = done.length * ROW_PX + 60;
-    div.style.minHeight = `${tall}px`;
-    Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
-      barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, ...sized(div, Math.max(tall, div.clientHeight)),
-      xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
-                           done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
-      yaxis: {type: "category", dtick: 1, automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
-    }), PLOT_CONFIG);
-  }
+// With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
+// chart then plots step time against sequence length (the cache-on steps of the same run too).
+function byLength(div) {
+  const off = s.points.filter((p) => !p.kv), since = off.length ? off[0].t : 0;
+  const on = s.points.filter((p) => p.kv && p.t >= since);
+  $("steps-title").textContent = "Decode step time vs sequence length";
+  $("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
+  const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
+    y: pts.map((p) => p.ms), marker: {color: alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
+  Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
+    legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
+    xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
+    yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks: yTicks(div)},
+  }), PLOT_CONFIG);
+}
 
-  // One tick per batch size while they fit in the chart's width (about 40 px a label).
-  function batchTick(points, div) {
-    const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
-    const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
-    return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
-  }
+function drawSteps(div) {
+  if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div); return; }
+  $("steps-title").textContent = "Decode step time vs batch size";
+  $("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
+  // The floor inside the scale: plotly's autorange ignores shapes.
+  const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
+  const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
+  Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello), {
+    legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
+    xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
+                         s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
+    yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks: yTicks(div)},
+  }), PLOT_CONFIG);
+}
 
-  // At most one y tick per ~26 px of the plot's height (the box less the margins, legend and
-  // axis title), so a short chart (presenter mode on a small laptop) never stacks its labels.
-  const yTicks = (div) => Math.max(2, Math.floor((div.clientHeight - 26 - 42 - 30) / 26));
+// Redrawn when the state moved or a chart's box changed size (the window, presenter mode, a
+// panel that grew): the plot is sized to the box, and the ticks that fit (batchTick) depend
+// on its width.
+export function update() {
+  if (!window.Plotly) return;
+  const stagesDiv = $("chart-stages"), stepsDiv = $("chart-steps");
+  const box = (d) => (d ? `${d.clientWidth}x${d.clientHeight}` : "");
+  const size = `${box(stagesDiv)} ${box(stepsDiv)} ${getComputedStyle(document.body).zoom}`;
+  if (s.version === version && size === drawnSize) return;
+  version = s.version; drawnSize = size;
+  if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
+  if (stepsDiv && stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
+}
 
-  // With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
-  // chart then plots step time against sequence length (the cache-on steps of the same run too).
-  function byLength(div) {
-    const off = s.points.filter((p) => !p.kv), since = off.length ? off[0].t : 0;
-    const on = s.points.filter((p) => p.kv && p.t >= since);
-    FT.$("steps-title").textContent = "Decode step time vs sequence length";
-    FT.$("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
-    const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
-      y: pts.map((p) => p.ms), marker: {color: FT.alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
-    Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
-      legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
-      xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
-      yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks: yTicks(div)},
-    }), PLOT_CONFIG);
-  }
-
-  function drawSteps(div) {
-    if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div); return; }
-    FT.$("steps-title").textContent = "Decode step time vs batch size";
-    FT.$("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
-    // The floor inside the scale: plotly's autorange ignores shapes.
-    const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
-    const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-    Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello), {
-      legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
-      xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
-                           s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
-      yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks: yTicks(div)},
-    }), PLOT_CONFIG);
-  }
-
-  // Redrawn when the state moved or a chart's box changed size (the window, presenter mode, a
-  // panel that grew): the plot is sized to the box, and the ticks that fit (batchTick) depend
-  // on its width.
-  function update() {
-    if (!window.Plotly) return;
-    const stagesDiv = FT.$("chart-stages"), stepsDiv = FT.$("chart-steps");
-    const box = (d) => (d ? `${d.clientWidth}x${d.clientHeight}` : "");
-    const size = `${box(stagesDiv)} ${box(stepsDiv)} ${getComputedStyle(document.body).zoom}`;
-    if (s.version === version && size === drawnSize) return;
-    version = s.version; drawnSize = size;
-    if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
-    if (stepsDiv && stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
-  }
-
-  FT.charts = {init(app) { s = app.s; }, update};
-})();

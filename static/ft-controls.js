@@ -2,188 +2,188 @@
 // hello.limits, each a named setting sent as `set`; the address bar carries the settings that differ
 // from their defaults, and URL parameters on arrival become one `set`. Also the load,
 // burst and reset buttons and the prompt box.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$, el} = FT;
-  let app, s, ui, embed;   // the page's shared objects, from init
-  let built = null;        // the limits (as JSON) the controls were built from
-  let urlApplied = false;  // the page's URL parameters are sent once, after the first hello
-  let dragging = null;     // the slider being dragged: arriving settings leave it alone
+import {send} from "ft/connection";
+import {confirmReset} from "ft/teach";
+import {$, el, fmtBytes, toast} from "ft/util";
 
-  const LABELS = {
-    load: ["Load generator", ""], rate: ["Load (arrival rate)", "req/s"],
-    prompt_tokens: ["Prompt length", "tokens"], max_new_tokens: ["Max new tokens", "tokens"],
-    slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
-    kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
-    prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
-  };
-  const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "slots",
-                 "cache_tokens", "kv_cache", "prefix_caching", "temperature", "top_p"];
+// From init: the page state (settings, limits), its UI state (awaitOwn: select the page's own
+// next request) and whether this is an /embed (no controls).
+let s, ui, embed;
+export function init(deps) { ({s, ui, embed} = deps); }
+let built = null;        // the limits (as JSON) the controls were built from
+let urlApplied = false;  // the page's URL parameters are sent once, after the first hello
+let dragging = null;     // the slider being dragged: arriving settings leave it alone
 
-  // The value beside a control's name (a choice group shows its value by the pressed option).
-  function valueText(name, v) {
-    const kind = s.limits[name] && s.limits[name].kind;
-    if (kind === "bool") return v ? "on" : "off";
-    if (kind === "choice") return "";
-    if (name === "cache_tokens" && s.hello) return `${v} tok · ${FT.fmtBytes(v * s.hello.kv_bytes_per_token)}`;
-    return String(v);
-  }
+const LABELS = {
+  load: ["Load generator", ""], rate: ["Load (arrival rate)", "req/s"],
+  prompt_tokens: ["Prompt length", "tokens"], max_new_tokens: ["Max new tokens", "tokens"],
+  slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
+  kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
+  prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
+};
+const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "slots",
+               "cache_tokens", "kv_cache", "prefix_caching", "temperature", "top_p"];
 
-  function toggleInput(name, lim, head) {
+// The value beside a control's name (a choice group shows its value by the pressed option).
+function valueText(name, v) {
+  const kind = s.limits[name] && s.limits[name].kind;
+  if (kind === "bool") return v ? "on" : "off";
+  if (kind === "choice") return "";
+  if (name === "cache_tokens" && s.hello) return `${v} tok · ${fmtBytes(v * s.hello.kv_bytes_per_token)}`;
+  return String(v);
+}
+
+function toggleInput(name, lim, head) {
+  const input = el("input");
+  input.type = "checkbox";
+  input.name = name;
+  input.className = "toggle";
+  input.addEventListener("change", () => send({type: "set", settings: {[name]: input.checked}}));
+  head.prepend(input);
+  return input;
+}
+
+// A choice as a group of radio buttons drawn as segments: Tab reaches the group, the arrow
+// keys move the choice (each move sends it), as with any radio group.
+function choiceInput(name, lim, head, row) {
+  const group = el("div", "segmented");
+  group.setAttribute("role", "radiogroup");
+  group.setAttribute("aria-label", head.querySelector(".ctl-name").textContent);
+  for (const choice of lim.choices) {
+    const option = el("label", "seg-opt");
     const input = el("input");
-    input.type = "checkbox";
-    input.name = name;
-    input.className = "toggle";
-    input.addEventListener("change", () => app.send({type: "set", settings: {[name]: input.checked}}));
-    head.prepend(input);
-    return input;
+    input.type = "radio"; input.name = name; input.value = choice;
+    input.addEventListener("change", () => { if (input.checked) send({type: "set", settings: {[name]: choice}}); });
+    option.append(input, el("span", "", choice));
+    group.append(option);
   }
+  row.append(group);
+  return group;
+}
 
-  // A choice as a group of radio buttons drawn as segments: Tab reaches the group, the arrow
-  // keys move the choice (each move sends it), as with any radio group.
-  function choiceInput(name, lim, head, row) {
-    const group = el("div", "segmented");
-    group.setAttribute("role", "radiogroup");
-    group.setAttribute("aria-label", head.querySelector(".ctl-name").textContent);
-    for (const choice of lim.choices) {
-      const option = el("label", "seg-opt");
-      const input = el("input");
-      input.type = "radio"; input.name = name; input.value = choice;
-      input.addEventListener("change", () => { if (input.checked) app.send({type: "set", settings: {[name]: choice}}); });
-      option.append(input, el("span", "", choice));
-      group.append(option);
+// A slider shows its value while dragged (settings arriving meanwhile leave it alone) and sends on release.
+function rangeInput(name, lim, head, row) {
+  const input = el("input");
+  input.type = "range";
+  input.name = name;
+  input.min = lim.min; input.max = lim.max; input.step = lim.step;
+  input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(name, +input.value); });
+  input.addEventListener("pointerdown", () => { dragging = name; });
+  input.addEventListener("pointerup", () => { dragging = null; });
+  input.addEventListener("change", () => {
+    const v = lim.kind === "int" ? parseInt(input.value, 10) : parseFloat(input.value);
+    send({type: "set", settings: {[name]: v}});
+  });
+  row.append(input);
+  return input;
+}
+
+function controlRow(name, lim) {
+  const [label, unit] = LABELS[name] || [name, ""];
+  const row = el("div", "ctl");
+  row.dataset.name = name;
+  row.title = lim.doc || "";
+  const head = el("label", "ctl-head");
+  head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
+  row.append(head);
+  const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
+  const input = make(name, lim, head, row);
+  input.id = `set-${name}`;
+  if (lim.applies && lim.applies !== "live") {
+    const tag = el("span", "applies", lim.applies);
+    tag.title = `when a change takes effect: ${lim.applies}`;
+    head.querySelector(".ctl-name").after(tag);
+  }
+  return row;
+}
+
+// Rebuilt only when the limits changed (a new server may offer other settings).
+function buildControls() {
+  const key = JSON.stringify(s.limits);
+  if (built === key) { applySettings(); return; }
+  built = key;
+  const names = ORDER.filter((n) => n in s.limits).concat(
+    Object.keys(s.limits).filter((n) => !ORDER.includes(n) && n !== "load"));
+  $("settings").replaceChildren(...names.map((name) => controlRow(name, s.limits[name])));
+  applySettings();
+}
+
+function applySettings() {
+  if (embed) return;
+  for (const [name, v] of Object.entries(s.settings)) {
+    const input = $(`set-${name}`);
+    if (input && dragging !== name) {
+      if (input.type === "checkbox") input.checked = !!v;
+      else if (input.type === "range") input.value = v;
+      else for (const option of input.querySelectorAll("input")) option.checked = option.value === v;
+      input.closest(".ctl").querySelector("output").textContent = valueText(name, v);
     }
-    row.append(group);
-    return group;
   }
+  const btn = $("btn-load");
+  btn.dataset.on = String(!!s.settings.load);
+  btn.textContent = s.settings.load ? "Stop load" : "Start load";
+}
 
-  // A slider shows its value while dragged (settings arriving meanwhile leave it alone) and sends on release.
-  function rangeInput(name, lim, head, row) {
-    const input = el("input");
-    input.type = "range";
-    input.name = name;
-    input.min = lim.min; input.max = lim.max; input.step = lim.step;
-    input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(name, +input.value); });
-    input.addEventListener("pointerdown", () => { dragging = name; });
-    input.addEventListener("pointerup", () => { dragging = null; });
-    input.addEventListener("change", () => {
-      const v = lim.kind === "int" ? parseInt(input.value, 10) : parseFloat(input.value);
-      app.send({type: "set", settings: {[name]: v}});
-    });
-    row.append(input);
-    return input;
+// Parameters of the page itself, not settings: teaching (ft-teach.js, ft-tour.js,
+// ft-present.js) and the view (server/pages.py: an /embed's panels, theme, size, trace).
+const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace", "loop", "autoplay"];
+// Those the address bar keeps across settings changes, so a reload shows the same page: the
+// view always; an embed also its preset (reloading an article's frame runs its lesson again).
+const KEPT = embed => PAGE_PARAMS.filter((n) => embed || !["preset", "tour"].includes(n));
+
+// After any settings change the address bar carries the page's own parameters and the
+// settings that differ from their defaults.
+function writeUrl() {
+  const q = new URLSearchParams(), now = new URLSearchParams(location.search);
+  for (const name of KEPT(embed)) if (now.has(name)) q.set(name, now.get(name));
+  for (const [name, v] of Object.entries(s.settings)) {
+    const lim = s.limits[name];
+    if (lim && v !== lim.default) q.set(name, String(v));
   }
+  const qs = q.toString();
+  history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
+}
 
-  function controlRow(name, lim) {
-    const [label, unit] = LABELS[name] || [name, ""];
-    const row = el("div", "ctl");
-    row.dataset.name = name;
-    row.title = lim.doc || "";
-    const head = el("label", "ctl-head");
-    head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
-    row.append(head);
-    const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
-    const input = make(name, lim, head, row);
-    input.id = `set-${name}`;
-    if (lim.applies && lim.applies !== "live") {
-      const tag = el("span", "applies", lim.applies);
-      tag.title = `when a change takes effect: ${lim.applies}`;
-      head.querySelector(".ctl-name").after(tag);
-    }
-    return row;
+function applyUrl() {
+  const changes = {}, ignored = [];
+  for (const [name, raw] of new URLSearchParams(location.search)) {
+    if (PAGE_PARAMS.includes(name)) continue;   // this page's view and teaching, not engine settings
+    const lim = s.limits[name];
+    if (!lim) { ignored.push(name); continue; }
+    if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
+    else if (lim.kind === "choice") changes[name] = raw;
+    else changes[name] = Number(raw);   // the server validates and names a bad field
   }
+  if (ignored.length) toast(`ignored unknown URL parameter(s): ${ignored.join(", ")}`);
+  if (Object.keys(changes).length) send({type: "set", settings: changes});
+}
 
-  // Rebuilt only when the limits changed (a new server may offer other settings).
-  function buildControls() {
-    const key = JSON.stringify(s.limits);
-    if (built === key) { applySettings(); return; }
-    built = key;
-    const names = ORDER.filter((n) => n in s.limits).concat(
-      Object.keys(s.limits).filter((n) => !ORDER.includes(n) && n !== "load"));
-    $("settings").replaceChildren(...names.map((name) => controlRow(name, s.limits[name])));
-    applySettings();
+export function wire() {
+  if (embed) return;
+  $("btn-load").addEventListener("click", () => send({type: "load", on: !s.settings.load}));
+  $("btn-burst").addEventListener("click", () => send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
+  $("btn-reset").addEventListener("click", () => confirmReset("Reset") && send({type: "reset"}));
+  const form = $("prompt-form"), box = $("prompt");
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const prompt = box.value.trim();
+    if (!prompt) return;
+    if (send({type: "submit", prompt})) { ui.awaitOwn = true; box.value = ""; }
+  });
+  box.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
+  });
+}
+
+// The first hello applies the page's URL, except on a classroom viewer's page: its URL
+// settings stay its own (only the presenter changes the engine); every hello (re)builds the controls.
+export function onHello() {
+  if (!urlApplied) {
+    urlApplied = true;
+    if (s.hello.role !== "viewer") applyUrl();
+    else if (location.search) toast("viewing a class: URL settings are not sent; the presenter controls the engine");
   }
+  if (!embed) buildControls();
+}
 
-  function applySettings() {
-    if (embed) return;
-    for (const [name, v] of Object.entries(s.settings)) {
-      const input = $(`set-${name}`);
-      if (input && dragging !== name) {
-        if (input.type === "checkbox") input.checked = !!v;
-        else if (input.type === "range") input.value = v;
-        else for (const option of input.querySelectorAll("input")) option.checked = option.value === v;
-        input.closest(".ctl").querySelector("output").textContent = valueText(name, v);
-      }
-    }
-    const btn = $("btn-load");
-    btn.dataset.on = String(!!s.settings.load);
-    btn.textContent = s.settings.load ? "Stop load" : "Start load";
-  }
-
-  // Parameters of the page itself, not settings: teaching (ft-teach.js, ft-tour.js,
-  // ft-present.js) and the view (server/pages.py: an /embed's panels, theme, size, trace).
-  const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace", "loop", "autoplay"];
-  // Those the address bar keeps across settings changes, so a reload shows the same page: the
-  // view always; an embed also its preset (reloading an article's frame runs its lesson again).
-  const KEPT = embed => PAGE_PARAMS.filter((n) => embed || !["preset", "tour"].includes(n));
-
-  // After any settings change the address bar carries the page's own parameters and the
-  // settings that differ from their defaults.
-  function writeUrl() {
-    const q = new URLSearchParams(), now = new URLSearchParams(location.search);
-    for (const name of KEPT(embed)) if (now.has(name)) q.set(name, now.get(name));
-    for (const [name, v] of Object.entries(s.settings)) {
-      const lim = s.limits[name];
-      if (lim && v !== lim.default) q.set(name, String(v));
-    }
-    const qs = q.toString();
-    history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
-  }
-
-  function applyUrl() {
-    const changes = {}, ignored = [];
-    for (const [name, raw] of new URLSearchParams(location.search)) {
-      if (PAGE_PARAMS.includes(name)) continue;   // this page's view and teaching, not engine settings
-      const lim = s.limits[name];
-      if (!lim) { ignored.push(name); continue; }
-      if (lim.kind === "bool") changes[name] = ["1", "true", "on", "yes"].includes(raw.toLowerCase());
-      else if (lim.kind === "choice") changes[name] = raw;
-      else changes[name] = Number(raw);   // the server validates and names a bad field
-    }
-    if (ignored.length) FT.toast(`ignored unknown URL parameter(s): ${ignored.join(", ")}`);
-    if (Object.keys(changes).length) app.send({type: "set", settings: changes});
-  }
-
-  function wire() {
-    if (embed) return;
-    $("btn-load").addEventListener("click", () => app.send({type: "load", on: !s.settings.load}));
-    $("btn-burst").addEventListener("click", () => app.send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
-    $("btn-reset").addEventListener("click", () => FT.teach.confirmReset("Reset") && app.send({type: "reset"}));
-    const form = $("prompt-form"), box = $("prompt");
-    form.addEventListener("submit", (e) => {
-      e.preventDefault();
-      const prompt = box.value.trim();
-      if (!prompt) return;
-      if (app.send({type: "submit", prompt})) { ui.awaitOwn = true; box.value = ""; }
-    });
-    box.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
-    });
-  }
-
-  // The first hello applies the page's URL, except on a classroom viewer's page: its URL
-  // settings stay its own (only the presenter changes the engine); every hello (re)builds the controls.
-  function onHello() {
-    if (!urlApplied) {
-      urlApplied = true;
-      if (s.hello.role !== "viewer") applyUrl();
-      else if (location.search) FT.toast("viewing a class: URL settings are not sent; the presenter controls the engine");
-    }
-    if (!embed) buildControls();
-  }
-
-  function onSettings() { applySettings(); writeUrl(); }
-
-  FT.controls = {init(a) { app = a; ({s, ui, embed} = a); }, wire, onHello, onSettings};
-})();
+export function onSettings() { applySettings(); writeUrl(); }

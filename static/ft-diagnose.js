@@ -1,190 +1,189 @@
-// First Token: "Why does this response feel slow?" for the selected request. FT.diagnose(r, s)
+// First Token: "Why does this response feel slow?" for the selected request. diagnose(r, s)
 // is a pure function of one request and the page state: it adds up the request's measured
 // stages (finished.stages for the first token, finished.later per later token, its admissions
 // and preemptions) into the parts a person can act on — queueing (for a slot or for KV-cache
 // blocks), prefill, decode, waiting behind other requests' prefill, preemption, delivery —
 // names the largest, and says so with the numbers, as a hypothesis. The panel shows it.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$, el, fmtS} = FT;
+import {selectedReq} from "ft/panels";
+import {prefillTime, running, stepMedians} from "ft/state";
+import {$, el, fmtS} from "ft/util";
 
-  const sum = (xs) => xs.reduce((a, b) => a + b, 0);
-  const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
+const sum = (xs) => xs.reduce((a, b) => a + b, 0);
+const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
-  // Who was ahead of r: requests that had arrived before it and were still waiting when it
-  // came. And the slots held while it waited: the most requests running at any admission
-  // during its wait (or half-way through it).
-  function atArrival(r, s) {
-    const end = r.admitted !== null ? r.admitted : s.latestT;
-    const running = (t) => {
-      let n = 0;
-      for (const q of s.reqs.values()) if (q !== r && q.admitted !== null && q.admitted <= t && (q.end === null || q.end > t)) n++;
-      return n;
-    };
-    let ahead = 0, busy = running((r.arrival + end) / 2);
-    for (const q of s.reqs.values()) {
-      if (q === r || q.rejected || q.arrival >= r.arrival) continue;
-      if ((q.admitted === null || q.admitted > r.arrival) && (q.end === null || q.end > r.arrival)) ahead++;
-      if (q.admitted !== null && q.admitted > r.arrival && q.admitted < end) busy = Math.max(busy, running(q.admitted));
-    }
-    return {ahead, busy};
-  }
-
-  // The median decode-only step at a batch size (the nearest measured size; `medians` from
-  // FT.stepMedians), ms.
-  function decodeOnlyMs(medians, batch) {
-    let best = null;
-    for (const b of medians.keys()) if (best === null || Math.abs(b - batch) < Math.abs(best - batch)) best = b;
-    return best === null ? null : medians.get(best);
-  }
-
-  // Of the time r spent in mixed forwards (decoding while they also carried others' prompt
-  // chunks), the part above a decode-only step at the same batch: its wait for their prefill.
-  // Measured from the forwards still in the page's history; null when none are.
-  function mixedExcess(r, s) {
-    const medians = FT.stepMedians(s.points);
-    let excess = 0, seen = 0;
-    for (const st of s.steps) {
-      if (st.kind !== "mixed" || !st.decodeIds.includes(r.id)) continue;
-      const base = decodeOnlyMs(medians, st.decodeIds.length);
-      if (base === null) continue;
-      seen++;
-      excess += Math.max(0, (st.end - st.start) - base / 1000);
-    }
-    return seen ? excess : null;
-  }
-
-  // Why the queue held it: the reason most stats samples named (r.waitOn, ft-state.js), if any were taken.
-  function waitedFor(r) {
-    const w = r.waitOn;
-    let top = null;
-    for (const k in w) if (top === null || w[k] > w[top]) top = k;
-    return top;
-  }
-
-  // A finished request's time, in seconds per part. Parts sum to e2e (what is left is "other").
-  function finishedParts(r, s) {
-    const st = r.stages, L = r.later || {}, k = Math.max(0, (r.outputTokens || 0) - 1);
-    const per = (name) => (L[name] || 0) * k;
-    const mixed = per("mixed");
-    let excess = mixed > 0 ? mixedExcess(r, s) : 0;
-    excess = excess === null ? 0 : Math.min(excess, mixed);
-    const p = {
-      queue: st.queue, prefill: st.prefill + st.tokenize,
-      decode: per("decode") + (mixed - excess) + per("sample") + st.first_sample,
-      stalled: per("stalled") + excess, preempted: per("preempted"),
-      delivery: st.delivery + per("delivery"),
-    };
-    p.other = Math.max(0, r.e2e - sum(Object.values(p)));
-    return p;
-  }
-
-  const HELP = {
-    slot: "more batch slots or less load would likely help",
-    cache: "a bigger KV-cache budget, shorter prompts or fewer requests at once would likely help",
-    batch: "static batching held it until the running batch finished; continuous batching would likely let it in sooner",
-    budget: "the step token budget went to running requests; a larger step token budget would likely let it in sooner",
-    drain: "the KV-cache mode changed and running requests had to drain first",
+// Who was ahead of r: requests that had arrived before it and were still waiting when it
+// came. And the slots held while it waited: the most requests running at any admission
+// during its wait (or half-way through it).
+function atArrival(r, s) {
+  const end = r.admitted !== null ? r.admitted : s.latestT;
+  const running = (t) => {
+    let n = 0;
+    for (const q of s.reqs.values()) if (q !== r && q.admitted !== null && q.admitted <= t && (q.end === null || q.end > t)) n++;
+    return n;
   };
-
-  function queueText(r, s, p, total) {
-    const {ahead, busy} = atArrival(r, s), slots = s.settings.slots;
-    const why = waitedFor(r) || (busy >= slots ? "slot" : null);
-    const cause = why === "cache" ? "cache" : "queueing";
-    const what = cause === "cache" ? "waiting in the queue for free KV-cache blocks" : "queueing";
-    const taken = slots === 1 ? (busy ? "the only slot was busy" : "the only slot was free")
-      : busy >= slots ? `all ${slots} slots were busy` : `${busy} of ${slots} slots were busy`;
-    const scene = `${plural(ahead, "request was", "requests were")} ahead of it and ${taken} while it waited`;
-    return {cause, text: `Most of this request's ${fmtS(total)} was ${what} (${fmtS(p.queue)}): ${scene} — ` +
-      `${HELP[why] || HELP.slot}.`, extra: {ahead, busy, slots, waitedFor: why}};
+  let ahead = 0, busy = running((r.arrival + end) / 2);
+  for (const q of s.reqs.values()) {
+    if (q === r || q.rejected || q.arrival >= r.arrival) continue;
+    if ((q.admitted === null || q.admitted > r.arrival) && (q.end === null || q.end > r.arrival)) ahead++;
+    if (q.admitted !== null && q.admitted > r.arrival && q.admitted < end) busy = Math.max(busy, running(q.admitted));
   }
+  return {ahead, busy};
+}
 
-  function causeText(cause, r, s, p, total) {
-    const k = Math.max(0, (r.outputTokens || 0) - 1);
-    const lead = (what, v) => `Most of this request's ${fmtS(total)} was ${what} (${fmtS(v)})`;
-    switch (cause) {
-      case "queueing": return queueText(r, s, p, total);
-      case "prefill": {
-        const n = r.promptTokens || 0;
-        return {cause, text: `${lead("prefill", p.prefill)}: computing its ${n}-token prompt` +
-          (n ? ` (${fmtS((p.prefill / n) * 100)} per 100 tokens)` : "") +
-          ` — a shorter prompt, or a prompt prefix the prefix cache already holds, would likely help.`};
-      }
-      case "decode": return {cause, text: `${lead("decoding", p.decode)}: ${k} later tokens at ${fmtS(r.tpot)} each, ` +
-        `one per model step shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
-        `so a busier batch slows it only a little.`};
-      case "stalled": return {cause, text: `${lead("waiting behind other requests' prefill", p.stalled)}: ` +
-        `its later tokens waited while other prompts were computed — chunked prefill (the mixed schedule) or a smaller ` +
-        `step token budget would likely keep it streaming.`};
-      case "preempted": return {cause: "preemption", text: `${lead("preemption", p.preempted)}: the KV cache ran out, it gave its blocks back ` +
-        `${plural(r.finalPreemptions || r.preempts.length, "time", "times")} and waited to be recomputed — ${HELP.cache}.`};
-      case "delivery": return {cause, text: `${lead("delivery", p.delivery)}: handing its tokens on to the client, not the model — ` +
-        `a slow client or network is the likely cause.`};
-      default: return {cause: "other", text: `${lead("engine time between forwards", p.other)}: not one stage — ` +
-        `scheduling and bookkeeping, or a machine busy with other work, is the likely cause.`};
-    }
+// The median decode-only step at a batch size (the nearest measured size; `medians` from
+// stepMedians), ms.
+function decodeOnlyMs(medians, batch) {
+  let best = null;
+  for (const b of medians.keys()) if (best === null || Math.abs(b - batch) < Math.abs(best - batch)) best = b;
+  return best === null ? null : medians.get(best);
+}
+
+// Of the time r spent in mixed forwards (decoding while they also carried others' prompt
+// chunks), the part above a decode-only step at the same batch: its wait for their prefill.
+// Measured from the forwards still in the page's history; null when none are.
+function mixedExcess(r, s) {
+  const medians = stepMedians(s.points);
+  let excess = 0, seen = 0;
+  for (const st of s.steps) {
+    if (st.kind !== "mixed" || !st.decodeIds.includes(r.id)) continue;
+    const base = decodeOnlyMs(medians, st.decodeIds.length);
+    if (base === null) continue;
+    seen++;
+    excess += Math.max(0, (st.end - st.start) - base / 1000);
   }
+  return seen ? excess : null;
+}
 
-  // A request that has not finished: what it is doing so far.
-  function inFlight(r, s) {
-    const now = s.latestT, L = s.last;
-    if (!r.admits.length) {
-      const waited = now - (r.tokEnd !== null ? r.tokEnd : r.arrival);
-      const why = L && L.blocked_on;
-      const pos = s.waiting.indexOf(r.id);
-      return {cause: why === "cache" ? "cache" : "queueing", numbers: {queue: waited},
-              text: `So far it has waited ${fmtS(waited)} in the queue` + (pos > 0 ? ` behind ${plural(pos, "request", "requests")}` : "") +
-                (s.hello ? `, with ${FT.running(s)}/${s.settings.slots} slots busy` : "") + (why ? ` — ${HELP[why] || ""}` : "") +
-                ". The full diagnosis comes when it finishes."};
-    }
-    if (r.first === null) {
-      return {cause: "prefill", numbers: {queue: r.queueS, prefill: FT.prefillTime(r)},
-              text: `Admitted after ${fmtS(r.queueS)} in the queue; its prompt is being computed (${fmtS(FT.prefillTime(r))} so far).`};
-    }
-    return {cause: "decode", numbers: {ttft: r.first - r.arrival, tokens: r.tokens.length},
-            text: `First token after ${fmtS(r.first - r.arrival)}; ${r.tokens.length} tokens so far. The full diagnosis comes when it finishes.`};
-  }
+// Why the queue held it: the reason most stats samples named (r.waitOn, ft-state.js), if any were taken.
+function waitedFor(r) {
+  const w = r.waitOn;
+  let top = null;
+  for (const k in w) if (top === null || w[k] > w[top]) top = k;
+  return top;
+}
 
-  FT.diagnose = function (r, s) {
-    if (!r) return null;
-    if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
-    if (!r.stages) return inFlight(r, s);
-    if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
-    const p = finishedParts(r, s), total = r.e2e;
-    let cause = "other";
-    for (const k in p) if (p[k] > p[cause]) cause = k;
-    const d = causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
-    const rest = Object.entries(p).filter(([k, v]) => k !== cause && v >= 0.1 * total).sort((a, b) => b[1] - a[1]);
-    if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
-    d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});
-    delete d.extra;
-    return d;
+// A finished request's time, in seconds per part. Parts sum to e2e (what is left is "other").
+function finishedParts(r, s) {
+  const st = r.stages, L = r.later || {}, k = Math.max(0, (r.outputTokens || 0) - 1);
+  const per = (name) => (L[name] || 0) * k;
+  const mixed = per("mixed");
+  let excess = mixed > 0 ? mixedExcess(r, s) : 0;
+  excess = excess === null ? 0 : Math.min(excess, mixed);
+  const p = {
+    queue: st.queue, prefill: st.prefill + st.tokenize,
+    decode: per("decode") + (mixed - excess) + per("sample") + st.first_sample,
+    stalled: per("stalled") + excess, preempted: per("preempted"),
+    delivery: st.delivery + per("delivery"),
   };
+  p.other = Math.max(0, r.e2e - sum(Object.values(p)));
+  return p;
+}
 
-  const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
-                 preempted: "preemption", delivery: "delivery", other: "other"};
+const HELP = {
+  slot: "more batch slots or less load would likely help",
+  cache: "a bigger KV-cache budget, shorter prompts or fewer requests at once would likely help",
+  batch: "static batching held it until the running batch finished; continuous batching would likely let it in sooner",
+  budget: "the step token budget went to running requests; a larger step token budget would likely let it in sooner",
+  drain: "the KV-cache mode changed and running requests had to drain first",
+};
 
-  // The selected request's diagnosis, computed again only when the request or the engine
-  // second changes: the panel and the tour's last step both read it on the 4 Hz tick.
-  let app, key = "", current = null, drawn;
-  FT.diagnosis = function () {
-    const r = FT.panels.selectedReq();
-    const k = r ? `${app.s.epoch}:${r.id}:${r.end}:${r.admits.length}:${r.first}:${Math.floor(app.s.latestT)}` : "";
-    if (k !== key) { key = k; current = r ? FT.diagnose(r, app.s) : null; }
-    return current;
-  };
+function queueText(r, s, p, total) {
+  const {ahead, busy} = atArrival(r, s), slots = s.settings.slots;
+  const why = waitedFor(r) || (busy >= slots ? "slot" : null);
+  const cause = why === "cache" ? "cache" : "queueing";
+  const what = cause === "cache" ? "waiting in the queue for free KV-cache blocks" : "queueing";
+  const taken = slots === 1 ? (busy ? "the only slot was busy" : "the only slot was free")
+    : busy >= slots ? `all ${slots} slots were busy` : `${busy} of ${slots} slots were busy`;
+  const scene = `${plural(ahead, "request was", "requests were")} ahead of it and ${taken} while it waited`;
+  return {cause, text: `Most of this request's ${fmtS(total)} was ${what} (${fmtS(p.queue)}): ${scene} — ` +
+    `${HELP[why] || HELP.slot}.`, extra: {ahead, busy, slots, waitedFor: why}};
+}
 
-  function update() {
-    const d = FT.diagnosis(), box = $("d-why");
-    if (d === drawn) return;
-    drawn = d;
-    box.dataset.cause = d ? d.cause : "";
-    if (!d) { box.replaceChildren(); return; }
-    const parts = Object.entries(d.numbers).filter(([n, v]) => n in NAMES && typeof v === "number" && v > 0);
-    const line = el("div", "why-parts", parts.map(([n, v]) => `${NAMES[n]} ${fmtS(v)}`).join(" · "));
-    box.replaceChildren(el("p", "why-text", d.text), line);
+function causeText(cause, r, s, p, total) {
+  const k = Math.max(0, (r.outputTokens || 0) - 1);
+  const lead = (what, v) => `Most of this request's ${fmtS(total)} was ${what} (${fmtS(v)})`;
+  switch (cause) {
+    case "queueing": return queueText(r, s, p, total);
+    case "prefill": {
+      const n = r.promptTokens || 0;
+      return {cause, text: `${lead("prefill", p.prefill)}: computing its ${n}-token prompt` +
+        (n ? ` (${fmtS((p.prefill / n) * 100)} per 100 tokens)` : "") +
+        ` — a shorter prompt, or a prompt prefix the prefix cache already holds, would likely help.`};
+    }
+    case "decode": return {cause, text: `${lead("decoding", p.decode)}: ${k} later tokens at ${fmtS(r.tpot)} each, ` +
+      `one per model step shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
+      `so a busier batch slows it only a little.`};
+    case "stalled": return {cause, text: `${lead("waiting behind other requests' prefill", p.stalled)}: ` +
+      `its later tokens waited while other prompts were computed — chunked prefill (the mixed schedule) or a smaller ` +
+      `step token budget would likely keep it streaming.`};
+    case "preempted": return {cause: "preemption", text: `${lead("preemption", p.preempted)}: the KV cache ran out, it gave its blocks back ` +
+      `${plural(r.finalPreemptions || r.preempts.length, "time", "times")} and waited to be recomputed — ${HELP.cache}.`};
+    case "delivery": return {cause, text: `${lead("delivery", p.delivery)}: handing its tokens on to the client, not the model — ` +
+      `a slow client or network is the likely cause.`};
+    default: return {cause: "other", text: `${lead("engine time between forwards", p.other)}: not one stage — ` +
+      `scheduling and bookkeeping, or a machine busy with other work, is the likely cause.`};
   }
+}
 
-  FT.teach.register({init(a) { app = a; }, update});
-})();
+// A request that has not finished: what it is doing so far.
+function inFlight(r, s) {
+  const now = s.latestT, L = s.last;
+  if (!r.admits.length) {
+    const waited = now - (r.tokEnd !== null ? r.tokEnd : r.arrival);
+    const why = L && L.blocked_on;
+    const pos = s.waiting.indexOf(r.id);
+    return {cause: why === "cache" ? "cache" : "queueing", numbers: {queue: waited},
+            text: `So far it has waited ${fmtS(waited)} in the queue` + (pos > 0 ? ` behind ${plural(pos, "request", "requests")}` : "") +
+              (s.hello ? `, with ${running(s)}/${s.settings.slots} slots busy` : "") + (why ? ` — ${HELP[why] || ""}` : "") +
+              ". The full diagnosis comes when it finishes."};
+  }
+  if (r.first === null) {
+    return {cause: "prefill", numbers: {queue: r.queueS, prefill: prefillTime(r)},
+            text: `Admitted after ${fmtS(r.queueS)} in the queue; its prompt is being computed (${fmtS(prefillTime(r))} so far).`};
+  }
+  return {cause: "decode", numbers: {ttft: r.first - r.arrival, tokens: r.tokens.length},
+          text: `First token after ${fmtS(r.first - r.arrival)}; ${r.tokens.length} tokens so far. The full diagnosis comes when it finishes.`};
+}
+
+export function diagnose(r, s) {
+  if (!r) return null;
+  if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
+  if (!r.stages) return inFlight(r, s);
+  if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
+  const p = finishedParts(r, s), total = r.e2e;
+  let cause = "other";
+  for (const k in p) if (p[k] > p[cause]) cause = k;
+  const d = causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
+  const rest = Object.entries(p).filter(([k, v]) => k !== cause && v >= 0.1 * total).sort((a, b) => b[1] - a[1]);
+  if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
+  d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});
+  delete d.extra;
+  return d;
+}
+
+const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
+               preempted: "preemption", delivery: "delivery", other: "other"};
+
+// The selected request's diagnosis, computed again only when the request or the engine
+// second changes: the panel and the tour's last step both read it on the 4 Hz tick.
+let s;   // the page state, from init
+export function init(deps) { ({s} = deps); }
+let key = "", current = null, drawn;
+export function diagnosis() {
+  const r = selectedReq();
+  const k = r ? `${s.epoch}:${r.id}:${r.end}:${r.admits.length}:${r.first}:${Math.floor(s.latestT)}` : "";
+  if (k !== key) { key = k; current = r ? diagnose(r, s) : null; }
+  return current;
+}
+
+export function update() {
+  const d = diagnosis(), box = $("d-why");
+  if (d === drawn) return;
+  drawn = d;
+  box.dataset.cause = d ? d.cause : "";
+  if (!d) { box.replaceChildren(); return; }
+  const parts = Object.entries(d.numbers).filter(([n, v]) => n in NAMES && typeof v === "number" && v > 0);
+  const line = el("div", "why-parts", parts.map(([n, v]) => `${NAMES[n]} ${fmtS(v)}`).join(" · "));
+  box.replaceChildren(el("p", "why-text", d.text), line);
+}
+

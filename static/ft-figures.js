@@ -1,122 +1,118 @@
 // First Token: the live figures a lesson points at, computed from the page's state alone
 // (pure functions, no DOM). Each preset names the number that proves its point
-// (`preset.watch`); FT.proof[name](s, t0) measures that number over what happened since the
+// (`preset.watch`); proof[name](s, t0) measures that number over what happened since the
 // preset was applied at engine time t0, or says what it still waits for. The tour and the
 // presenter read the same functions, so a figure is computed one way everywhere.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {fmtS} = FT;
+import {percentile, running} from "ft/state";
+import {fmtS} from "ft/util";
 
-  const median = (xs) => FT.percentile(xs, 50);
+export const median = (xs) => percentile(xs, 50);
 
-  // Requests that arrived at or after t0 and finished with a full accounting.
-  function finishedSince(s, t0) {
-    const out = [];
-    for (const id of s.order) {
-      const r = s.reqs.get(id);
-      if (r.arrival >= t0 && r.stages && r.ttft !== null) out.push(r);
-    }
-    return out;
+// Requests that arrived at or after t0 and finished with a full accounting.
+export function finishedSince(s, t0) {
+  const out = [];
+  for (const id of s.order) {
+    const r = s.reqs.get(id);
+    if (r.arrival >= t0 && r.stages && r.ttft !== null) out.push(r);
   }
+  return out;
+}
 
-  // Output tokens per second per stream (1 / mean time per later token), median over requests.
-  function streamRate(done) {
-    const tp = done.filter((r) => r.tpot).map((r) => 1 / r.tpot);
-    return median(tp);
-  }
+// Output tokens per second per stream (1 / mean time per later token), median over requests.
+function streamRate(done) {
+  const tp = done.filter((r) => r.tpot).map((r) => 1 / r.tpot);
+  return median(tp);
+}
 
-  // Decode steps with the KV cache off since t0: step time against the mean sequence length
-  // each request recomputed in that step (`tokens` counts whole sequences then). The shortest
-  // and longest thirds are compared, so noise in single steps does not decide it.
-  function recomputeSlope(s, t0) {
-    const pts = s.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0 && st.ids.length)
-      .map((st) => ({len: st.tokens / st.ids.length, ms: (st.end - st.start) * 1000}))
-      .sort((a, b) => a.len - b.len);
-    if (pts.length < 6) return null;
-    const k = Math.floor(pts.length / 3);
-    const lo = pts.slice(0, k), hi = pts.slice(-k);
-    return {n: pts.length, short: {len: median(lo.map((p) => p.len)), ms: median(lo.map((p) => p.ms))},
-            long: {len: median(hi.map((p) => p.len)), ms: median(hi.map((p) => p.ms))}};
-  }
+// Decode steps with the KV cache off since t0: step time against the mean sequence length
+// each request recomputed in that step (`tokens` counts whole sequences then). The shortest
+// and longest thirds are compared, so noise in single steps does not decide it.
+export function recomputeSlope(s, t0) {
+  const pts = s.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0 && st.ids.length)
+    .map((st) => ({len: st.tokens / st.ids.length, ms: (st.end - st.start) * 1000}))
+    .sort((a, b) => a.len - b.len);
+  if (pts.length < 6) return null;
+  const k = Math.floor(pts.length / 3);
+  const lo = pts.slice(0, k), hi = pts.slice(-k);
+  return {n: pts.length, short: {len: median(lo.map((p) => p.len)), ms: median(lo.map((p) => p.ms))},
+          long: {len: median(hi.map((p) => p.len)), ms: median(hi.map((p) => p.ms))}};
+}
 
-  // TTFT, queue and prefill medians over the requests finished since t0.
-  function ttftParts(s, t0) {
-    const done = finishedSince(s, t0);
-    if (!done.length) return null;
-    return {n: done.length, ttft: median(done.map((r) => r.ttft)), queue: median(done.map((r) => r.stages.queue)),
-            prefill: median(done.map((r) => r.stages.prefill)), prompt: median(done.map((r) => r.promptTokens || 0)),
-            stream: streamRate(done), done};
-  }
+// TTFT, queue and prefill medians over the requests finished since t0.
+function ttftParts(s, t0) {
+  const done = finishedSince(s, t0);
+  if (!done.length) return null;
+  return {n: done.length, ttft: median(done.map((r) => r.ttft)), queue: median(done.map((r) => r.stages.queue)),
+          prefill: median(done.map((r) => r.stages.prefill)), prompt: median(done.map((r) => r.promptTokens || 0)),
+          stream: streamRate(done), done};
+}
 
-  const pct = (a, b) => `${Math.round((100 * a) / b)}%`;
-  const WAIT = "waiting for the first requests to finish…";
+const pct = (a, b) => `${Math.round((100 * a) / b)}%`;
+const WAIT = "waiting for the first requests to finish…";
 
-  // One function per preset: the number it proves, live. null = nothing measurable yet.
-  const proof = {
-    idle(s, t0) {
-      const p = ttftParts(s, t0);
-      return p && `prefill ${fmtS(p.prefill)} of TTFT ${fmtS(p.ttft)} (${pct(p.prefill, p.ttft)}); queue ${fmtS(p.queue)}`;
-    },
-    queueing(s, t0) {
-      const p = ttftParts(s, t0);
-      return p && `TTFT p50 ${fmtS(p.ttft)} vs prefill median ${fmtS(p.prefill)} · queue median ${fmtS(p.queue)}` +
-        (s.hello ? ` · ${s.waiting.length} waiting now` : "");
-    },
-    "long-document"(s, t0) {
-      const p = ttftParts(s, t0);
-      return p && `prefill median ${fmtS(p.prefill)} for ${p.prompt}-token prompts ` +
-        `(${fmtS(p.prefill / Math.max(1, p.prompt) * 100)} per 100 tokens) · TTFT p50 ${fmtS(p.ttft)}`;
-    },
-    "many-users"(s, t0) {
-      const L = s.last, p = ttftParts(s, t0);
-      if (!L) return null;
-      return `total ${L.tokens_per_s.toFixed(1)} tokens/s with ${FT.running(s)} running` +
-        (p && p.stream ? ` · each stream ${p.stream.toFixed(1)} tokens/s` : "");
-    },
-    "small-cache"(s) {
-      const L = s.last;
-      if (!L || L.cache_blocks_used === null) return null;
-      return `${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"} · ${L.cache_blocks_used}/${L.cache_blocks} blocks in use · ` +
-        `${s.waiting.length} waiting${s.waiting.length && L.blocked_on ? ` (for ${L.blocked_on === "cache" ? "KV blocks" : `a ${L.blocked_on}`})` : ""}`;
-    },
-    "kv-cache-off"(s, t0) {
-      const k = recomputeSlope(s, t0);
-      return k && `decode step ${k.short.ms.toFixed(1)} ms at ~${Math.round(k.short.len)} tokens → ` +
-        `${k.long.ms.toFixed(1)} ms at ~${Math.round(k.long.len)} tokens (${k.n} steps, cache off)`;
-    },
-    "shared-prefix"(s) {
-      const L = s.last;
-      if (!L || !L.prefix_queries) return null;
-      return `prefix-cache hits ${L.prefix_hits} of ${L.prefix_queries} prompt tokens (${pct(L.prefix_hits, L.prefix_queries)})`;
-    },
-    "static-batching"(s, t0) { return batchFigure(s, t0); },
-    "continuous-batching"(s, t0) { return batchFigure(s, t0); },
-    "chunked-prefill"(s, t0) { return stallFigure(s, t0); },
-    "prefill-first"(s, t0) { return stallFigure(s, t0); },
-  };
-
-  function batchFigure(s, t0) {
+// One function per preset: the number it proves, live. null = nothing measurable yet.
+const proof = {
+  idle(s, t0) {
+    const p = ttftParts(s, t0);
+    return p && `prefill ${fmtS(p.prefill)} of TTFT ${fmtS(p.ttft)} (${pct(p.prefill, p.ttft)}); queue ${fmtS(p.queue)}`;
+  },
+  queueing(s, t0) {
+    const p = ttftParts(s, t0);
+    return p && `TTFT p50 ${fmtS(p.ttft)} vs prefill median ${fmtS(p.prefill)} · queue median ${fmtS(p.queue)}` +
+      (s.hello ? ` · ${s.waiting.length} waiting now` : "");
+  },
+  "long-document"(s, t0) {
+    const p = ttftParts(s, t0);
+    return p && `prefill median ${fmtS(p.prefill)} for ${p.prompt}-token prompts ` +
+      `(${fmtS(p.prefill / Math.max(1, p.prompt) * 100)} per 100 tokens) · TTFT p50 ${fmtS(p.ttft)}`;
+  },
+  "many-users"(s, t0) {
     const L = s.last, p = ttftParts(s, t0);
-    if (!L || !p) return null;
-    return `TTFT p50 ${fmtS(p.ttft)} · total ${L.tokens_per_s.toFixed(1)} tokens/s · ${FT.running(s)}/${s.settings.slots} slots busy`;
-  }
-
-  // How long streaming requests waited for others' prefill, per later token (finished.later).
-  function stallFigure(s, t0) {
-    const done = finishedSince(s, t0).filter((r) => r.later && r.tpot);
+    if (!L) return null;
+    return `total ${L.tokens_per_s.toFixed(1)} tokens/s with ${running(s)} running` +
+      (p && p.stream ? ` · each stream ${p.stream.toFixed(1)} tokens/s` : "");
+  },
+  "small-cache"(s) {
     const L = s.last;
-    if (!done.length || !L || !L.itl) return null;
-    const stalled = median(done.map((r) => (r.later.stalled || 0) + (r.later.mixed || 0)));
-    return `ITL p50 ${fmtS(L.itl.p50)} · p99 ${fmtS(L.itl.p99)} · a later token spent ${fmtS(stalled)} ` +
-      "in or waiting for steps with others' prompts (median)";
-  }
+    if (!L || L.cache_blocks_used === null) return null;
+    return `${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"} · ${L.cache_blocks_used}/${L.cache_blocks} blocks in use · ` +
+      `${s.waiting.length} waiting${s.waiting.length && L.blocked_on ? ` (for ${L.blocked_on === "cache" ? "KV blocks" : `a ${L.blocked_on}`})` : ""}`;
+  },
+  "kv-cache-off"(s, t0) {
+    const k = recomputeSlope(s, t0);
+    return k && `decode step ${k.short.ms.toFixed(1)} ms at ~${Math.round(k.short.len)} tokens → ` +
+      `${k.long.ms.toFixed(1)} ms at ~${Math.round(k.long.len)} tokens (${k.n} steps, cache off)`;
+  },
+  "shared-prefix"(s) {
+    const L = s.last;
+    if (!L || !L.prefix_queries) return null;
+    return `prefix-cache hits ${L.prefix_hits} of ${L.prefix_queries} prompt tokens (${pct(L.prefix_hits, L.prefix_queries)})`;
+  },
+  "static-batching"(s, t0) { return batchFigure(s, t0); },
+  "continuous-batching"(s, t0) { return batchFigure(s, t0); },
+  "chunked-prefill"(s, t0) { return stallFigure(s, t0); },
+  "prefill-first"(s, t0) { return stallFigure(s, t0); },
+};
 
-  // The live figure for a preset, or a line saying what it waits for.
-  FT.proofText = function (name, s, t0) {
-    const f = proof[name];
-    if (!f) return "";
-    return f(s, t0) || WAIT;
-  };
-  FT.figures = {finishedSince, recomputeSlope, median};
-})();
+function batchFigure(s, t0) {
+  const L = s.last, p = ttftParts(s, t0);
+  if (!L || !p) return null;
+  return `TTFT p50 ${fmtS(p.ttft)} · total ${L.tokens_per_s.toFixed(1)} tokens/s · ${running(s)}/${s.settings.slots} slots busy`;
+}
+
+// How long streaming requests waited for others' prefill, per later token (finished.later).
+function stallFigure(s, t0) {
+  const done = finishedSince(s, t0).filter((r) => r.later && r.tpot);
+  const L = s.last;
+  if (!done.length || !L || !L.itl) return null;
+  const stalled = median(done.map((r) => (r.later.stalled || 0) + (r.later.mixed || 0)));
+  return `ITL p50 ${fmtS(L.itl.p50)} · p99 ${fmtS(L.itl.p99)} · a later token spent ${fmtS(stalled)} ` +
+    "in or waiting for steps with others' prompts (median)";
+}
+
+// The live figure for a preset, or a line saying what it waits for.
+export function proofText(name, s, t0) {
+  const f = proof[name];
+  if (!f) return "";
+  return f(s, t0) || WAIT;
+}

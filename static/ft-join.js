@@ -3,154 +3,151 @@
 // server-sent events over a POST (server/classroom.py) and the page shows two sets of
 // figures side by side, labelled: the engine's own measurements (its `finished` event) and
 // what this phone measured (from pressing Send, so the network is included).
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$} = FT;
-  const codeRequired = document.body.dataset.codeRequired === "true";
-  const run = {busy: false, sent: 0, arrivals: []};
+import {$, fmtS} from "ft/util";
 
-  function say(text, bad) {
-    const m = $("msg");
-    m.textContent = text;
-    m.classList.toggle("bad", !!bad);
+const codeRequired = document.body.dataset.codeRequired === "true";
+const run = {busy: false, sent: 0, arrivals: []};
+
+function say(text, bad) {
+  const m = $("msg");
+  m.textContent = text;
+  m.classList.toggle("bad", !!bad);
+}
+
+async function errorText(res) {
+  try { return (await res.json()).error.message; } catch (e) { return `the server answered HTTP ${res.status}`; }
+}
+
+function showJoin() {
+  $("ask-form").hidden = true;
+  $("join-form").hidden = false;
+  $("who").textContent = "";
+  $("name").focus();
+}
+
+function joined(name) {
+  $("join-form").hidden = true;
+  $("ask-form").hidden = false;
+  $("who").textContent = `you are ${name}`;
+  $("prompt").focus();
+}
+
+async function start() {
+  const code = new URLSearchParams(location.search).get("code");
+  if (codeRequired && code) $("code").value = code;
+  try {
+    const res = await fetch("/join/session");
+    const body = res.ok ? await res.json() : null;
+    if (body && body.joined) { joined(body.name); return; }
+  } catch (e) { say(`cannot reach the class: ${e.message}`, true); }
+  showJoin();
+}
+
+async function join(e) {
+  e.preventDefault();
+  const body = {name: $("name").value};
+  if (codeRequired) body.code = $("code").value;
+  const res = await fetch("/join/session", {method: "POST", headers: {"Content-Type": "application/json"},
+                                            body: JSON.stringify(body)});
+  if (!res.ok) { say(await errorText(res), true); return; }
+  say("");
+  joined((await res.json()).name);
+}
+
+// ------------------------------------------------------------ figures
+const perS = (n, seconds) => (seconds > 0 ? `${(n / seconds).toFixed(1)}` : "—");
+
+function phoneFigures() {
+  const a = run.arrivals;
+  if (!a.length) return;
+  $("f-ttft-phone").textContent = fmtS((a[0] - run.sent) / 1000);
+  // later tokens per second of arrival: the first token's wait is TTFT, not throughput
+  if (a.length >= 2) $("f-tps-phone").textContent = perS(a.length - 1, (a[a.length - 1] - a[0]) / 1000);
+}
+
+function engineFigures(ev) {
+  $("f-ttft-engine").textContent = fmtS(ev.ttft);
+  $("f-tps-engine").textContent = ev.tpot ? perS(1, ev.tpot) : "—";
+  $("f-note").textContent = `${ev.output_tokens} tokens (${ev.reason}); prompt ${ev.prompt_tokens} tokens. ` +
+    "engine: measured by the server, from your request's arrival to its first token, then 1 / time per " +
+    "output token. this phone: measured here from pressing Send (network included), then tokens per " +
+    "second as they arrived.";
+}
+
+function onEvent(ev) {
+  if (ev.type === "start") $("answer-state").textContent = `· ${ev.id} · waiting for the first token…`;
+  else if (ev.type === "token") {
+    run.arrivals.push(performance.now());
+    $("answer").textContent += ev.text;
+    $("answer-state").textContent = "· streaming";
+    phoneFigures();
+  } else if (ev.type === "finished") {
+    $("answer-state").textContent = "· done";
+    engineFigures(ev);
+  } else if (ev.type === "error") {
+    $("answer-state").textContent = "· stopped";
+    say(ev.message, true);
   }
+}
 
-  async function errorText(res) {
-    try { return (await res.json()).error.message; } catch (e) { return `the server answered HTTP ${res.status}`; }
-  }
-
-  function showJoin() {
-    $("ask-form").hidden = true;
-    $("join-form").hidden = false;
-    $("who").textContent = "";
-    $("name").focus();
-  }
-
-  function joined(name) {
-    $("join-form").hidden = true;
-    $("ask-form").hidden = false;
-    $("who").textContent = `you are ${name}`;
-    $("prompt").focus();
-  }
-
-  async function start() {
-    const code = new URLSearchParams(location.search).get("code");
-    if (codeRequired && code) $("code").value = code;
-    try {
-      const res = await fetch("/join/session");
-      const body = res.ok ? await res.json() : null;
-      if (body && body.joined) { joined(body.name); return; }
-    } catch (e) { say(`cannot reach the class: ${e.message}`, true); }
-    showJoin();
-  }
-
-  async function join(e) {
-    e.preventDefault();
-    const body = {name: $("name").value};
-    if (codeRequired) body.code = $("code").value;
-    const res = await fetch("/join/session", {method: "POST", headers: {"Content-Type": "application/json"},
-                                              body: JSON.stringify(body)});
-    if (!res.ok) { say(await errorText(res), true); return; }
-    say("");
-    joined((await res.json()).name);
-  }
-
-  // ------------------------------------------------------------ figures
-  const perS = (n, seconds) => (seconds > 0 ? `${(n / seconds).toFixed(1)}` : "—");
-
-  function phoneFigures() {
-    const a = run.arrivals;
-    if (!a.length) return;
-    $("f-ttft-phone").textContent = FT.fmtS((a[0] - run.sent) / 1000);
-    // later tokens per second of arrival: the first token's wait is TTFT, not throughput
-    if (a.length >= 2) $("f-tps-phone").textContent = perS(a.length - 1, (a[a.length - 1] - a[0]) / 1000);
-  }
-
-  function engineFigures(ev) {
-    $("f-ttft-engine").textContent = FT.fmtS(ev.ttft);
-    $("f-tps-engine").textContent = ev.tpot ? perS(1, ev.tpot) : "—";
-    $("f-note").textContent = `${ev.output_tokens} tokens (${ev.reason}); prompt ${ev.prompt_tokens} tokens. ` +
-      "engine: measured by the server, from your request's arrival to its first token, then 1 / time per " +
-      "output token. this phone: measured here from pressing Send (network included), then tokens per " +
-      "second as they arrived.";
-  }
-
-  function onEvent(ev) {
-    if (ev.type === "start") $("answer-state").textContent = `· ${ev.id} · waiting for the first token…`;
-    else if (ev.type === "token") {
-      run.arrivals.push(performance.now());
-      $("answer").textContent += ev.text;
-      $("answer-state").textContent = "· streaming";
-      phoneFigures();
-    } else if (ev.type === "finished") {
-      $("answer-state").textContent = "· done";
-      engineFigures(ev);
-    } else if (ev.type === "error") {
-      $("answer-state").textContent = "· stopped";
-      say(ev.message, true);
+// Server-sent events over fetch: blocks separated by a blank line; `data:` lines carry JSON,
+// `:` lines are keep-alives.
+async function read(res) {
+  const reader = res.body.getReader(), decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    buf += decoder.decode(value, {stream: true});
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      for (const line of block.split("\n")) if (line.startsWith("data: ")) onEvent(JSON.parse(line.slice(6)));
     }
   }
+}
 
-  // Server-sent events over fetch: blocks separated by a blank line; `data:` lines carry JSON,
-  // `:` lines are keep-alives.
-  async function read(res) {
-    const reader = res.body.getReader(), decoder = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) break;
-      buf += decoder.decode(value, {stream: true});
-      let cut;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, cut);
-        buf = buf.slice(cut + 2);
-        for (const line of block.split("\n")) if (line.startsWith("data: ")) onEvent(JSON.parse(line.slice(6)));
-      }
+async function ask(e) {
+  e.preventDefault();
+  const prompt = $("prompt").value.trim();
+  if (!prompt || run.busy) return;
+  run.busy = true;
+  $("btn-ask").disabled = true;
+  say("");
+  try {
+    run.sent = performance.now();
+    run.arrivals = [];
+    const res = await fetch("/join/ask", {method: "POST", headers: {"Content-Type": "application/json"},
+                                          body: JSON.stringify({prompt})});
+    if (!res.ok) {
+      say(await errorText(res), true);
+      if (res.status === 401) showJoin();
+      return;
     }
+    $("answer-card").hidden = false;
+    $("answer").textContent = "";
+    for (const id of ["f-ttft-engine", "f-tps-engine", "f-ttft-phone", "f-tps-phone"]) $(id).textContent = "—";
+    $("f-note").textContent = "";
+    await read(res);
+  } catch (err) {
+    say(`the answer was interrupted: ${err.message}`, true);
+  } finally {
+    run.busy = false;
+    $("btn-ask").disabled = false;
   }
+}
 
-  async function ask(e) {
-    e.preventDefault();
-    const prompt = $("prompt").value.trim();
-    if (!prompt || run.busy) return;
-    run.busy = true;
-    $("btn-ask").disabled = true;
-    say("");
-    try {
-      run.sent = performance.now();
-      run.arrivals = [];
-      const res = await fetch("/join/ask", {method: "POST", headers: {"Content-Type": "application/json"},
-                                            body: JSON.stringify({prompt})});
-      if (!res.ok) {
-        say(await errorText(res), true);
-        if (res.status === 401) showJoin();
-        return;
-      }
-      $("answer-card").hidden = false;
-      $("answer").textContent = "";
-      for (const id of ["f-ttft-engine", "f-tps-engine", "f-ttft-phone", "f-tps-phone"]) $(id).textContent = "—";
-      $("f-note").textContent = "";
-      await read(res);
-    } catch (err) {
-      say(`the answer was interrupted: ${err.message}`, true);
-    } finally {
-      run.busy = false;
-      $("btn-ask").disabled = false;
-    }
-  }
+function charsLeft() {
+  const box = $("prompt");
+  $("left").textContent = `${box.maxLength - box.value.length} characters left`;
+}
 
-  function charsLeft() {
-    const box = $("prompt");
-    $("left").textContent = `${box.maxLength - box.value.length} characters left`;
-  }
-
-  $("join-form").addEventListener("submit", join);
-  $("ask-form").addEventListener("submit", ask);
-  $("prompt").addEventListener("input", charsLeft);
-  $("prompt").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("ask-form").requestSubmit(); }
-  });
-  charsLeft();
-  start();
-})();
+$("join-form").addEventListener("submit", join);
+$("ask-form").addEventListener("submit", ask);
+$("prompt").addEventListener("input", charsLeft);
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("ask-form").requestSubmit(); }
+});
+charsLeft();
+start();

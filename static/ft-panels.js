@@ -3,280 +3,286 @@
 // waiting list, and the request detail: state, prefix-cache reuse and preemptions, TTFT and
 // later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$, el, fmtS, fmtBytes} = FT;
-  let app, s, ui, perf;   // the page's shared objects, from init
-  let detailKey = "";
+import {clock, send, setConn} from "ft/connection";
+import {STAGES, reqColor} from "ft/palette";
+import {active as replaying} from "ft/replay";
+import {percentile, prefillTime, running} from "ft/state";
+import {apply as applyPreset} from "ft/teach";
+import {$, el, fmtBytes, fmtS} from "ft/util";
 
-  // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
-  const LATER = [["decode", "decode step"], ["mixed", "step shared with others' prefill"],
-                 ["stalled", "waiting: others' prefill"], ["preempted", "preempted"], ["sample", "sample"],
-                 ["delivery", "delivery (server)"]];
-  const SHOW_WAITING = 40;
+// From init: the page state, its UI state (selected request, dirtyDom), the perf counters the
+// footer shows, and `select(id)`, which picks the request the detail panel shows.
+let s, ui, perf, select;
+export function init(deps) {
+  ({s, ui, perf, select} = deps);
+  wireStart();
+}
+let detailKey = "";
 
-  // One stacked bar with its legend: parts [{cls, name, v}] in seconds.
-  function stackedBar(parts, total, label) {
-    const wrap = el("div", "acc");
-    wrap.append(el("div", "acc-label", label));
-    const bar = el("div", "bar");
-    const legend = el("div", "acc-legend");
-    const sum = parts.reduce((a, p) => a + Math.max(0, p.v), 0) || 1;
-    for (const p of parts) {
-      const seg = el("span", `seg ${p.cls}`);
-      seg.style.flexGrow = String(Math.max(0, p.v) / sum);
-      seg.title = `${p.name}: ${fmtS(p.v)}`;
-      bar.append(seg);
-      const item = el("span", "li");
-      item.append(el("i", `sw ${p.cls}`), el("span", "", `${p.name} ${fmtS(p.v)}`));
-      legend.append(item);
-    }
-    wrap.append(bar, legend);
-    if (total !== null) wrap.append(el("div", "acc-total", total));
-    return wrap;
+// Where each later token's time went (`finished.later`), drawn as l-<key> segments.
+const LATER = [["decode", "decode step"], ["mixed", "step shared with others' prefill"],
+               ["stalled", "waiting: others' prefill"], ["preempted", "preempted"], ["sample", "sample"],
+               ["delivery", "delivery (server)"]];
+const SHOW_WAITING = 40;
+
+// One stacked bar with its legend: parts [{cls, name, v}] in seconds.
+function stackedBar(parts, total, label) {
+  const wrap = el("div", "acc");
+  wrap.append(el("div", "acc-label", label));
+  const bar = el("div", "bar");
+  const legend = el("div", "acc-legend");
+  const sum = parts.reduce((a, p) => a + Math.max(0, p.v), 0) || 1;
+  for (const p of parts) {
+    const seg = el("span", `seg ${p.cls}`);
+    seg.style.flexGrow = String(Math.max(0, p.v) / sum);
+    seg.title = `${p.name}: ${fmtS(p.v)}`;
+    bar.append(seg);
+    const item = el("span", "li");
+    item.append(el("i", `sw ${p.cls}`), el("span", "", `${p.name} ${fmtS(p.v)}`));
+    legend.append(item);
   }
+  wrap.append(bar, legend);
+  if (total !== null) wrap.append(el("div", "acc-total", total));
+  return wrap;
+}
 
-  // A finished request's accounting: TTFT by stage, then the mean later token by part.
-  function accountingBars(r) {
-    const out = [];
-    const here = r.pageFirstDelivery;
-    out.push(stackedBar(FT.STAGES.map(([k, name]) => ({cls: k, name, v: r.stages[k]})),
-                        `= TTFT ${fmtS(r.ttft)} measured by the server` +
-                        (here !== null ? ` · + ${fmtS(here)} to reach this page` : ""), "time to first token"));
-    if (r.later) {
-      const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
-      lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});
-      out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token (mean of ${r.outputTokens - 1})`, "each later token"));
-    }
-    return out;
+// A finished request's accounting: TTFT by stage, then the mean later token by part.
+function accountingBars(r) {
+  const out = [];
+  const here = r.pageFirstDelivery;
+  out.push(stackedBar(STAGES.map(([k, name]) => ({cls: k, name, v: r.stages[k]})),
+                      `= TTFT ${fmtS(r.ttft)} measured by the server` +
+                      (here !== null ? ` · + ${fmtS(here)} to reach this page` : ""), "time to first token"));
+  if (r.later) {
+    const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
+    lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});
+    out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token (mean of ${r.outputTokens - 1})`, "each later token"));
   }
+  return out;
+}
 
-  function accounting(r) {
-    if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
-    if (r.stages) return accountingBars(r);
-    const bits = [];
-    if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
-    if (r.prefills.length) bits.push(`prefill ${fmtS(FT.prefillTime(r))}`);
-    if (r.preempts.length) bits.push(`recompute ${fmtS(FT.prefillTime(r, true))}`);
-    if (r.first !== null) bits.push(`first token at +${fmtS(r.first - r.arrival)}`);
-    return [el("div", "acc-total", `${bits.join(" · ") || "waiting"} — the full accounting arrives when it finishes`)];
-  }
+function accounting(r) {
+  if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
+  if (r.stages) return accountingBars(r);
+  const bits = [];
+  if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
+  if (r.prefills.length) bits.push(`prefill ${fmtS(prefillTime(r))}`);
+  if (r.preempts.length) bits.push(`recompute ${fmtS(prefillTime(r, true))}`);
+  if (r.first !== null) bits.push(`first token at +${fmtS(r.first - r.arrival)}`);
+  return [el("div", "acc-total", `${bits.join(" · ") || "waiting"} — the full accounting arrives when it finishes`)];
+}
 
-  // The prompt as token chips (piece and id), then as plain text.
-  function promptChips(r) {
-    const list = (r.pieces || []).map((p, i) => {
-      const c = el("span", "tok");
-      c.append(el("span", "piece", p.replace(/ /g, "·").replace(/\n/g, "⏎") || "∅"), el("span", "tid", String(r.ids[i])));
-      return c;
-    });
-    if (r.truncated) list.push(el("span", "muted", ` … ${r.promptTokens - r.pieces.length} more`));
-    list.push(el("div", "prompt-text", (r.pieces || []).join("")));
-    return list;
-  }
-
-  function showModel(h) {
-    $("model").textContent = `${h.model} · ${h.device} · ${h.dtype} · ${(h.params / 1e6).toFixed(0)} M params · ` +
-      `${h.layers} layers · ${h.max_slots} slots`;
-  }
-
-  function headline() {
-    const L = s.last;
-    const pct = (o, k) => (o && o[k] !== undefined ? o[k] : null);
-    $("h-ttft50").textContent = fmtS(pct(L && L.ttft, "p50"));
-    $("h-ttft99").textContent = `${fmtS(pct(L && L.ttft, "p90"))} · ${fmtS(pct(L && L.ttft, "p99"))}`;
-    $("h-itl50").textContent = fmtS(pct(L && L.itl, "p50"));
-    $("h-itl99").textContent = `${fmtS(pct(L && L.itl, "p90"))} · ${fmtS(pct(L && L.itl, "p99"))}`;
-    $("h-tps").textContent = L ? L.tokens_per_s.toFixed(1) : "—";
-    // running and waiting: the same state the slots, the waiting chips and the timeline draw
-    // (events, in order), not the last stats sample, which a long forward holds back
-    $("h-running").textContent = s.hello ? `${FT.running(s)}/${s.settings.slots ?? "?"}` : "—";
-    $("h-waiting").textContent = s.hello ? String(s.waiting.length) : "—";
-    const st = s.settings;
-    $("h-policy").textContent = st.schedule ?? "—";
-    $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
-    $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
-      `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
-    const recent = s.delivery.slice(-300);
-    $("h-delivery").textContent = app.clock.offset === null ? "syncing" : fmtS(FT.percentile(recent, 50));
-  }
-
-  function footer() {
-    const clock = app.clock;
-    $("foot").textContent = `page ${perf.fps.toFixed(0)} fps (${perf.drawMs.toFixed(1)} ms drawing) · ` +
-      `websocket ${fmtBytes(Math.round(perf.bytesPerS))}/s · ` +
-      `${s.events} events · clock offset ${clock.offset === null ? "—" : "±" + fmtS(clock.rtt / 2)}` +
-      (s.dropped ? ` · ${s.dropped} events dropped for this page` : "");
-  }
-
-  function kvInfo() {
-    const h = s.hello, L = s.last;
-    const bpt = h.kv_bytes_per_token;
-    const bytesPer = (h.dtype === "float32" ? 4 : 2);
-    const filled = L ? L.cache_tokens : 0;
-    const budget = L ? L.cache_blocks * h.block_size : null;
-    $("kv-info").textContent = `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
-      `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} / ${budget ?? "—"} tok = ` +
-      `${fmtBytes(filled * bpt)} / ${budget === null ? "—" : fmtBytes(budget * bpt)}`;
-  }
-
-  // The KV blocks: in use, the budget, shared and cached ones; prefix-cache hits and preemptions (stats).
-  function blocksInfo() {
-    const h = s.hello, L = s.last;
-    if (!L || L.cache_blocks_used === null || !h.cache_blocks) {
-      $("blocks-info").textContent = ""; $("prefix-info").textContent = "";
-      return;
-    }
-    const store = h.kv_store_bytes ? `, ${fmtBytes(h.kv_store_bytes)} allocated` : "";
-    $("blocks-info").textContent = `${L.cache_blocks_used} of ${h.cache_blocks} in use (${h.block_size} tokens each${store})` +
-      (L.cache_blocks < h.cache_blocks ? `, budget: at most ${L.cache_blocks}` : "") +
-      ` · ${L.cache_blocks_shared} shared · ${L.cache_blocks_cached} free with a cached prefix`;
-    const q = L.prefix_queries, pct = q && (100 * L.prefix_hits) / q;
-    $("prefix-info").textContent = (q ? `prefix-cache hit rate ${pct.toFixed(pct < 10 ? 1 : 0)}% (${L.prefix_hits} of ${q} tokens)`
-                                      : "prefix cache: no lookups yet") + (s.settings.prefix_caching === false ? " (now off)" : "") +
-      ` · ${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"}`;
-  }
-
-  // What the head of the queue waits for, as the engine says (stats.blocked_on).
-  function waitReason(L) {
-    return {cache: "for KV-cache blocks", slot: `for a batch slot (${FT.running(s)}/${s.settings.slots} busy)`,
-            drain: "for running requests to drain (KV-cache mode changed)",
-            batch: "for the running batch to finish (static batching)",
-            budget: `for room in a step (its ${s.settings.max_batched_tokens}-token budget went to running requests)`}[L.blocked_on] || "";
-  }
-
-  function queueInfo() {
-    const L = s.last;
-    const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
-    const n = s.waiting.length, cacheBound = L && n > 0 && L.blocked_on === "cache";
-    if (badge) badge.hidden = !cacheBound;
-    if (badge && cacheBound) badge.textContent = `cache full: ${n} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
-    if (info) info.textContent = n === 0 ? "nobody waiting" : `${n} waiting ${L ? waitReason(L) : ""}`.trim();
-  }
-
-  // A request's chip: its id, or a classroom student's name (the id in the tooltip).
-  function chip(id) {
-    const r = s.reqs.get(id), label = r && r.label;
-    const c = el("button", "rchip", label || id);
-    if (label) c.title = id;
-    c.style.setProperty("--req-color", FT.reqColor(id));
-    c.addEventListener("click", () => app.select(id));
+// The prompt as token chips (piece and id), then as plain text.
+function promptChips(r) {
+  const list = (r.pieces || []).map((p, i) => {
+    const c = el("span", "tok");
+    c.append(el("span", "piece", p.replace(/ /g, "·").replace(/\n/g, "⏎") || "∅"), el("span", "tid", String(r.ids[i])));
     return c;
+  });
+  if (r.truncated) list.push(el("span", "muted", ` … ${r.promptTokens - r.pieces.length} more`));
+  list.push(el("div", "prompt-text", (r.pieces || []).join("")));
+  return list;
+}
+
+export function showModel(h) {
+  $("model").textContent = `${h.model} · ${h.device} · ${h.dtype} · ${(h.params / 1e6).toFixed(0)} M params · ` +
+    `${h.layers} layers · ${h.max_slots} slots`;
+}
+
+function headline() {
+  const L = s.last;
+  const pct = (o, k) => (o && o[k] !== undefined ? o[k] : null);
+  $("h-ttft50").textContent = fmtS(pct(L && L.ttft, "p50"));
+  $("h-ttft99").textContent = `${fmtS(pct(L && L.ttft, "p90"))} · ${fmtS(pct(L && L.ttft, "p99"))}`;
+  $("h-itl50").textContent = fmtS(pct(L && L.itl, "p50"));
+  $("h-itl99").textContent = `${fmtS(pct(L && L.itl, "p90"))} · ${fmtS(pct(L && L.itl, "p99"))}`;
+  $("h-tps").textContent = L ? L.tokens_per_s.toFixed(1) : "—";
+  // running and waiting: the same state the slots, the waiting chips and the timeline draw
+  // (events, in order), not the last stats sample, which a long forward holds back
+  $("h-running").textContent = s.hello ? `${running(s)}/${s.settings.slots ?? "?"}` : "—";
+  $("h-waiting").textContent = s.hello ? String(s.waiting.length) : "—";
+  const st = s.settings;
+  $("h-policy").textContent = st.schedule ?? "—";
+  $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
+  $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
+    `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
+  const recent = s.delivery.slice(-300);
+  $("h-delivery").textContent = clock.offset === null ? "syncing" : fmtS(percentile(recent, 50));
+}
+
+function footer() {
+  $("foot").textContent = `page ${perf.fps.toFixed(0)} fps (${perf.drawMs.toFixed(1)} ms drawing) · ` +
+    `websocket ${fmtBytes(Math.round(perf.bytesPerS))}/s · ` +
+    `${s.events} events · clock offset ${clock.offset === null ? "—" : "±" + fmtS(clock.rtt / 2)}` +
+    (s.dropped ? ` · ${s.dropped} events dropped for this page` : "");
+}
+
+function kvInfo() {
+  const h = s.hello, L = s.last;
+  const bpt = h.kv_bytes_per_token;
+  const bytesPer = (h.dtype === "float32" ? 4 : 2);
+  const filled = L ? L.cache_tokens : 0;
+  const budget = L ? L.cache_blocks * h.block_size : null;
+  $("kv-info").textContent = `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
+    `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} / ${budget ?? "—"} tok = ` +
+    `${fmtBytes(filled * bpt)} / ${budget === null ? "—" : fmtBytes(budget * bpt)}`;
+}
+
+// The KV blocks: in use, the budget, shared and cached ones; prefix-cache hits and preemptions (stats).
+function blocksInfo() {
+  const h = s.hello, L = s.last;
+  if (!L || L.cache_blocks_used === null || !h.cache_blocks) {
+    $("blocks-info").textContent = ""; $("prefix-info").textContent = "";
+    return;
   }
+  const store = h.kv_store_bytes ? `, ${fmtBytes(h.kv_store_bytes)} allocated` : "";
+  $("blocks-info").textContent = `${L.cache_blocks_used} of ${h.cache_blocks} in use (${h.block_size} tokens each${store})` +
+    (L.cache_blocks < h.cache_blocks ? `, budget: at most ${L.cache_blocks}` : "") +
+    ` · ${L.cache_blocks_shared} shared · ${L.cache_blocks_cached} free with a cached prefix`;
+  const q = L.prefix_queries, pct = q && (100 * L.prefix_hits) / q;
+  $("prefix-info").textContent = (q ? `prefix-cache hit rate ${pct.toFixed(pct < 10 ? 1 : 0)}% (${L.prefix_hits} of ${q} tokens)`
+                                    : "prefix cache: no lookups yet") + (s.settings.prefix_caching === false ? " (now off)" : "") +
+    ` · ${L.preemptions} preemption${L.preemptions === 1 ? "" : "s"}`;
+}
 
-  function slots() {
-    const limit = s.settings.slots || s.slots.length;
-    $("slots").replaceChildren(...s.slots.map((id, i) => {
-      const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off");
-      if (!id) cell.title = i < limit ? `slot ${i}: free` : `slot ${i}: above the slots setting`;
-      cell.classList.add("cell");
-      return cell;
-    }));
-    $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
-    const shown = s.waiting.slice(0, SHOW_WAITING);
-    const w = $("waiting");
-    w.replaceChildren(...shown.map((id) => chip(id)));
-    if (s.waiting.length > shown.length) w.append(el("span", "muted", ` +${s.waiting.length - shown.length} more`));
-    $("waiting-info").textContent = s.hello ? `${s.waiting.length} in queue` : "";
+// What the head of the queue waits for, as the engine says (stats.blocked_on).
+function waitReason(L) {
+  return {cache: "for KV-cache blocks", slot: `for a batch slot (${running(s)}/${s.settings.slots} busy)`,
+          drain: "for running requests to drain (KV-cache mode changed)",
+          batch: "for the running batch to finish (static batching)",
+          budget: `for room in a step (its ${s.settings.max_batched_tokens}-token budget went to running requests)`}[L.blocked_on] || "";
+}
+
+function queueInfo() {
+  const L = s.last;
+  const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
+  const n = s.waiting.length, cacheBound = L && n > 0 && L.blocked_on === "cache";
+  if (badge) badge.hidden = !cacheBound;
+  if (badge && cacheBound) badge.textContent = `cache full: ${n} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
+  if (info) info.textContent = n === 0 ? "nobody waiting" : `${n} waiting ${L ? waitReason(L) : ""}`.trim();
+}
+
+// A request's chip: its id, or a classroom student's name (the id in the tooltip).
+function chip(id) {
+  const r = s.reqs.get(id), label = r && r.label;
+  const c = el("button", "rchip", label || id);
+  if (label) c.title = id;
+  c.style.setProperty("--req-color", reqColor(id));
+  c.addEventListener("click", () => select(id));
+  return c;
+}
+
+function slots() {
+  const limit = s.settings.slots || s.slots.length;
+  $("slots").replaceChildren(...s.slots.map((id, i) => {
+    const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off");
+    if (!id) cell.title = i < limit ? `slot ${i}: free` : `slot ${i}: above the slots setting`;
+    cell.classList.add("cell");
+    return cell;
+  }));
+  $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
+  const shown = s.waiting.slice(0, SHOW_WAITING);
+  const w = $("waiting");
+  w.replaceChildren(...shown.map((id) => chip(id)));
+  if (s.waiting.length > shown.length) w.append(el("span", "muted", ` +${s.waiting.length - shown.length} more`));
+  $("waiting-info").textContent = s.hello ? `${s.waiting.length} in queue` : "";
+}
+
+// The request panel follows the newest request with output (else the newest) unless one was picked.
+export function selectedReq() {
+  if (ui.selected && s.reqs.has(ui.selected)) return s.reqs.get(ui.selected);
+  for (let i = s.order.length - 1; i >= 0; i--) {
+    const r = s.reqs.get(s.order[i]);
+    if (r.first !== null) return r;
   }
+  const id = s.order[s.order.length - 1];
+  return id ? s.reqs.get(id) : null;
+}
 
-  // The request panel follows the newest request with output (else the newest) unless one was picked.
-  function selectedReq() {
-    if (ui.selected && s.reqs.has(ui.selected)) return s.reqs.get(ui.selected);
-    for (let i = s.order.length - 1; i >= 0; i--) {
-      const r = s.reqs.get(s.order[i]);
-      if (r.first !== null) return r;
-    }
-    const id = s.order[s.order.length - 1];
-    return id ? s.reqs.get(id) : null;
+const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.preempts.length - 1].until === null;
+
+// Where the request stands with the scheduler: its place in the queue and why, the prompt
+// tokens the prefix cache supplied, and its preemptions (each from an event).
+function schedNote(r) {
+  const L = s.last, a = r.admits[0], lines = [];
+  if (L && r.end === null && (!a || requeued(r))) {
+    const pos = s.waiting.indexOf(r.id);
+    lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(L)}`.trim() :
+      `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${s.waiting.length}); the first waits ${waitReason(L)}` : ""}`);
   }
+  const cached = a ? a.cachedTokens : r.finalCached;
+  if (cached !== null) lines.push(`${cached} of ${a ? a.promptTokens : r.promptTokens} prompt tokens reused from the prefix cache`);
+  if (r.preempts.length) {
+    const waited = r.preempts.reduce((acc, p) => acc + ((p.until ?? r.end ?? s.latestT) - p.t), 0);
+    const back = r.admits.filter((x) => x.resumed);
+    const redo = back.reduce((acc, x) => acc + x.promptTokens, 0), found = back.reduce((acc, x) => acc + x.cachedTokens, 0);
+    lines.push(`preempted ${r.preempts.length}× (a step needed its KV blocks): waited again ${fmtS(waited)}` +
+               (back.length ? `, then recomputed ${redo - found} tokens` : "") +
+               (found ? ` (${found} more from the prefix cache)` : ""));
+  } else if (r.finalPreemptions) lines.push(`preempted ${r.finalPreemptions}×`);
+  else if (a) lines.push("not preempted");
+  return lines.join("\n");
+}
 
-  const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.preempts.length - 1].until === null;
-
-  // Where the request stands with the scheduler: its place in the queue and why, the prompt
-  // tokens the prefix cache supplied, and its preemptions (each from an event).
-  function schedNote(r) {
-    const L = s.last, a = r.admits[0], lines = [];
-    if (L && r.end === null && (!a || requeued(r))) {
-      const pos = s.waiting.indexOf(r.id);
-      lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(L)}`.trim() :
-        `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${s.waiting.length}); the first waits ${waitReason(L)}` : ""}`);
-    }
-    const cached = a ? a.cachedTokens : r.finalCached;
-    if (cached !== null) lines.push(`${cached} of ${a ? a.promptTokens : r.promptTokens} prompt tokens reused from the prefix cache`);
-    if (r.preempts.length) {
-      const waited = r.preempts.reduce((acc, p) => acc + ((p.until ?? r.end ?? s.latestT) - p.t), 0);
-      const back = r.admits.filter((x) => x.resumed);
-      const redo = back.reduce((acc, x) => acc + x.promptTokens, 0), found = back.reduce((acc, x) => acc + x.cachedTokens, 0);
-      lines.push(`preempted ${r.preempts.length}× (a step needed its KV blocks): waited again ${fmtS(waited)}` +
-                 (back.length ? `, then recomputed ${redo - found} tokens` : "") +
-                 (found ? ` (${found} more from the prefix cache)` : ""));
-    } else if (r.finalPreemptions) lines.push(`preempted ${r.finalPreemptions}×`);
-    else if (a) lines.push("not preempted");
-    return lines.join("\n");
+function detail() {
+  const r = selectedReq();
+  if (!r) {
+    $("d-title").textContent = "— none yet";
+    $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
+    $("d-sched").textContent = "";
+    return;
   }
-
-  function detail() {
-    const r = selectedReq();
-    if (!r) {
-      $("d-title").textContent = "— none yet";
-      $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
-      $("d-sched").textContent = "";
-      return;
-    }
-    const state = r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
-      r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
-    $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
-    $("d-sched").textContent = schedNote(r);
-    const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
-    if (key === detailKey) return;
-    detailKey = key;
-    $("d-text").textContent = r.text.join("");
-    // Chips are rebuilt for another request, or when this one's tokenisation arrives.
-    const chips = $("d-chips"), chipsKey = `${s.epoch}:${r.id}:${r.pieces ? 1 : 0}`;
-    if (chips.dataset.req !== chipsKey) {
-      chips.dataset.req = chipsKey;
-      chips.replaceChildren(...promptChips(r));
-      $("d-ntok").textContent = r.promptTokens !== null ? `(${r.promptTokens})` : "";
-    }
-    $("d-accounting").replaceChildren(...accounting(r));
+  const state = r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
+    r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
+  $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
+  $("d-sched").textContent = schedNote(r);
+  const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
+  if (key === detailKey) return;
+  detailKey = key;
+  $("d-text").textContent = r.text.join("");
+  // Chips are rebuilt for another request, or when this one's tokenisation arrives.
+  const chips = $("d-chips"), chipsKey = `${s.epoch}:${r.id}:${r.pieces ? 1 : 0}`;
+  if (chips.dataset.req !== chipsKey) {
+    chips.dataset.req = chipsKey;
+    chips.replaceChildren(...promptChips(r));
+    $("d-ntok").textContent = r.promptTokens !== null ? `(${r.promptTokens})` : "";
   }
+  $("d-accounting").replaceChildren(...accounting(r));
+}
 
-  // The first screen's invitation (a live page on which nothing has run yet; a replay has its own).
-  function start() {
-    const box = $("start");
-    if (box) box.hidden = !(s.hello && !s.order.length && !FT.replay.active());
+// The first screen's invitation (a live page on which nothing has run yet; a replay has its own).
+function start() {
+  const box = $("start");
+  if (box) box.hidden = !(s.hello && !s.order.length && !replaying());
+}
+
+function wireStart() {
+  if (!$("start-form")) return;
+  $("start-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const prompt = $("start-prompt").value.trim();
+    if (prompt && send({type: "submit", prompt})) { ui.awaitOwn = true; $("start-prompt").value = ""; }
+  });
+  $("start-lesson").addEventListener("click", () => applyPreset("idle"));
+  $("start-tour").addEventListener("click", () => $("btn-tour").click());
+}
+
+export function update() {
+  headline();
+  start();
+  if (s.loading && !s.hello) {
+    setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
   }
-
-  function wireStart() {
-    if (!$("start-form")) return;
-    $("start-form").addEventListener("submit", (e) => {
-      e.preventDefault();
-      const prompt = $("start-prompt").value.trim();
-      if (prompt && app.send({type: "submit", prompt})) { ui.awaitOwn = true; $("start-prompt").value = ""; }
-    });
-    $("start-lesson").addEventListener("click", () => FT.teach.apply("idle"));
-    $("start-tour").addEventListener("click", () => $("btn-tour").click());
+  footer();
+  if (!ui.dirtyDom) return;
+  ui.dirtyDom = false;
+  // The parts the page has (an /embed shows those its `panels` parameter asked for).
+  if (s.hello) {
+    if ($("kv-info")) kvInfo();
+    if ($("blocks-info")) blocksInfo();
+    queueInfo();
   }
+  if ($("slots")) slots();
+  if ($("d-title")) detail();
+}
 
-  function update() {
-    headline();
-    start();
-    if (s.loading && !s.hello) {
-      app.setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
-    }
-    footer();
-    if (!ui.dirtyDom) return;
-    ui.dirtyDom = false;
-    // The parts the page has (an /embed shows those its `panels` parameter asked for).
-    if (s.hello) {
-      if ($("kv-info")) kvInfo();
-      if ($("blocks-info")) blocksInfo();
-      queueInfo();
-    }
-    if ($("slots")) slots();
-    if ($("d-title")) detail();
-  }
-
-  FT.panels = {init(a) { app = a; ({s, ui, perf} = a); wireStart(); }, showModel, update, selectedReq};
-})();

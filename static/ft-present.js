@@ -4,66 +4,61 @@
 // enlarged (ft.css, body[data-focus]). Shortcuts: ←/→ tour steps, 1–9 presets, `s` slow motion,
 // `p` presenter mode, `?` the list, Esc closes it (space pauses: ft-canvases.js). None fires
 // while typing in a field.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$} = FT;
-  let teach;
+import * as replay from "ft/replay";
+import {apply, presets} from "ft/teach";
+import * as tour from "ft/tour";
+import {$, toast} from "ft/util";
 
-  function setPresent(on) {
-    document.body.classList.toggle("present", on);
-    const q = new URLSearchParams(location.search);
-    if (on) q.set("present", "1"); else q.delete("present");
-    const qs = q.toString();
-    history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
-    $("btn-present").classList.toggle("primary", on);
-    window.dispatchEvent(new Event("resize"));   // plotly charts refit to their new boxes
+function setPresent(on) {
+  document.body.classList.toggle("present", on);
+  const q = new URLSearchParams(location.search);
+  if (on) q.set("present", "1"); else q.delete("present");
+  const qs = q.toString();
+  history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
+  $("btn-present").classList.toggle("primary", on);
+  window.dispatchEvent(new Event("resize"));   // plotly charts refit to their new boxes
+}
+
+// `s`: slow motion (ft-replay.js) on and off. The replay's own mode is the truth: its
+// button, a trace being replayed, or a reconnect may have changed it since the last key.
+function slowMotion() {
+  const {api} = replay;
+  if (replay.active()) {
+    if (api.live()) toast("live");
+  } else if (api.slowMotion(0.25)) {
+    toast("slow motion: the last seconds again at ¼ speed (s: back to live)");
+  } else {
+    toast("nothing to watch again yet");
   }
+}
 
-  // `s`: slow motion (ft-replay.js) on and off. The replay's own mode is the truth: its
-  // button, a trace being replayed, or a reconnect may have changed it since the last key.
-  function slowMotion() {
-    const {api} = FT.replay;
-    if (FT.replay.active()) {
-      if (api.live()) FT.toast("live");
-    } else if (api.slowMotion(0.25)) {
-      FT.toast("slow motion: the last seconds again at ¼ speed (s: back to live)");
-    } else {
-      FT.toast("nothing to watch again yet");
-    }
-  }
+const help = () => { const h = $("help"); h.hidden = !h.hidden; };
 
-  const help = () => { const h = $("help"); h.hidden = !h.hidden; };
+const typing = (e) => {
+  const t = e.target;
+  return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
+};
 
-  const typing = (e) => {
-    const t = e.target;
-    return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
-  };
+function onKey(e) {
+  if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
+  const k = e.key;
+  if (k === "ArrowRight") tour.next();
+  else if (k === "ArrowLeft") tour.prev();
+  else if (/^[1-9]$/.test(k)) {
+    const p = presets()[Number(k) - 1];
+    if (p) apply(p.name); else return;
+  } else if (k === "s") slowMotion();
+  else if (k === "p") setPresent(!document.body.classList.contains("present"));
+  else if (k === "?") help();
+  else if (k === "Escape") { $("help").hidden = true; return; }
+  else return;
+  e.preventDefault();
+}
 
-  function onKey(e) {
-    if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
-    const k = e.key;
-    if (k === "ArrowRight") FT.tour.next();
-    else if (k === "ArrowLeft") FT.tour.prev();
-    else if (/^[1-9]$/.test(k)) {
-      const p = teach.presets()[Number(k) - 1];
-      if (p) teach.apply(p.name); else return;
-    } else if (k === "s") slowMotion();
-    else if (k === "p") setPresent(!document.body.classList.contains("present"));
-    else if (k === "?") help();
-    else if (k === "Escape") { $("help").hidden = true; return; }
-    else return;
-    e.preventDefault();
-  }
-
-  FT.teach.register({
-    init(a, t) {
-      teach = t;
-      document.addEventListener("keydown", onKey);
-      $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
-      $("btn-help").addEventListener("click", help);
-      $("help-close").addEventListener("click", help);
-      if (new URLSearchParams(location.search).get("present") === "1") setPresent(true);
-    },
-  });
-})();
+export function init() {
+  document.addEventListener("keydown", onKey);
+  $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
+  $("btn-help").addEventListener("click", help);
+  $("help-close").addEventListener("click", help);
+  if (new URLSearchParams(location.search).get("present") === "1") setPresent(true);
+}

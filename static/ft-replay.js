@@ -1,285 +1,289 @@
 // First Token: traces, replay and slow motion. The page logs every event it receives (hello
 // first; bounded) and "Save trace" downloads that log as a trace, the JSON array
 // `[hello, ...events]` of docs/events.schema.json. A trace (a file, `?trace=URL` on this
-// origin, or `window.FT_TRACE` inlined by `app.py export`) plays through the same
-// `app.show` -> FT.ingest path and the same views as a live stream, on a virtual engine clock
+// origin, or the `#ft-trace` JSON block inlined by `app.py export`) plays through the same
+// `show` -> ingest path and the same views as a live stream, on a virtual engine clock
 // (`now()`, which the canvases use instead of the live clock): play, pause, speed, scrub.
 // Scrubbing back resets the state object in place and re-ingests from the start.
 // Slow motion replays the last seconds of the live log slowly while the connection keeps
 // logging; back to live rebuilds the state from the whole log.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$} = FT;
-  const KEEP_EVENTS = 200000;   // the live log's bound: events...
-  const KEEP_SECONDS = 1800;    // ...and engine seconds (30 minutes)
-  const SLOW_SECONDS = 10;      // slow motion starts this far behind live
-  let app, s, ui;               // the page's shared objects, from init
+import {engineNow as liveNow, setConn, stop as stopLive} from "ft/connection";
+import {createState} from "ft/state";
+import {$, toast} from "ft/util";
 
-  // The live log: events as received (sync excluded) and each one's arrival on the engine clock.
-  const log = {events: [], at: []};
-  // What the view shows: "live" (the connection), "slow" (the live log, slowly) or "trace".
-  const player = {mode: "live", events: null, at: null, i: 0, vt: 0, t0: 0, t1: 0, speed: 1,
-                  playing: false, lastTs: null, name: "", error: null, endedAt: null};
-  // A trace's page parameters (an export opened as file:///…html?loop=1 takes them too).
-  const params = new URLSearchParams(location.search);
-  const LOOP = ["1", "true"].includes(params.get("loop")), AUTOPLAY = params.get("autoplay") !== "0";
-  const LOOP_HOLD_MS = 1500;
-  let raf = null;
+const KEEP_EVENTS = 200000;   // the live log's bound: events...
+const KEEP_SECONDS = 1800;    // ...and engine seconds (30 minutes)
+const SLOW_SECONDS = 10;      // slow motion starts this far behind live
+// From init: the page state (reset in place to replay), its UI state, and `show(events, at)`,
+// the boot's one path from events to the state and the views.
+let s, ui, show;
+export function init(deps) { ({s, ui, show} = deps); }
 
-  // ------------------------------------------------------------ the live log
-  function logLive(events, at) {
-    let restarted = false;
-    for (const ev of events) {
-      if (ev.type === "hello") { log.events = []; log.at = []; restarted = true; }
-      if (!log.events.length && ev.type !== "hello") continue;   // `loading` before a hello
-      log.events.push(ev); log.at.push(at);
-    }
-    trimLog();
-    if (player.mode === "live") app.show(events, at);
-    else if (player.mode === "slow" && restarted) live();   // a new server: its log starts afresh
+// The live log: events as received (sync excluded) and each one's arrival on the engine clock.
+const log = {events: [], at: []};
+// What the view shows: "live" (the connection), "slow" (the live log, slowly) or "trace".
+export const player = {mode: "live", events: null, at: null, i: 0, vt: 0, t0: 0, t1: 0, speed: 1,
+                       playing: false, lastTs: null, name: "", error: null, endedAt: null};
+// A trace's page parameters (an export opened as file:///…html?loop=1 takes them too).
+const params = new URLSearchParams(location.search);
+const LOOP = ["1", "true"].includes(params.get("loop")), AUTOPLAY = params.get("autoplay") !== "0";
+const LOOP_HOLD_MS = 1500;
+let raf = null;
+
+// ------------------------------------------------------------ the live log
+export function logLive(events, at) {
+  let restarted = false;
+  for (const ev of events) {
+    if (ev.type === "hello") { log.events = []; log.at = []; restarted = true; }
+    if (!log.events.length && ev.type !== "hello") continue;   // `loading` before a hello
+    log.events.push(ev); log.at.push(at);
   }
+  trimLog();
+  if (player.mode === "live") show(events, at);
+  else if (player.mode === "slow" && restarted) live();   // a new server: its log starts afresh
+}
 
-  // Oldest events go first (hello stays), in chunks, past either bound.
-  function trimLog() {
-    const ev = log.events;
-    if (ev.length < 2) return;
-    let cut = ev.length > KEEP_EVENTS * 1.1 ? ev.length - KEEP_EVENTS : 1;
-    const oldest = ev[ev.length - 1].t - KEEP_SECONDS;
-    if (ev[1].t < oldest - 60) while (cut < ev.length - 1 && ev[cut].t < oldest) cut++;
-    if (cut <= 1) return;
-    ev.splice(1, cut - 1); log.at.splice(1, cut - 1);
-    if (player.mode === "slow") player.i = Math.max(1, player.i - (cut - 1));
+// Oldest events go first (hello stays), in chunks, past either bound.
+function trimLog() {
+  const ev = log.events;
+  if (ev.length < 2) return;
+  let cut = ev.length > KEEP_EVENTS * 1.1 ? ev.length - KEEP_EVENTS : 1;
+  const oldest = ev[ev.length - 1].t - KEEP_SECONDS;
+  if (ev[1].t < oldest - 60) while (cut < ev.length - 1 && ev[cut].t < oldest) cut++;
+  if (cut <= 1) return;
+  ev.splice(1, cut - 1); log.at.splice(1, cut - 1);
+  if (player.mode === "slow") player.i = Math.max(1, player.i - (cut - 1));
+}
+
+function traceText(events) {
+  return "[\n" + events.map((ev) => JSON.stringify(ev)).join(",\n") + "\n]\n";
+}
+
+function save() {
+  if (!log.events.length) { toast("nothing to save yet: no hello from the server"); return; }
+  const blob = new Blob([traceText(log.events)], {type: "application/json"});
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = `first-token-trace-${new Date().toISOString().replace(/[:.]/g, "-").slice(0, 19)}.json`;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+}
+
+// ------------------------------------------------------------ playing
+// The state object is shared by every part of the page: reset it in place. Counters the
+// connection keeps and the versions views compare against carry on (monotonic).
+function resetState() {
+  const keep = {frames: s.frames, bytes: s.bytes, version: s.version + 1, epoch: s.epoch + 1};
+  Object.assign(s, createState(), keep);
+  ui.dirtyDom = true;
+}
+
+// Show the events from player.i whose time has come (hello at once), one batch per frame
+// of the same arrival, as the connection delivered them.
+function advance(T) {
+  const evs = player.events;
+  while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T))) {
+    const start = player.i, at = player.at ? player.at[start] : null;
+    while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T)) &&
+           (player.at ? player.at[player.i] : null) === at) player.i++;
+    show(evs.slice(start, player.i), at);
   }
+  player.vt = T;
+}
 
-  function traceText(events) {
-    return "[\n" + events.map((ev) => JSON.stringify(ev)).join(",\n") + "\n]\n";
-  }
+function seek(T) {
+  T = Math.max(player.t0, Math.min(end(), T));
+  if (T < player.vt) { resetState(); player.i = 0; }
+  advance(T);
+  showPosition();
+}
 
-  function save() {
-    if (!log.events.length) { FT.toast("nothing to save yet: no hello from the server"); return; }
-    const blob = new Blob([traceText(log.events)], {type: "application/json"});
-    const a = document.createElement("a");
-    a.href = URL.createObjectURL(blob);
-    a.download = `first-token-trace-${new Date().toISOString().replace(/[:.]/g, "-").slice(0, 19)}.json`;
-    document.body.append(a);
-    a.click();
-    a.remove();
-    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
-  }
+// The end of what can be played: the trace's last event, or (slow motion) live now.
+const end = () => (player.mode === "slow" ? liveNow() : player.t1);
 
-  // ------------------------------------------------------------ playing
-  // The state object is shared by every part of the page: reset it in place. Counters the
-  // connection keeps and the versions views compare against carry on (monotonic).
-  function resetState() {
-    const keep = {frames: s.frames, bytes: s.bytes, version: s.version + 1, epoch: s.epoch + 1};
-    Object.assign(s, FT.createState(), keep);
-    ui.dirtyDom = true;
-  }
-
-  // Show the events from player.i whose time has come (hello at once), one batch per frame
-  // of the same arrival, as the connection delivered them.
-  function advance(T) {
-    const evs = player.events;
-    while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T))) {
-      const start = player.i, at = player.at ? player.at[start] : null;
-      while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T)) &&
-             (player.at ? player.at[player.i] : null) === at) player.i++;
-      app.show(evs.slice(start, player.i), at);
-    }
-    player.vt = T;
-  }
-
-  function seek(T) {
-    T = Math.max(player.t0, Math.min(end(), T));
-    if (T < player.vt) { resetState(); player.i = 0; }
+function frame(ts) {
+  raf = null;
+  if (player.mode === "live") return;
+  if (player.playing && player.lastTs !== null) {
+    const T = Math.min(end(), player.vt + ((ts - player.lastTs) / 1000) * player.speed);
     advance(T);
-    showPosition();
-  }
-
-  // The end of what can be played: the trace's last event, or (slow motion) live now.
-  const end = () => (player.mode === "slow" ? app.liveNow() : player.t1);
-
-  function frame(ts) {
-    raf = null;
-    if (player.mode === "live") return;
-    if (player.playing && player.lastTs !== null) {
-      const T = Math.min(end(), player.vt + ((ts - player.lastTs) / 1000) * player.speed);
-      advance(T);
-      if (player.mode === "trace" && T >= player.t1) {
-        // ?loop=1 (an article's replay): hold the end a moment, then play from the start again
-        if (!LOOP) setPlaying(false);
-        else if (player.endedAt === null) player.endedAt = ts;
-        else if (ts - player.endedAt > LOOP_HOLD_MS) { player.endedAt = null; seek(player.t0); }
-      }
+    if (player.mode === "trace" && T >= player.t1) {
+      // ?loop=1 (an article's replay): hold the end a moment, then play from the start again
+      if (!LOOP) setPlaying(false);
+      else if (player.endedAt === null) player.endedAt = ts;
+      else if (ts - player.endedAt > LOOP_HOLD_MS) { player.endedAt = null; seek(player.t0); }
     }
-    player.lastTs = ts;
-    showPosition();
-    loop();
   }
+  player.lastTs = ts;
+  showPosition();
+  loop();
+}
 
-  function loop() {
-    if (raf === null && player.mode !== "live") raf = requestAnimationFrame(frame);
-  }
+function loop() {
+  if (raf === null && player.mode !== "live") raf = requestAnimationFrame(frame);
+}
 
-  function setPlaying(on) {
-    player.playing = on;
-    player.lastTs = null;
-    $("rp-play").textContent = on ? "Pause" : "Play";
-    if (on && player.mode === "trace" && player.vt >= player.t1) seek(player.t0);   // play again from the start
-    loop();
-  }
+function setPlaying(on) {
+  player.playing = on;
+  player.lastTs = null;
+  $("rp-play").textContent = on ? "Pause" : "Play";
+  if (on && player.mode === "trace" && player.vt >= player.t1) seek(player.t0);   // play again from the start
+  loop();
+}
 
-  function setSpeed(x) {
-    player.speed = x;
-    const sel = $("rp-speed");
-    if (![...sel.options].some((o) => +o.value === x)) sel.append(new Option(`${x}×`, String(x)));
-    sel.value = String(x);
-  }
+function setSpeed(x) {
+  player.speed = x;
+  const sel = $("rp-speed");
+  if (![...sel.options].some((o) => +o.value === x)) sel.append(new Option(`${x}×`, String(x)));
+  sel.value = String(x);
+}
 
-  function showPosition() {
-    const span = end() - player.t0;
-    $("rp-scrub").value = String(span > 0 ? Math.round(((player.vt - player.t0) / span) * 1000) : 0);
-    $("rp-time").textContent = player.mode === "slow"
-      ? `${(end() - player.vt).toFixed(1)} s behind live`
-      : `${(player.vt - player.t0).toFixed(1)} / ${span.toFixed(1)} s`;
-  }
+function showPosition() {
+  const span = end() - player.t0;
+  $("rp-scrub").value = String(span > 0 ? Math.round(((player.vt - player.t0) / span) * 1000) : 0);
+  $("rp-time").textContent = player.mode === "slow"
+    ? `${(end() - player.vt).toFixed(1)} s behind live`
+    : `${(player.vt - player.t0).toFixed(1)} / ${span.toFixed(1)} s`;
+}
 
-  function show(on) {
-    document.body.classList.toggle("replaying", on);
-    document.body.classList.toggle("trace", player.mode === "trace");
-    $("replay").hidden = !on;
-    $("rp-live").hidden = player.mode !== "slow";
-  }
+function showPanel(on) {
+  document.body.classList.toggle("replaying", on);
+  document.body.classList.toggle("trace", player.mode === "trace");
+  $("replay").hidden = !on;
+  $("rp-live").hidden = player.mode !== "slow";
+}
 
-  // ------------------------------------------------------------ traces
-  // Why `trace` is not a trace (null when it is one): checked before anything changes.
-  function problem(trace) {
-    if (!Array.isArray(trace)) return "a trace is a JSON array of events";
-    if (!trace.length || !trace[0] || trace[0].type !== "hello") return "a trace starts with a hello event";
-    for (let i = 0; i < trace.length; i++) {
-      const ev = trace[i];
-      if (!ev || typeof ev !== "object" || typeof ev.type !== "string" || typeof ev.t !== "number" || !isFinite(ev.t)) {
-        return `event ${i} has no type and time`;
-      }
+// ------------------------------------------------------------ traces
+// Why `trace` is not a trace (null when it is one): checked before anything changes.
+function problem(trace) {
+  if (!Array.isArray(trace)) return "a trace is a JSON array of events";
+  if (!trace.length || !trace[0] || trace[0].type !== "hello") return "a trace starts with a hello event";
+  for (let i = 0; i < trace.length; i++) {
+    const ev = trace[i];
+    if (!ev || typeof ev !== "object" || typeof ev.type !== "string" || typeof ev.t !== "number" || !isFinite(ev.t)) {
+      return `event ${i} has no type and time`;
     }
-    return null;
   }
+  return null;
+}
 
-  function describe(trace, name) {
-    const h = trace[0];
-    const date = typeof h.server_time === "number" ? new Date(h.server_time * 1000).toISOString().slice(0, 10) : "?";
-    $("rp-title").textContent = `Replay${name ? `: ${name}` : ""}`;
-    $("rp-credit").textContent = `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
-    const preset = trace.find((ev) => ev.type === "preset");
-    $("rp-preset").hidden = !preset;
-    if (preset) $("rp-preset-title").textContent = preset.title || preset.name;   // its explanation: the lesson banner
-  }
+function describe(trace, name) {
+  const h = trace[0];
+  const date = typeof h.server_time === "number" ? new Date(h.server_time * 1000).toISOString().slice(0, 10) : "?";
+  $("rp-title").textContent = `Replay${name ? `: ${name}` : ""}`;
+  $("rp-credit").textContent = `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
+  const preset = trace.find((ev) => ev.type === "preset");
+  $("rp-preset").hidden = !preset;
+  if (preset) $("rp-preset-title").textContent = preset.title || preset.name;   // its explanation: the lesson banner
+}
 
-  // Play `trace` from its start; the live connection (if any) is closed for good: a page in
-  // replay sends nothing to a server. A bad trace changes nothing and throws with the reason.
-  function load(trace, name) {
-    const why = problem(trace);
-    if (why) throw new Error(`not a First Token trace: ${why}`);
-    app.stopLive();
-    app.setConn("replay", "replay");
-    let t0 = Infinity, t1 = -Infinity;
-    for (const ev of trace) { t0 = Math.min(t0, ev.t); t1 = Math.max(t1, ev.t); }
-    Object.assign(player, {mode: "trace", events: trace, at: null, i: 0, vt: t0, t0, t1, name: name || "", error: null});
-    resetState();
-    ui.selected = null;
-    describe(trace, name);
-    show(true);
-    advance(t0);
-    setPlaying(AUTOPLAY);
-  }
+// Play `trace` from its start; the live connection (if any) is closed for good: a page in
+// replay sends nothing to a server. A bad trace changes nothing and throws with the reason.
+function load(trace, name) {
+  const why = problem(trace);
+  if (why) throw new Error(`not a First Token trace: ${why}`);
+  stopLive();
+  setConn("replay", "replay");
+  let t0 = Infinity, t1 = -Infinity;
+  for (const ev of trace) { t0 = Math.min(t0, ev.t); t1 = Math.max(t1, ev.t); }
+  Object.assign(player, {mode: "trace", events: trace, at: null, i: 0, vt: t0, t0, t1, name: name || "", error: null});
+  resetState();
+  ui.selected = null;
+  describe(trace, name);
+  showPanel(true);
+  advance(t0);
+  setPlaying(AUTOPLAY);
+}
 
-  function fail(message) {
-    player.error = message;
-    app.setConn("failed", "trace not loaded");
-    $("conn").title = message;
-    FT.toast(message);
-  }
+function fail(message) {
+  player.error = message;
+  setConn("failed", "trace not loaded");
+  $("conn").title = message;
+  toast(message);
+}
 
-  // A trace given with the page (export: window.FT_TRACE; ?trace=URL, same origin only):
-  // true when there is one (the caller then opens no connection).
-  function start() {
-    if (Array.isArray(window.FT_TRACE)) {
-      try { load(window.FT_TRACE, window.FT_TRACE_NAME); } catch (e) { fail(e.message); }
-      return true;
-    }
-    const param = new URLSearchParams(location.search).get("trace");
-    if (param === null) return false;
-    app.stopLive();
-    let url;
-    try { url = new URL(param, location.href); } catch (e) { fail(`trace: ${param} is not a URL`); return true; }
-    if (url.origin !== location.origin) { fail(`trace: only this site's traces load here, not ${url.origin}`); return true; }
-    const name = url.pathname.split("/").pop();
-    fetch(url).then((r) => {
-      if (!r.ok) throw new Error(`trace ${name}: HTTP ${r.status}`);
-      return r.json();
-    }).then((trace) => load(trace, name)).catch((e) => fail(e.message));
+// A trace given with the page (export: a JSON block {name, events} with id ft-trace; ?trace=URL,
+// same origin only): true when there is one (the caller then opens no connection).
+export function start() {
+  const inlined = $("ft-trace");
+  if (inlined) {
+    try {
+      const {name, events} = JSON.parse(inlined.textContent);
+      load(events, name);
+    } catch (e) { fail(e.message); }
     return true;
   }
+  const param = new URLSearchParams(location.search).get("trace");
+  if (param === null) return false;
+  stopLive();
+  let url;
+  try { url = new URL(param, location.href); } catch (e) { fail(`trace: ${param} is not a URL`); return true; }
+  if (url.origin !== location.origin) { fail(`trace: only this site's traces load here, not ${url.origin}`); return true; }
+  const name = url.pathname.split("/").pop();
+  fetch(url).then((r) => {
+    if (!r.ok) throw new Error(`trace ${name}: HTTP ${r.status}`);
+    return r.json();
+  }).then((trace) => load(trace, name)).catch((e) => fail(e.message));
+  return true;
+}
 
-  function loadFile(file) {
-    file.text().then((text) => load(JSON.parse(text), file.name))
-      .catch((e) => FT.toast(`${file.name}: ${e.message}`));
+function loadFile(file) {
+  file.text().then((text) => load(JSON.parse(text), file.name))
+    .catch((e) => toast(`${file.name}: ${e.message}`));
+}
+
+// ------------------------------------------------------------ slow motion
+// The last seconds of the live log again at `speed` (view only: the engine keeps real time
+// and the connection keeps logging). False when there is nothing to watch.
+function slowMotion(speed = 0.25, seconds = SLOW_SECONDS) {
+  if (player.mode === "trace" || !log.events.length) return false;
+  const now = liveNow();
+  Object.assign(player, {mode: "slow", events: log.events, at: log.at, i: 0, t0: log.events[0].t, vt: -Infinity});
+  for (const ev of log.events) player.t0 = Math.min(player.t0, ev.t);
+  resetState();
+  $("rp-title").textContent = "Slow motion";
+  $("rp-credit").textContent = "";
+  $("rp-preset").hidden = true;
+  showPanel(true);
+  advance(Math.max(player.t0, now - seconds));
+  setSpeed(speed);
+  setPlaying(true);
+  return true;
+}
+
+// Back to live: the state rebuilt from the whole log, then live events as they come.
+function live() {
+  if (player.mode !== "slow") return false;
+  player.mode = "live";
+  player.playing = false;
+  resetState();
+  showPanel(false);
+  Object.assign(player, {events: log.events, at: log.at, i: 0});
+  advance(Infinity);
+  Object.assign(player, {events: null, at: null});
+  return true;
+}
+
+export function wire() {
+  $("rp-play").addEventListener("click", () => setPlaying(!player.playing));
+  $("rp-speed").addEventListener("change", (e) => setSpeed(+e.target.value));
+  $("rp-scrub").addEventListener("input", (e) => seek(player.t0 + (+e.target.value / 1000) * (end() - player.t0)));
+  $("rp-live").addEventListener("click", live);
+  if ($("btn-save-trace")) {
+    $("btn-save-trace").addEventListener("click", save);
+    $("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadFile(e.target.files[0]); e.target.value = ""; });
+    $("btn-slow").addEventListener("click", () => slowMotion(0.25));
   }
+}
 
-  // ------------------------------------------------------------ slow motion
-  // The last seconds of the live log again at `speed` (view only: the engine keeps real time
-  // and the connection keeps logging). False when there is nothing to watch.
-  function slowMotion(speed = 0.25, seconds = SLOW_SECONDS) {
-    if (player.mode === "trace" || !log.events.length) return false;
-    const now = app.liveNow();
-    Object.assign(player, {mode: "slow", events: log.events, at: log.at, i: 0, t0: log.events[0].t, vt: -Infinity});
-    for (const ev of log.events) player.t0 = Math.min(player.t0, ev.t);
-    resetState();
-    $("rp-title").textContent = "Slow motion";
-    $("rp-credit").textContent = "";
-    $("rp-preset").hidden = true;
-    show(true);
-    advance(Math.max(player.t0, now - seconds));
-    setSpeed(speed);
-    setPlaying(true);
-    return true;
-  }
+// Whether the view shows a trace or slow motion (not the live stream), and its virtual clock.
+export const active = () => player.mode !== "live";
+export const now = () => player.vt;
 
-  // Back to live: the state rebuilt from the whole log, then live events as they come.
-  function live() {
-    if (player.mode !== "slow") return false;
-    player.mode = "live";
-    player.playing = false;
-    resetState();
-    show(false);
-    Object.assign(player, {events: log.events, at: log.at, i: 0});
-    advance(Infinity);
-    Object.assign(player, {events: null, at: null});
-    return true;
-  }
-
-  function wire() {
-    $("rp-play").addEventListener("click", () => setPlaying(!player.playing));
-    $("rp-speed").addEventListener("change", (e) => setSpeed(+e.target.value));
-    $("rp-scrub").addEventListener("input", (e) => seek(player.t0 + (+e.target.value / 1000) * (end() - player.t0)));
-    $("rp-live").addEventListener("click", live);
-    if ($("btn-save-trace")) {
-      $("btn-save-trace").addEventListener("click", save);
-      $("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadFile(e.target.files[0]); e.target.value = ""; });
-      $("btn-slow").addEventListener("click", () => slowMotion(0.25));
-    }
-  }
-
-  FT.replay = {
-    init(a) { app = a; ({s, ui} = a); },
-    wire, start, logLive,
-    active: () => player.mode !== "live",
-    now: () => player.vt,
-    // For window.firstToken (tests, the console, other helpers' key bindings).
-    api: {
-      slowMotion, live, trace: () => log.events.slice(),
-      replay: {player, load, seek, play: () => setPlaying(true), pause: () => setPlaying(false), setSpeed, save},
-    },
-  };
-})();
+// For window.firstToken (tests, the console) and the keyboard (ft-present.js).
+export const api = {
+  slowMotion, live, trace: () => log.events.slice(),
+  replay: {player, load, seek, play: () => setPlaying(true), pause: () => setPlaying(false), setSpeed, save},
+};

@@ -2,279 +2,268 @@
 // No DOM here: `ingest` folds protocol events (docs/protocol.md) into bounded
 // histories that the canvas and chart code read. A recorded trace replays through
 // the same function, so everything drawn is something an event said.
-"use strict";
-(function () {
-  const FT = (window.FT = window.FT || {});
 
-  // Bounds keep memory and drawing cost flat however long the page stays open.
-  const KEEP_FINISHED = 300;   // finished/rejected requests kept (running/waiting always kept)
-  const KEEP_STEPS = 4000;     // model forwards kept for the timeline and KV chart
-  const KEEP_STATS = 1200;     // stats samples (~10 min at 2 Hz)
-  const KEEP_POINTS = 1500;    // decode steps kept for the step-time-vs-batch chart
-  const KEEP_DELIVERY = 2000;  // measured server->page delivery samples
-  const KEEP_BLOCK_USE = 6000; // blocks-in-use samples (every forward and every stats event)
+// Bounds keep memory and drawing cost flat however long the page stays open.
+const KEEP_FINISHED = 300;   // finished/rejected requests kept (running/waiting always kept)
+const KEEP_STEPS = 4000;     // model forwards kept for the timeline and KV chart
+const KEEP_STATS = 1200;     // stats samples (~10 min at 2 Hz)
+const KEEP_POINTS = 1500;    // decode steps kept for the step-time-vs-batch chart
+const KEEP_DELIVERY = 2000;  // measured server->page delivery samples
+const KEEP_BLOCK_USE = 6000; // blocks-in-use samples (every forward and every stats event)
 
-  function trim(arr, keep) {
-    // Trim in chunks so a full history costs an occasional splice, not one per event.
-    if (arr.length > keep * 1.25) arr.splice(0, arr.length - keep);
-  }
+function trim(arr, keep) {
+  // Trim in chunks so a full history costs an occasional splice, not one per event.
+  if (arr.length > keep * 1.25) arr.splice(0, arr.length - keep);
+}
 
-  function createState() {
-    return {
-      hello: null, settings: {}, limits: {}, loading: null,
-      reqs: new Map(), order: [],   // order: request ids by arrival
-      steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                    //   decodeTokens, kv, cacheTokens, stack}; "release" points end a request's share
-      stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
-      filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
-      blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
-      stats: [], last: null,        // stats samples; the latest stats event
-      slots: [], waiting: [],
-      points: [],                   // decode steps: {batch, ms, kv}
-      delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
-      errors: [],
-      dropped: 0, events: 0, frames: 0, bytes: 0, finishedCount: 0,
-      stepSeq: 0,                   // forwards numbered as they arrive (alternate band shading)
-      latestT: 0,                   // newest engine time seen in any event
-      connectT: null,               // engine time of this connection's hello (older events are replay)
-      version: 0,                   // bumped on every ingest; views redraw only when it moved
-      epoch: 0,                     // bumped on hello/reset so views drop what they cached
-    };
-  }
-
-  function clearRun(s) {
-    s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = []; s.blockUse = [];
-    s.stepPrefills = new Set();
-    s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
-    s.finishedCount = 0; s.epoch++;
-  }
-
-  function req(s, id, t) {
-    // Events for a request whose `request` fell out of the replayed history still draw.
-    let r = s.reqs.get(id);
-    if (!r) {
-      r = {id, source: "?", label: null, promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
-           tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
-           admitted: null, slot: null, queueS: null, prefills: [],
-           admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
-           waitOn: {},     // what the queue waited for before its first admission: stats samples per reason
-           preempts: [],   // every preemption: {t, tokens, until} (until: readmitted at, null while waiting)
-           finalCached: null, finalPreemptions: null,   // as `finished` said
-           tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
-           stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
-           pageFirstDelivery: null};
-      s.reqs.set(id, r);
-      s.order.push(id);
-      evict(s);
-    }
-    return r;
-  }
-
-  function evict(s) {
-    let done = 0;
-    for (const id of s.order) if (s.reqs.get(id).end !== null) done++;
-    if (done <= KEEP_FINISHED) return;
-    let drop = done - KEEP_FINISHED;
-    s.order = s.order.filter((id) => {
-      const r = s.reqs.get(id);
-      if (drop > 0 && r.end !== null) { drop--; s.reqs.delete(id); return false; }
-      return true;
-    });
-  }
-
-  // One handler per event type (docs/protocol.md). `at`: when the frame carrying the event
-  // reached this page, on the engine clock (null until the clock is synced).
-  const ON = {
-    loading(s, ev) { s.loading = ev; },
-    hello(s, ev) {
-      clearRun(s);
-      s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
-      s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
-      s.dropped = 0; s.delivery = [];
-    },
-    settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
-    reset(s) { clearRun(s); },
-    dropped(s, ev) { s.dropped += ev.count; },
-    error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
-    request(s, ev) {
-      const r = req(s, ev.id, ev.t);
-      Object.assign(r, {source: ev.source, label: ev.label ?? null,
-                        promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
-                        preview: ev.preview, arrival: ev.t, partial: false});
-      if (r.end === null && !r.admits.length && !s.waiting.includes(ev.id)) s.waiting.push(ev.id);   // waits from arrival
-    },
-    tokenized(s, ev) {
-      const r = req(s, ev.id, ev.start);
-      Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces, truncated: ev.truncated});
-      if (r.promptTokens === null) r.promptTokens = ev.n;
-    },
-    // The first admission sets the queue time; a readmission after a preemption ends that wait.
-    admitted(s, ev) {
-      const r = req(s, ev.id, ev.t);
-      r.admits.push({t: ev.t, slot: ev.slot, blocks: ev.blocks, promptTokens: ev.prompt_tokens,
-                     cachedTokens: ev.cached_tokens, resumed: ev.resumed});
-      const back = r.preempts[r.preempts.length - 1];
-      if (ev.resumed && back && back.until === null) back.until = ev.t;
-      if (r.admitted === null) Object.assign(r, {admitted: ev.t, queueS: ev.queue_s});
-      r.slot = ev.slot;
-      if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
-      s.waiting = s.waiting.filter((id) => id !== ev.id);
-    },
-    // The request gave its blocks and slot back and waits again; its tokens are recomputed later.
-    preempted(s, ev) {
-      const r = req(s, ev.id, ev.t);
-      r.preempts.push({t: ev.t, tokens: ev.tokens, until: null});
-      release(s, r, ev.t);
-      if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
-      r.slot = null;
-      s.waiting = [ev.id].concat(s.waiting.filter((id) => id !== ev.id));   // the engine puts it first
-    },
-    prefill(s, ev) {
-      const r = req(s, ev.id, ev.start);
-      r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done,
-                       recompute: r.preempts.length > 0});
-      s.stepPrefills.add(ev.id);
-    },
-    step(s, ev) {
-      for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
-      if (ev.kind === "decode") {
-        // len: the mean sequence length the step worked over: the KV entries each request holds
-        // (cache on), or what each recomputed (cache off: `tokens` counts whole sequences then)
-        const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
-        s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
-                       len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0});
-        trim(s.points, KEEP_POINTS);
-      }
-      // What each running request holds in the KV cache right after this forward (nothing
-      // when the cache is off: every step recomputes, no keys/values are kept).
-      const prompts = s.stepPrefills;
-      s.stepPrefills = new Set();
-      s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
-                    decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
-                    prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
-                    kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : []});
-      trim(s.steps, KEEP_STEPS);
-      blocksInUse(s, ev.end, ev.cache_blocks_used);
-    },
-    token(s, ev, at) {
-      const r = req(s, ev.id, ev.t);
-      r.tokens.push(ev.t);
-      r.text.push(ev.text);
-      if (ev.first) r.first = ev.t;
-      if (at !== null && s.connectT !== null && ev.t >= s.connectT) {
-        const d = at - ev.t;
-        s.delivery.push(d);
-        trim(s.delivery, KEEP_DELIVERY);
-        if (ev.first) r.pageFirstDelivery = d;
-      }
-    },
-    finished(s, ev) {
-      const r = req(s, ev.id, ev.t);
-      Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
-                        tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
-                        finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions});
-      if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
-      release(s, r, ev.t);
-      if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
-      s.waiting = s.waiting.filter((id) => id !== ev.id);   // cancelled while waiting
-      s.finishedCount++;
-      evict(s);
-    },
-    rejected(s, ev) {
-      const r = req(s, ev.id, ev.t);
-      r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
-      s.waiting = s.waiting.filter((id) => id !== ev.id);
-      evict(s);
-    },
-    stats(s, ev) {
-      s.last = ev;
-      s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocks: ev.cache_blocks, tps: ev.tokens_per_s});
-      trim(s.stats, KEEP_STATS);
-      if (ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
-      if (Array.isArray(ev.slots)) {
-        const slots = new Array(s.slots.length).fill(null);
-        ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
-        s.slots = slots;
-      }
-      // The engine's queue in its order, then requests that arrived since it last looked (a long
-      // forward holds its stats back, not the `request` events): both are waiting.
-      const listed = ev.waiting_ids || [], known = new Set(listed);
-      s.waiting = listed.filter((id) => { const r = s.reqs.get(id); return !r || r.end === null; })
-        .concat(s.waiting.filter((id) => !known.has(id) && waits(s.reqs.get(id))));
-      // The queue's reason (sampled ~2 Hz) counts for each request not yet admitted: the diagnosis
-      // reads what a request mostly waited for.
-      if (ev.blocked_on) {
-        for (const id of s.waiting) {
-          const r = s.reqs.get(id);
-          if (r && !r.admits.length) r.waitOn[ev.blocked_on] = (r.waitOn[ev.blocked_on] || 0) + 1;
-        }
-      }
-    },
+export function createState() {
+  return {
+    hello: null, settings: {}, limits: {}, loading: null,
+    reqs: new Map(), order: [],   // order: request ids by arrival
+    steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
+                                  //   decodeTokens, kv, cacheTokens, stack}; "release" points end a request's share
+    stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
+    filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
+    blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
+    stats: [], last: null,        // stats samples; the latest stats event
+    slots: [], waiting: [],
+    points: [],                   // decode steps: {batch, ms, kv}
+    delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
+    errors: [],
+    dropped: 0, events: 0, frames: 0, bytes: 0, finishedCount: 0,
+    stepSeq: 0,                   // forwards numbered as they arrive (alternate band shading)
+    latestT: 0,                   // newest engine time seen in any event
+    connectT: null,               // engine time of this connection's hello (older events are replay)
+    version: 0,                   // bumped on every ingest; views redraw only when it moved
+    epoch: 0,                     // bumped on hello/reset so views drop what they cached
   };
+}
 
-  // A finished or preempted request's cache entries are free from this moment, not from the
-  // next forward: a "release" point (no forward; the bands skip it) ends its share of the KV
-  // chart. How many blocks that frees (shared prefix blocks stay) the next step or stats says.
-  function release(s, r, t) {
-    const held = s.filled.get(r.id);
-    s.filled.delete(r.id);
-    const prev = s.steps[s.steps.length - 1];
-    if (held === undefined || !prev) return;
-    s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], decodeIds: [], tokens: 0, kv: prev.kv,
-                  cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
-                  stack: prev.kv ? Array.from(s.filled) : []});
-    trim(s.steps, KEEP_STEPS);
+function clearRun(s) {
+  s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = []; s.blockUse = [];
+  s.stepPrefills = new Set();
+  s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
+  s.finishedCount = 0; s.epoch++;
+}
+
+function req(s, id, t) {
+  // Events for a request whose `request` fell out of the replayed history still draw.
+  let r = s.reqs.get(id);
+  if (!r) {
+    r = {id, source: "?", label: null, promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
+         tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
+         admitted: null, slot: null, queueS: null, prefills: [],
+         admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
+         waitOn: {},     // what the queue waited for before its first admission: stats samples per reason
+         preempts: [],   // every preemption: {t, tokens, until} (until: readmitted at, null while waiting)
+         finalCached: null, finalPreemptions: null,   // as `finished` said
+         tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
+         stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
+         pageFirstDelivery: null};
+    s.reqs.set(id, r);
+    s.order.push(id);
+    evict(s);
   }
+  return r;
+}
 
-  // Whether a known request is waiting now: not ended, and never admitted or preempted since.
-  function waits(r) {
-    if (!r || r.end !== null) return false;
+function evict(s) {
+  let done = 0;
+  for (const id of s.order) if (s.reqs.get(id).end !== null) done++;
+  if (done <= KEEP_FINISHED) return;
+  let drop = done - KEEP_FINISHED;
+  s.order = s.order.filter((id) => {
+    const r = s.reqs.get(id);
+    if (drop > 0 && r.end !== null) { drop--; s.reqs.delete(id); return false; }
+    return true;
+  });
+}
+
+// One handler per event type (docs/protocol.md). `at`: when the frame carrying the event
+// reached this page, on the engine clock (null until the clock is synced).
+const ON = {
+  loading(s, ev) { s.loading = ev; },
+  hello(s, ev) {
+    clearRun(s);
+    s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
+    s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
+    s.dropped = 0; s.delivery = [];
+  },
+  settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
+  reset(s) { clearRun(s); },
+  dropped(s, ev) { s.dropped += ev.count; },
+  error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
+  request(s, ev) {
+    const r = req(s, ev.id, ev.t);
+    Object.assign(r, {source: ev.source, label: ev.label ?? null,
+                      promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
+                      preview: ev.preview, arrival: ev.t, partial: false});
+    if (r.end === null && !r.admits.length && !s.waiting.includes(ev.id)) s.waiting.push(ev.id);   // waits from arrival
+  },
+  tokenized(s, ev) {
+    const r = req(s, ev.id, ev.start);
+    Object.assign(r, {tokStart: ev.start, tokEnd: ev.end, ids: ev.ids, pieces: ev.pieces, truncated: ev.truncated});
+    if (r.promptTokens === null) r.promptTokens = ev.n;
+  },
+  // The first admission sets the queue time; a readmission after a preemption ends that wait.
+  admitted(s, ev) {
+    const r = req(s, ev.id, ev.t);
+    r.admits.push({t: ev.t, slot: ev.slot, blocks: ev.blocks, promptTokens: ev.prompt_tokens,
+                   cachedTokens: ev.cached_tokens, resumed: ev.resumed});
     const back = r.preempts[r.preempts.length - 1];
-    return !r.admits.length || (back !== undefined && back.until === null);
-  }
+    if (ev.resumed && back && back.until === null) back.until = ev.t;
+    if (r.admitted === null) Object.assign(r, {admitted: ev.t, queueS: ev.queue_s});
+    r.slot = ev.slot;
+    if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+    s.waiting = s.waiting.filter((id) => id !== ev.id);
+  },
+  // The request gave its blocks and slot back and waits again; its tokens are recomputed later.
+  preempted(s, ev) {
+    const r = req(s, ev.id, ev.t);
+    r.preempts.push({t: ev.t, tokens: ev.tokens, until: null});
+    release(s, r, ev.t);
+    if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+    r.slot = null;
+    s.waiting = [ev.id].concat(s.waiting.filter((id) => id !== ev.id));   // the engine puts it first
+  },
+  prefill(s, ev) {
+    const r = req(s, ev.id, ev.start);
+    r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done,
+                     recompute: r.preempts.length > 0});
+    s.stepPrefills.add(ev.id);
+  },
+  step(s, ev) {
+    for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
+    if (ev.kind === "decode") {
+      // len: the mean sequence length the step worked over: the KV entries each request holds
+      // (cache on), or what each recomputed (cache off: `tokens` counts whole sequences then)
+      const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
+      s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
+                     len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0});
+      trim(s.points, KEEP_POINTS);
+    }
+    // What each running request holds in the KV cache right after this forward (nothing
+    // when the cache is off: every step recomputes, no keys/values are kept).
+    const prompts = s.stepPrefills;
+    s.stepPrefills = new Set();
+    s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
+                  decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
+                  prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
+                  kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : []});
+    trim(s.steps, KEEP_STEPS);
+    blocksInUse(s, ev.end, ev.cache_blocks_used);
+  },
+  token(s, ev, at) {
+    const r = req(s, ev.id, ev.t);
+    r.tokens.push(ev.t);
+    r.text.push(ev.text);
+    if (ev.first) r.first = ev.t;
+    if (at !== null && s.connectT !== null && ev.t >= s.connectT) {
+      const d = at - ev.t;
+      s.delivery.push(d);
+      trim(s.delivery, KEEP_DELIVERY);
+      if (ev.first) r.pageFirstDelivery = d;
+    }
+  },
+  finished(s, ev) {
+    const r = req(s, ev.id, ev.t);
+    Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
+                      tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
+                      finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions});
+    if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
+    release(s, r, ev.t);
+    if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+    s.waiting = s.waiting.filter((id) => id !== ev.id);   // cancelled while waiting
+    s.finishedCount++;
+    evict(s);
+  },
+  rejected(s, ev) {
+    const r = req(s, ev.id, ev.t);
+    r.end = ev.t; r.rejected = ev.reason; r.reason = "rejected";
+    s.waiting = s.waiting.filter((id) => id !== ev.id);
+    evict(s);
+  },
+  stats(s, ev) {
+    s.last = ev;
+    s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocks: ev.cache_blocks, tps: ev.tokens_per_s});
+    trim(s.stats, KEEP_STATS);
+    if (ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
+    if (Array.isArray(ev.slots)) {
+      const slots = new Array(s.slots.length).fill(null);
+      ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
+      s.slots = slots;
+    }
+    // The engine's queue in its order, then requests that arrived since it last looked (a long
+    // forward holds its stats back, not the `request` events): both are waiting.
+    const listed = ev.waiting_ids || [], known = new Set(listed);
+    s.waiting = listed.filter((id) => { const r = s.reqs.get(id); return !r || r.end === null; })
+      .concat(s.waiting.filter((id) => !known.has(id) && waits(s.reqs.get(id))));
+    // The queue's reason (sampled ~2 Hz) counts for each request not yet admitted: the diagnosis
+    // reads what a request mostly waited for.
+    if (ev.blocked_on) {
+      for (const id of s.waiting) {
+        const r = s.reqs.get(id);
+        if (r && !r.admits.length) r.waitOn[ev.blocked_on] = (r.waitOn[ev.blocked_on] || 0) + 1;
+      }
+    }
+  },
+};
 
-  // Requests holding a batch slot now (the slots the admitted/preempted/finished events filled).
-  const running = (s) => s.slots.reduce((n, id) => n + (id ? 1 : 0), 0);
+// A finished or preempted request's cache entries are free from this moment, not from the
+// next forward: a "release" point (no forward; the bands skip it) ends its share of the KV
+// chart. How many blocks that frees (shared prefix blocks stay) the next step or stats says.
+function release(s, r, t) {
+  const held = s.filled.get(r.id);
+  s.filled.delete(r.id);
+  const prev = s.steps[s.steps.length - 1];
+  if (held === undefined || !prev) return;
+  s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], decodeIds: [], tokens: 0, kv: prev.kv,
+                cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
+                stack: prev.kv ? Array.from(s.filled) : []});
+  trim(s.steps, KEEP_STEPS);
+}
 
-  function blocksInUse(s, t, used) {
-    s.blockUse.push({t, used});
-    trim(s.blockUse, KEEP_BLOCK_USE);
-  }
+// Whether a known request is waiting now: not ended, and never admitted or preempted since.
+function waits(r) {
+  if (!r || r.end !== null) return false;
+  const back = r.preempts[r.preempts.length - 1];
+  return !r.admits.length || (back !== undefined && back.until === null);
+}
 
-  // Fold one event into the state. `arrivedEngineT` is used only to measure delivery of live tokens.
-  function ingest(s, ev, arrivedEngineT) {
-    s.events++;
-    s.version++;
-    if (typeof ev.t === "number" && ev.t > s.latestT) s.latestT = ev.t;
-    // `sync` is handled by the connection; unknown types are ignored (forward compatible).
-    if (Object.hasOwn(ON, ev.type)) ON[ev.type](s, ev, arrivedEngineT);
-  }
+// Requests holding a batch slot now (the slots the admitted/preempted/finished events filled).
+export const running = (s) => s.slots.reduce((n, id) => n + (id ? 1 : 0), 0);
 
-  // Percentile of a numeric array (nearest rank), null when empty.
-  function percentile(values, q) {
-    if (!values.length) return null;
-    const s = Float64Array.from(values).sort();
-    return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
-  }
+function blocksInUse(s, t, used) {
+  s.blockUse.push({t, used});
+  trim(s.blockUse, KEEP_BLOCK_USE);
+}
 
-  // The median decode step per batch size, from the page's decode-only points: a Map from batch
-  // size (ascending) to ms.
-  function stepMedians(points) {
-    const by = new Map();
-    for (const p of points) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.ms); }
-    return new Map([...by.keys()].sort((a, b) => a - b).map((b) => [b, percentile(by.get(b), 50)]));
-  }
+// Fold one event into the state. `arrivedEngineT` is used only to measure delivery of live tokens.
+export function ingest(s, ev, arrivedEngineT) {
+  s.events++;
+  s.version++;
+  if (typeof ev.t === "number" && ev.t > s.latestT) s.latestT = ev.t;
+  // `sync` is handled by the connection; unknown types are ignored (forward compatible).
+  if (Object.hasOwn(ON, ev.type)) ON[ev.type](s, ev, arrivedEngineT);
+}
 
-  // Seconds a request spent in prefill over all its chunks: its prompt's, or (recompute: true)
-  // recomputing after preemptions.
-  function prefillTime(r, recompute = false) {
-    return r.prefills.reduce((a, p) => a + (p.recompute === recompute ? p.end - p.start : 0), 0);
-  }
+// Percentile of a numeric array (nearest rank), null when empty.
+export function percentile(values, q) {
+  if (!values.length) return null;
+  const s = Float64Array.from(values).sort();
+  return s[Math.min(s.length - 1, Math.round((q / 100) * (s.length - 1)))];
+}
 
-  FT.createState = createState;
-  FT.running = running;
-  FT.prefillTime = prefillTime;
-  FT.ingest = ingest;
-  FT.percentile = percentile;
-  FT.stepMedians = stepMedians;
-})();
+// The median decode step per batch size, from the page's decode-only points: a Map from batch
+// size (ascending) to ms.
+export function stepMedians(points) {
+  const by = new Map();
+  for (const p of points) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.ms); }
+  return new Map([...by.keys()].sort((a, b) => a - b).map((b) => [b, percentile(by.get(b), 50)]));
+}
+
+// Seconds a request spent in prefill over all its chunks: its prompt's, or (recompute: true)
+// recomputing after preemptions.
+export function prefillTime(r, recompute = false) {
+  return r.prefills.reduce((a, p) => a + (p.recompute === recompute ? p.end - p.start : 0), 0);
+}

@@ -2,487 +2,459 @@
 // They share one `view` (visible span and right edge, live or paused) so the three
 // strips line up: a request queueing in the timeline sits over the queue rising
 // below it, and over the KV cache that was full at that moment.
-"use strict";
-(function () {
-  const FT = (window.FT = window.FT || {});
+import {fitCanvas} from "ft/canvas";
+import {palette as P, alpha, reqColor} from "ft/palette";
+import {running} from "ft/state";
+import {fmtTokens} from "ft/util";
 
-  // Canvas colours: the palette from ft.css (FT.palette), some made translucent.
-  const P = FT.palette, alpha = FT.alpha;
-  const C = {
-    bg: P.panel2, grid: P.grid, muted: P.muted, api: P.api,
-    tokenize: P.tokenize, queue: P.queue, queueFill: alpha(P.queue, 0.55),
-    prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
-    decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
-    tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
-    bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
-    preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
-  };
+// Canvas colours: the palette from ft.css, some made translucent.
+const C = {
+  bg: P.panel2, grid: P.grid, muted: P.muted, api: P.api,
+  tokenize: P.tokenize, queue: P.queue, queueFill: alpha(P.queue, 0.55),
+  prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
+  decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
+  tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
+  bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
+  preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
+};
 
-  // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
-  // (ft.css draws the legend swatch the same way). One pattern per canvas context.
-  const stripes = new WeakMap();
-  function recomputeFill(ctx) {
-    if (!stripes.has(ctx)) {
-      const tile = document.createElement("canvas");
-      tile.width = tile.height = 6;
-      const g = tile.getContext("2d");
-      g.fillStyle = C.prefill; g.fillRect(0, 0, 6, 6);
-      g.strokeStyle = C.bg; g.lineWidth = 1.5;
-      g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.stroke();
-      stripes.set(ctx, ctx.createPattern(tile, "repeat"));
+// A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
+// (ft.css draws the legend swatch the same way). One pattern per canvas context.
+const stripes = new WeakMap();
+function recomputeFill(ctx) {
+  if (!stripes.has(ctx)) {
+    const tile = document.createElement("canvas");
+    tile.width = tile.height = 6;
+    const g = tile.getContext("2d");
+    g.fillStyle = C.prefill; g.fillRect(0, 0, 6, 6);
+    g.strokeStyle = C.bg; g.lineWidth = 1.5;
+    g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.stroke();
+    stripes.set(ctx, ctx.createPattern(tile, "repeat"));
+  }
+  return stripes.get(ctx);
+}
+
+function niceStep(span, px, minPx) {
+  const steps = [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300];
+  for (const s of steps) if ((s / span) * px >= minPx) return s;
+  return steps[steps.length - 1];
+}
+
+// Geometry shared by the strips: left gutter for labels, plot width, x(t).
+// The gutter is the timeline's (view.gutter: wide enough for its row names, set as it draws),
+// so the strips under it keep the same time axis.
+function frame(w, view, compact) {
+  const gutter = view.gutter || (compact ? 46 : 78);
+  const pw = Math.max(10, w - gutter - 10);
+  const left = view.right - view.span;
+  return {gutter, pw, left, right: view.right, origin: view.origin || 0,
+          x: (t) => gutter + ((t - left) / view.span) * pw,
+          t: (x) => left + ((x - gutter) / pw) * view.span};
+}
+
+function timeAxis(ctx, f, top, bottom, font, labels) {
+  const step = niceStep(f.right - f.left, f.pw, 90);
+  ctx.strokeStyle = C.grid; ctx.lineWidth = 1;
+  ctx.fillStyle = C.muted; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
+  // Ticks at round times from the page's start (f.origin), not from the server's.
+  for (let u = Math.ceil((f.left - f.origin) / step) * step; u + f.origin <= f.right; u += step) {
+    const x = Math.round(f.x(u + f.origin)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
+    if (labels) ctx.fillText(`${+u.toFixed(2)} s`, x, bottom + 3);
+  }
+}
+
+// First index whose `key` is >= t (the list is in time order).
+function firstFrom(list, t, key) {
+  let lo = 0, hi = list.length;
+  while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][key] < t) lo = mid + 1; else hi = mid; }
+  return lo;
+}
+
+function rect(ctx, f, a, b, y, h) {
+  const x0 = Math.max(f.gutter, f.x(a)), x1 = Math.min(f.gutter + f.pw, f.x(b));
+  if (x1 > x0) ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
+}
+
+// ------------------------------------------------------------------ timeline
+// A row is never thinner than MIN_ROW CSS px, so its label stays at least 13 px (18 on screen
+// in presenter mode's 1.4 zoom); the strip asks the page for the height its rows need, up to
+// MAX_ROWS of them, and shows the newest rows that fit beyond that.
+const MIN_ROW = 16, MAX_ROWS = 48;
+
+// Rows: requests alive somewhere in the window, oldest on top. A classroom student's requests
+// share one row under their name (a student has one request in flight at a time), so thirty
+// students are thirty named rows however many questions they ask.
+function layoutRows(s, f, now, top, plotH, compact) {
+  const lanes = [], laneOf = new Map();
+  for (const id of s.order) {
+    const r = s.reqs.get(id);
+    const end = r.end === null ? now : r.end;
+    if (r.arrival > f.right || end < f.left) continue;
+    const key = r.source === "join" && r.label ? `join:${r.label}` : id;
+    let lane = laneOf.get(key);
+    if (!lane) {
+      lane = {label: r.label || r.id, source: r.source, reqs: []};
+      laneOf.set(key, lane); lanes.push(lane);
     }
-    return stripes.get(ctx);
+    lane.reqs.push(r);
   }
+  const fit = Math.max(1, Math.floor(plotH / MIN_ROW));
+  const shown = lanes.length > fit ? lanes.slice(lanes.length - fit) : lanes;
+  const rowH = shown.length ? Math.min(compact ? 20 : 30, plotH / shown.length) : 0;
+  const rowOf = new Map(), reqs = [];
+  shown.forEach((lane, i) => { for (const r of lane.reqs) { rowOf.set(r.id, i); reqs.push(r); } });
+  const barH = rowH * 0.72;
+  return {hidden: lanes.length - shown.length, lanes: shown, wanted: Math.min(MAX_ROWS, lanes.length),
+          reqs, rowH, rowOf, barH, top, plotH, barY: (r) => top + rowOf.get(r.id) * rowH + (rowH - barH) / 2};
+}
 
-  // A request's own colour (KV stack, slots): spread hues by the golden angle on its number.
-  // Cached: the KV chart sets it for every stacked rectangle of every frame.
-  const colorCache = new Map();
-  FT.reqColor = function (id) {
-    let c = colorCache.get(id);
-    if (!c) {
-      if (colorCache.size > 4096) colorCache.clear();
-      const n = parseInt(String(id).replace(/\D/g, ""), 10) || 0;
-      c = `hsl(${(n * 137.508) % 360}, 62%, 58%)`;
-      colorCache.set(id, c);
-    }
-    return c;
-  };
-
-  // Keep a canvas's backing store at device pixels; returns a context scaled to CSS pixels.
-  FT.fitCanvas = function (canvas) {
-    const dpr = window.devicePixelRatio || 1;
-    const w = canvas.clientWidth, h = canvas.clientHeight;
-    if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-      canvas.width = Math.round(w * dpr);
-      canvas.height = Math.round(h * dpr);
-    }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    return {ctx, w, h};
-  };
-
-  function niceStep(span, px, minPx) {
-    const steps = [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300];
-    for (const s of steps) if ((s / span) * px >= minPx) return s;
-    return steps[steps.length - 1];
+// Background bands: one per model forward, so a batch reads as a column shared by its rows;
+// a prefill (blue) visibly stalls everybody's decoding, a mixed step is half as blue.
+function drawBands(ctx, f, steps, i0, g) {
+  for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
+    const st = steps[i];
+    if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
+    ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : st.kind === "mixed" ? C.bandMixed : C.bandDecode;
+    rect(ctx, f, st.start, st.end, g.top, g.plotH);
   }
+}
 
-  // Geometry shared by the strips: left gutter for labels, plot width, x(t).
-  // The gutter is the timeline's (view.gutter: wide enough for its row names, set as it draws),
-  // so the strips under it keep the same time axis.
-  function frame(w, view, compact) {
-    const gutter = view.gutter || (compact ? 46 : 78);
-    const pw = Math.max(10, w - gutter - 10);
-    const left = view.right - view.span;
-    return {gutter, pw, left, right: view.right, origin: view.origin || 0,
-            x: (t) => gutter + ((t - left) / view.span) * pw,
-            t: (x) => left + ((x - gutter) / pw) * view.span};
+// One column per forward across the top: its prompt tokens (prefill colour, above) and decode
+// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split.
+function drawStepLane(ctx, f, steps, i0, lane, compact) {
+  for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
+    const st = steps[i];
+    if (st.kind === "release" || !st.tokens) continue;
+    const ph = (lane.h * st.prefillTokens) / st.tokens;
+    ctx.fillStyle = C.prefill;
+    rect(ctx, f, st.start, st.end, lane.y, ph);
+    ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
+    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
   }
+  if (compact) return;
+  ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
+  ctx.textAlign = "right"; ctx.textBaseline = "middle";
+  ctx.fillText("forwards", f.gutter - 6, lane.y + lane.h / 2);
+}
 
-  function timeAxis(ctx, f, top, bottom, font, labels) {
-    const step = niceStep(f.right - f.left, f.pw, 90);
-    ctx.strokeStyle = C.grid; ctx.lineWidth = 1;
-    ctx.fillStyle = C.muted; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
-    // Ticks at round times from the page's start (f.origin), not from the server's.
-    for (let u = Math.ceil((f.left - f.origin) / step) * step; u + f.origin <= f.right; u += step) {
-      const x = Math.round(f.x(u + f.origin)) + 0.5;
-      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, bottom); ctx.stroke();
-      if (labels) ctx.fillText(`${+u.toFixed(2)} s`, x, bottom + 3);
-    }
-  }
+// Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
+function drawStages(ctx, f, g, now) {
+  const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
+  const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
+  const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
+  pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
+  pass(C.queue, (r, y) => {
+    if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
+  });
+  pass(C.prefillWait, (r, y) => { if (r.prefills.length) span(r.prefills[0].start, endOr(r.first, r), y); });
+  pass(C.decodeIdle, (r, y) => { if (r.first !== null) span(r.first, endOr(null, r), y); });
+  // Preempted: waiting in the queue again until readmitted, then its tokens are recomputed.
+  pass(C.queue, (r, y) => { for (const p of r.preempts) span(p.t, endOr(p.until, r), y); });
+  pass(C.prefill, (r, y) => { for (const p of r.prefills) if (!p.recompute) span(p.start, p.end, y); });
+  pass(recomputeFill(ctx), (r, y) => { for (const p of r.prefills) if (p.recompute) span(p.start, p.end, y); });
+  // Admissions (got a slot and KV blocks): the queue stage goes on until its prefill starts.
+  pass(C.tick, (r, y) => {
+    for (const a of r.admits) if (a.t >= f.left && a.t <= f.right) ctx.fillRect(f.x(a.t) - 0.5, y, 1, g.barH);
+  });
+}
 
-  // First index whose `key` is >= t (the list is in time order).
-  function firstFrom(list, t, key) {
-    let lo = 0, hi = list.length;
-    while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][key] < t) lo = mid + 1; else hi = mid; }
-    return lo;
-  }
-
-  function rect(ctx, f, a, b, y, h) {
-    const x0 = Math.max(f.gutter, f.x(a)), x1 = Math.min(f.gutter + f.pw, f.x(b));
-    if (x1 > x0) ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
-  }
-
-  // ------------------------------------------------------------------ timeline
-  // A row is never thinner than MIN_ROW CSS px, so its label stays at least 13 px (18 on screen
-  // in presenter mode's 1.4 zoom); the strip asks the page for the height its rows need, up to
-  // MAX_ROWS of them, and shows the newest rows that fit beyond that.
-  const MIN_ROW = 16, MAX_ROWS = 48;
-
-  // Rows: requests alive somewhere in the window, oldest on top. A classroom student's requests
-  // share one row under their name (a student has one request in flight at a time), so thirty
-  // students are thirty named rows however many questions they ask.
-  function layoutRows(s, f, now, top, plotH, compact) {
-    const lanes = [], laneOf = new Map();
-    for (const id of s.order) {
-      const r = s.reqs.get(id);
-      const end = r.end === null ? now : r.end;
-      if (r.arrival > f.right || end < f.left) continue;
-      const key = r.source === "join" && r.label ? `join:${r.label}` : id;
-      let lane = laneOf.get(key);
-      if (!lane) {
-        lane = {label: r.label || r.id, source: r.source, reqs: []};
-        laneOf.set(key, lane); lanes.push(lane);
-      }
-      lane.reqs.push(r);
-    }
-    const fit = Math.max(1, Math.floor(plotH / MIN_ROW));
-    const shown = lanes.length > fit ? lanes.slice(lanes.length - fit) : lanes;
-    const rowH = shown.length ? Math.min(compact ? 20 : 30, plotH / shown.length) : 0;
-    const rowOf = new Map(), reqs = [];
-    shown.forEach((lane, i) => { for (const r of lane.reqs) { rowOf.set(r.id, i); reqs.push(r); } });
-    const barH = rowH * 0.72;
-    return {hidden: lanes.length - shown.length, lanes: shown, wanted: Math.min(MAX_ROWS, lanes.length),
-            reqs, rowH, rowOf, barH, top, plotH, barY: (r) => top + rowOf.get(r.id) * rowH + (rowH - barH) / 2};
-  }
-
-  // Background bands: one per model forward, so a batch reads as a column shared by its rows;
-  // a prefill (blue) visibly stalls everybody's decoding, a mixed step is half as blue.
-  function drawBands(ctx, f, steps, i0, g) {
+// Each forward's decode rows (every row of a decode step; the decoding ones of a mixed step)
+// on the row of each request, alternating two shades.
+function drawDecodeSteps(ctx, f, steps, i0, g) {
+  for (const [color, parity] of [[C.decodeA, 0], [C.decodeB, 1]]) {
+    ctx.fillStyle = color;
     for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
       const st = steps[i];
-      if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
-      ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : st.kind === "mixed" ? C.bandMixed : C.bandDecode;
-      rect(ctx, f, st.start, st.end, g.top, g.plotH);
-    }
-  }
-
-  // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
-  // tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split.
-  function drawStepLane(ctx, f, steps, i0, lane, compact) {
-    for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
-      const st = steps[i];
-      if (st.kind === "release" || !st.tokens) continue;
-      const ph = (lane.h * st.prefillTokens) / st.tokens;
-      ctx.fillStyle = C.prefill;
-      rect(ctx, f, st.start, st.end, lane.y, ph);
-      ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
-      rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
-    }
-    if (compact) return;
-    ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
-    ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    ctx.fillText("forwards", f.gutter - 6, lane.y + lane.h / 2);
-  }
-
-  // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
-  function drawStages(ctx, f, g, now) {
-    const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
-    const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
-    const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
-    pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
-    pass(C.queue, (r, y) => {
-      if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
-    });
-    pass(C.prefillWait, (r, y) => { if (r.prefills.length) span(r.prefills[0].start, endOr(r.first, r), y); });
-    pass(C.decodeIdle, (r, y) => { if (r.first !== null) span(r.first, endOr(null, r), y); });
-    // Preempted: waiting in the queue again until readmitted, then its tokens are recomputed.
-    pass(C.queue, (r, y) => { for (const p of r.preempts) span(p.t, endOr(p.until, r), y); });
-    pass(C.prefill, (r, y) => { for (const p of r.prefills) if (!p.recompute) span(p.start, p.end, y); });
-    pass(recomputeFill(ctx), (r, y) => { for (const p of r.prefills) if (p.recompute) span(p.start, p.end, y); });
-    // Admissions (got a slot and KV blocks): the queue stage goes on until its prefill starts.
-    pass(C.tick, (r, y) => {
-      for (const a of r.admits) if (a.t >= f.left && a.t <= f.right) ctx.fillRect(f.x(a.t) - 0.5, y, 1, g.barH);
-    });
-  }
-
-  // Each forward's decode rows (every row of a decode step; the decoding ones of a mixed step)
-  // on the row of each request, alternating two shades.
-  function drawDecodeSteps(ctx, f, steps, i0, g) {
-    for (const [color, parity] of [[C.decodeA, 0], [C.decodeB, 1]]) {
-      ctx.fillStyle = color;
-      for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
-        const st = steps[i];
-        if (st.n % 2 !== parity) continue;
-        for (const id of st.decodeIds) {
-          if (g.rowOf.has(id)) rect(ctx, f, st.start, st.end, g.barY({id}), g.barH);
-        }
+      if (st.n % 2 !== parity) continue;
+      for (const id of st.decodeIds) {
+        if (g.rowOf.has(id)) rect(ctx, f, st.start, st.end, g.barY({id}), g.barH);
       }
     }
   }
+}
 
-  // Rejections, a tick per token (the first taller, in the first-sample colour), preemptions.
-  function drawOutcomes(ctx, f, g, view) {
-    const {reqs, barY, barH, rowH, rowOf, top} = g;
-    const inView = (t) => t >= f.left && t <= f.right;
-    const rowTop = (r) => top + rowOf.get(r.id) * rowH;
-    ctx.fillStyle = C.rejected;
-    for (const r of reqs) if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(r), barH);
-    const tickW = 2;
-    ctx.fillStyle = C.tick;
-    for (const r of reqs) {
-      const y = barY(r);
-      for (let k = 1; k < r.tokens.length; k++) {
-        if (inView(r.tokens[k])) ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
-      }
+// Rejections, a tick per token (the first taller, in the first-sample colour), preemptions.
+function drawOutcomes(ctx, f, g, view) {
+  const {reqs, barY, barH, rowH, rowOf, top} = g;
+  const inView = (t) => t >= f.left && t <= f.right;
+  const rowTop = (r) => top + rowOf.get(r.id) * rowH;
+  ctx.fillStyle = C.rejected;
+  for (const r of reqs) if (r.rejected) rect(ctx, f, r.arrival, Math.max(r.end, r.arrival + view.span / 200), barY(r), barH);
+  const tickW = 2;
+  ctx.fillStyle = C.tick;
+  for (const r of reqs) {
+    const y = barY(r);
+    for (let k = 1; k < r.tokens.length; k++) {
+      if (inView(r.tokens[k])) ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
     }
-    ctx.fillStyle = C.firstSample;
-    for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
-    for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
   }
+  ctx.fillStyle = C.firstSample;
+  for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
+  for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
+}
 
-  // A preemption: a line through the row under a flag pointing down (not a bar like the first
-  // token's), outlined in the background colour so it stands out on the queue colour after it.
-  function preemptMark(ctx, x, y, h) {
-    const w = Math.max(5, Math.min(10, h * 0.6));
+// A preemption: a line through the row under a flag pointing down (not a bar like the first
+// token's), outlined in the background colour so it stands out on the queue colour after it.
+function preemptMark(ctx, x, y, h) {
+  const w = Math.max(5, Math.min(10, h * 0.6));
+  ctx.beginPath();
+  ctx.moveTo(x - w / 2, y); ctx.lineTo(x + w / 2, y); ctx.lineTo(x + 1, y + w * 0.8);
+  ctx.lineTo(x + 1, y + h); ctx.lineTo(x - 1, y + h); ctx.lineTo(x - 1, y + w * 0.8); ctx.closePath();
+  ctx.strokeStyle = C.bg; ctx.lineWidth = 1.5; ctx.stroke();
+  ctx.fillStyle = C.preempt; ctx.fill();
+}
+
+// `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter),
+// remembered: the labels are drawn every frame and measuring them again each time is waste.
+const fitted = new Map();
+function fitText(ctx, text, width) {
+  const key = `${ctx.font}|${width}|${text}`;
+  let out = fitted.get(key);
+  if (out === undefined) {
+    out = text;
+    if (ctx.measureText(text).width > width) {
+      let n = text.length;
+      while (n > 1 && ctx.measureText(text.slice(0, n) + "…").width > width) n--;
+      out = text.slice(0, n) + "…";
+    }
+    if (fitted.size >= 2000) fitted.clear();   // bounded: fonts, widths and names come and go
+    fitted.set(key, out);
+  }
+  return out;
+}
+
+// Every row's label (its request, or its student), the "now" line, and how many rows did not
+// fit. Returns what it wrote, for the page's layout checks.
+function drawLabels(ctx, f, g, compact, view, now) {
+  const {lanes, rowH, top, plotH} = g;
+  const px = Math.max(0, Math.min(compact ? 13 : 15, Math.floor(rowH - 3)));
+  ctx.font = `${px}px ui-monospace, monospace`;
+  ctx.textAlign = "right"; ctx.textBaseline = "middle";
+  const labels = lanes.map((lane, i) => {
+    ctx.fillStyle = lane.source === "page" ? C.now : lane.source === "api" ? C.api : lane.source === "join" ? C.firstSample : C.muted;
+    const text = fitText(ctx, lane.label, f.gutter - 8), y = top + i * rowH + rowH / 2;
+    ctx.fillText(text, f.gutter - 6, y);
+    return {text, full: lane.label, px, top: y - px / 2, bottom: y + px / 2};
+  });
+  if (!view.paused) {
+    ctx.strokeStyle = C.now; ctx.lineWidth = 1.5;
+    const x = Math.round(f.x(now)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + plotH); ctx.stroke();
+  }
+  if (g.hidden > 0) {
+    ctx.fillStyle = C.muted; ctx.textAlign = "left"; ctx.textBaseline = "top";
+    ctx.font = "12px system-ui, sans-serif";
+    ctx.fillText(`+${g.hidden} older rows`, f.gutter + 4, top + 2);
+  }
+  return labels;
+}
+
+// Room for the longest row name in view (a classroom student's), within a quarter of the width.
+function gutterFor(ctx, s, view, w, compact) {
+  const base = compact ? 46 : 78, left = view.right - view.span;
+  ctx.font = `${compact ? 13 : 15}px ui-monospace, monospace`;
+  let widest = 0;
+  for (const id of s.order) {
+    const r = s.reqs.get(id);
+    if (r.label && (r.end === null || r.end >= left)) widest = Math.max(widest, ctx.measureText(r.label).width);
+  }
+  return Math.round(Math.max(base, Math.min(w / 4, widest + 14)));
+}
+
+export function drawTimeline(canvas, s, view, now, opts) {
+  const {ctx, w, h} = fitCanvas(canvas);
+  const compact = w < 700;
+  view.gutter = gutterFor(ctx, s, view, w, compact);
+  const f = frame(w, view, compact);
+  const axisH = compact ? 16 : 24;
+  const lane = {y: 3, h: compact ? 6 : 10};
+  const top = lane.y + lane.h + 3, plotH = h - axisH - top;
+  ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+  const g = layoutRows(s, f, now, top, plotH, compact);
+  // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
+  const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
+  if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
+    canvas.parentElement.style.setProperty("--tl-rows-h", want);
+  }
+  const i0 = firstFrom(s.steps, f.left, "end");
+  drawBands(ctx, f, s.steps, i0, g);
+  drawStepLane(ctx, f, s.steps, i0, lane, compact);
+  timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
+  if (opts.selected && g.rowOf.has(opts.selected)) {
+    ctx.fillStyle = C.select;
+    ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
+  }
+  drawStages(ctx, f, g, now);
+  drawDecodeSteps(ctx, f, s.steps, i0, g);
+  drawOutcomes(ctx, f, g, view);
+  const labels = drawLabels(ctx, f, g, compact, view, now);
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h};
+}
+
+// The request under (x, y): the row's, the one whose time span holds the pointer's time
+// (a student's row holds several), else the row's last before it.
+export function hitTimeline(layout, s, x, y) {
+  const lane = layout.lanes[Math.floor((y - layout.top) / layout.rowH)];
+  if (!lane) return null;
+  const t = layout.f.t(x);
+  let r = lane.reqs[0];
+  for (const q of lane.reqs) if (q.arrival <= t) r = q;
+  let step = null;
+  for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
+    const st = s.steps[k];
+    if (st.kind !== "release" && st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
+  }
+  return {req: r, t, step};
+}
+
+// The strips under the timeline share its time axis, size and background.
+function strip(canvas, view) {
+  const {ctx, w, h} = fitCanvas(canvas);
+  const compact = w < 700;
+  const top = 6;
+  ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
+  return {ctx, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
+}
+
+// A strip's scale labels: its maximum at the top, 0 at the bottom.
+function scaleLabels(st, maxText) {
+  const {ctx, f, top, plotH} = st;
+  ctx.fillStyle = C.muted; ctx.font = `${st.compact ? 10 : 12}px system-ui, sans-serif`;
+  ctx.textAlign = "right"; ctx.textBaseline = "top";
+  ctx.fillText(maxText, f.gutter - 6, top);
+  ctx.textBaseline = "bottom";
+  ctx.fillText("0", f.gutter - 6, top + plotH);
+}
+
+// ------------------------------------------------------------------ KV cache
+// The part of a time-ordered list a strip draws: from the item before the window (its state
+// carries into view) to the last at or before its right edge, by `key`; [a, b).
+function spanInView(list, f, key) {
+  const a = Math.max(0, firstFrom(list, f.left, key) - 1);
+  let b = a;
+  while (b < list.length && list[b][key] <= f.right) b++;
+  return {a, b};
+}
+
+// The forwards in view; until(i) is when step i's state gave way (next step, or now).
+function stepsInView(steps, f, now) {
+  const {a, b} = spanInView(steps, f, "end");
+  return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
+}
+
+// Where a strip's lines end: now, or the window's right edge while paused.
+const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
+
+const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
+
+// A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
+function stepPath(ctx, f, pts, yOf, xEnd) {
+  let prev = null;
+  for (const p of pts) {
+    const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
+    if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
+    prev = y;
+  }
+  if (prev !== null) ctx.lineTo(xEnd, prev);
+}
+
+// Scale to what is in view (a few requests hold little of a big cache); the budget and
+// capacity lines are drawn when they fall inside the scale and named when above it.
+function kvScale(s, f, span, use, bs, capacity) {
+  let peak = 0;
+  for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
+  for (const p of use) peak = Math.max(peak, p.used * bs);
+  let budget = s.last ? s.last.cache_blocks * bs : capacity;
+  for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
+  const want = Math.max(peak * 1.3, 64);
+  return {budget, ymax: budget <= want * 2 ? Math.max(want, budget * 1.05) : want};
+}
+
+// Filled entries after each forward, stacked per request in the request's colour.
+function drawKVStacks(ctx, f, steps, span, y) {
+  for (let i = span.a; i < span.b; i++) {
+    let acc = 0;
+    for (const [id, n] of steps[i].stack) {
+      ctx.fillStyle = reqColor(id);
+      const y0 = y(acc), y1 = y(acc + n);
+      rect(ctx, f, steps[i].end, span.until(i), y1, Math.max(1, y0 - y1));
+      acc += n;
+    }
+  }
+}
+
+// Blocks in use (as tokens: blocks × block size), as every step and stats event said, dashed.
+function drawInUse(ctx, f, use, y, bs, xEnd) {
+  ctx.strokeStyle = C.inUse; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
+  ctx.beginPath();
+  stepPath(ctx, f, use, (p) => y(p.used * bs), xEnd);
+  ctx.stroke(); ctx.setLineDash([]);
+}
+
+// The budget (the cache-budget setting, from stats) and the physical capacity.
+function drawLimits(ctx, f, s, y, scale, bs, capacity) {
+  if (scale.budget <= scale.ymax) {
+    ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
     ctx.beginPath();
-    ctx.moveTo(x - w / 2, y); ctx.lineTo(x + w / 2, y); ctx.lineTo(x + 1, y + w * 0.8);
-    ctx.lineTo(x + 1, y + h); ctx.lineTo(x - 1, y + h); ctx.lineTo(x - 1, y + w * 0.8); ctx.closePath();
-    ctx.strokeStyle = C.bg; ctx.lineWidth = 1.5; ctx.stroke();
-    ctx.fillStyle = C.preempt; ctx.fill();
+    stepPath(ctx, f, pointsInView(s.stats, f), (p) => y(p.blocks * bs), f.gutter + f.pw);
+    ctx.stroke();
   }
-
-  // `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter),
-  // remembered: the labels are drawn every frame and measuring them again each time is waste.
-  const fitted = new Map();
-  function fitText(ctx, text, width) {
-    const key = `${ctx.font}|${width}|${text}`;
-    let out = fitted.get(key);
-    if (out === undefined) {
-      out = text;
-      if (ctx.measureText(text).width > width) {
-        let n = text.length;
-        while (n > 1 && ctx.measureText(text.slice(0, n) + "…").width > width) n--;
-        out = text.slice(0, n) + "…";
-      }
-      if (fitted.size >= 2000) fitted.clear();   // bounded: fonts, widths and names come and go
-      fitted.set(key, out);
-    }
-    return out;
+  if (capacity <= scale.ymax) {
+    ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
+    ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
   }
+}
 
-  // Every row's label (its request, or its student), the "now" line, and how many rows did not
-  // fit. Returns what it wrote, for the page's layout checks.
-  function drawLabels(ctx, f, g, compact, view, now) {
-    const {lanes, rowH, top, plotH} = g;
-    const px = Math.max(0, Math.min(compact ? 13 : 15, Math.floor(rowH - 3)));
-    ctx.font = `${px}px ui-monospace, monospace`;
-    ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    const labels = lanes.map((lane, i) => {
-      ctx.fillStyle = lane.source === "page" ? C.now : lane.source === "api" ? C.api : lane.source === "join" ? C.firstSample : C.muted;
-      const text = fitText(ctx, lane.label, f.gutter - 8), y = top + i * rowH + rowH / 2;
-      ctx.fillText(text, f.gutter - 6, y);
-      return {text, full: lane.label, px, top: y - px / 2, bottom: y + px / 2};
-    });
-    if (!view.paused) {
-      ctx.strokeStyle = C.now; ctx.lineWidth = 1.5;
-      const x = Math.round(f.x(now)) + 0.5;
-      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + plotH); ctx.stroke();
-    }
-    if (g.hidden > 0) {
-      ctx.fillStyle = C.muted; ctx.textAlign = "left"; ctx.textBaseline = "top";
-      ctx.font = "12px system-ui, sans-serif";
-      ctx.fillText(`+${g.hidden} older rows`, f.gutter + 4, top + 2);
-    }
-    return labels;
+// Filled KV entries after every forward, stacked per request in the request's colour,
+// against the blocks in use, the live budget and the physical capacity.
+export function drawKV(canvas, s, view, now) {
+  const st = strip(canvas, view);
+  if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
+  const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
+  const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
+  const scale = kvScale(s, st.f, span, use, bs, capacity);
+  const above = [];
+  if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
+  if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
+  // A band above the plot for that note, so no line or stack is drawn through it.
+  if (above.length) { st.top += 16; st.plotH -= 16; }
+  const {ctx, f, top, plotH} = st;
+  const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
+  timeAxis(ctx, f, top, top + plotH, "", false);
+  drawKVStacks(ctx, f, s.steps, span, y);
+  drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
+  drawLimits(ctx, f, s, y, scale, bs, capacity);
+  scaleLabels(st, fmtTokens(Math.round(scale.ymax)));
+  if (above.length) {
+    ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
+    ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
   }
+  return {f};
+}
 
-  // Room for the longest row name in view (a classroom student's), within a quarter of the width.
-  function gutterFor(ctx, s, view, w, compact) {
-    const base = compact ? 46 : 78, left = view.right - view.span;
-    ctx.font = `${compact ? 13 : 15}px ui-monospace, monospace`;
-    let widest = 0;
-    for (const id of s.order) {
-      const r = s.reqs.get(id);
-      if (r.label && (r.end === null || r.end >= left)) widest = Math.max(widest, ctx.measureText(r.label).width);
-    }
-    return Math.round(Math.max(base, Math.min(w / 4, widest + 14)));
-  }
-
-  FT.drawTimeline = function (canvas, s, view, now, opts) {
-    const {ctx, w, h} = FT.fitCanvas(canvas);
-    const compact = w < 700;
-    view.gutter = gutterFor(ctx, s, view, w, compact);
-    const f = frame(w, view, compact);
-    const axisH = compact ? 16 : 24;
-    const lane = {y: 3, h: compact ? 6 : 10};
-    const top = lane.y + lane.h + 3, plotH = h - axisH - top;
-    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-    const g = layoutRows(s, f, now, top, plotH, compact);
-    // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
-    const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
-    if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
-      canvas.parentElement.style.setProperty("--tl-rows-h", want);
-    }
-    const i0 = firstFrom(s.steps, f.left, "end");
-    drawBands(ctx, f, s.steps, i0, g);
-    drawStepLane(ctx, f, s.steps, i0, lane, compact);
-    timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
-    if (opts.selected && g.rowOf.has(opts.selected)) {
-      ctx.fillStyle = C.select;
-      ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
-    }
-    drawStages(ctx, f, g, now);
-    drawDecodeSteps(ctx, f, s.steps, i0, g);
-    drawOutcomes(ctx, f, g, view);
-    const labels = drawLabels(ctx, f, g, compact, view, now);
-    return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h};
-  };
-
-  // The request under (x, y): the row's, the one whose time span holds the pointer's time
-  // (a student's row holds several), else the row's last before it.
-  FT.hitTimeline = function (layout, s, x, y) {
-    const lane = layout.lanes[Math.floor((y - layout.top) / layout.rowH)];
-    if (!lane) return null;
-    const t = layout.f.t(x);
-    let r = lane.reqs[0];
-    for (const q of lane.reqs) if (q.arrival <= t) r = q;
-    let step = null;
-    for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
-      const st = s.steps[k];
-      if (st.kind !== "release" && st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
-    }
-    return {req: r, t, step};
-  };
-
-  // The strips under the timeline share its time axis, size and background.
-  function strip(canvas, view) {
-    const {ctx, w, h} = FT.fitCanvas(canvas);
-    const compact = w < 700;
-    const top = 6;
-    ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-    return {ctx, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
-  }
-
-  // A strip's scale labels: its maximum at the top, 0 at the bottom.
-  function scaleLabels(st, maxText) {
-    const {ctx, f, top, plotH} = st;
-    ctx.fillStyle = C.muted; ctx.font = `${st.compact ? 10 : 12}px system-ui, sans-serif`;
-    ctx.textAlign = "right"; ctx.textBaseline = "top";
-    ctx.fillText(maxText, f.gutter - 6, top);
-    ctx.textBaseline = "bottom";
-    ctx.fillText("0", f.gutter - 6, top + plotH);
-  }
-
-  // ------------------------------------------------------------------ KV cache
-  // The part of a time-ordered list a strip draws: from the item before the window (its state
-  // carries into view) to the last at or before its right edge, by `key`; [a, b).
-  function spanInView(list, f, key) {
-    const a = Math.max(0, firstFrom(list, f.left, key) - 1);
-    let b = a;
-    while (b < list.length && list[b][key] <= f.right) b++;
-    return {a, b};
-  }
-
-  // The forwards in view; until(i) is when step i's state gave way (next step, or now).
-  function stepsInView(steps, f, now) {
-    const {a, b} = spanInView(steps, f, "end");
-    return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
-  }
-
-  // Where a strip's lines end: now, or the window's right edge while paused.
-  const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
-
-  const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
-
-  // A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
-  function stepPath(ctx, f, pts, yOf, xEnd) {
-    let prev = null;
-    for (const p of pts) {
-      const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
-      if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
-      prev = y;
-    }
-    if (prev !== null) ctx.lineTo(xEnd, prev);
-  }
-
-  // Scale to what is in view (a few requests hold little of a big cache); the budget and
-  // capacity lines are drawn when they fall inside the scale and named when above it.
-  function kvScale(s, f, span, use, bs, capacity) {
-    let peak = 0;
-    for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
-    for (const p of use) peak = Math.max(peak, p.used * bs);
-    let budget = s.last ? s.last.cache_blocks * bs : capacity;
-    for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
-    const want = Math.max(peak * 1.3, 64);
-    return {budget, ymax: budget <= want * 2 ? Math.max(want, budget * 1.05) : want};
-  }
-
-  // Filled entries after each forward, stacked per request in the request's colour.
-  function drawKVStacks(ctx, f, steps, span, y) {
-    for (let i = span.a; i < span.b; i++) {
-      let acc = 0;
-      for (const [id, n] of steps[i].stack) {
-        ctx.fillStyle = FT.reqColor(id);
-        const y0 = y(acc), y1 = y(acc + n);
-        rect(ctx, f, steps[i].end, span.until(i), y1, Math.max(1, y0 - y1));
-        acc += n;
-      }
-    }
-  }
-
-  // Blocks in use (as tokens: blocks × block size), as every step and stats event said, dashed.
-  function drawInUse(ctx, f, use, y, bs, xEnd) {
-    ctx.strokeStyle = C.inUse; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
+// ------------------------------------------------------------------ queue
+export function drawQueue(canvas, s, view, now) {
+  const st = strip(canvas, view);
+  const {ctx, f, top, plotH} = st;
+  timeAxis(ctx, f, top, top + plotH, "", false);
+  // The stats samples, then the queue as the page's state holds it now (the header's and the
+  // slots' figure): a long forward holds the next sample back, not the requests' events.
+  const pts = pointsInView(s.stats, f);
+  if (!view.paused && s.hello) pts.push({t: now, queue: s.waiting.length, running: running(s)});
+  let ymax = 4;
+  for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
+  const y = (v) => top + plotH - (v / ymax) * plotH;
+  const xe = xNow(f, view, now);
+  if (pts.length) {
     ctx.beginPath();
-    stepPath(ctx, f, use, (p) => y(p.used * bs), xEnd);
-    ctx.stroke(); ctx.setLineDash([]);
+    stepPath(ctx, f, pts, (p) => y(p.queue), xe);
+    ctx.lineTo(xe, y(0)); ctx.lineTo(Math.max(f.gutter, f.x(pts[0].t)), y(0)); ctx.closePath();
+    ctx.fillStyle = C.queueFill; ctx.fill();
+    ctx.beginPath();
+    stepPath(ctx, f, pts, (p) => y(p.running), xe);
+    ctx.strokeStyle = C.running; ctx.lineWidth = 2; ctx.stroke();
   }
-
-  // The budget (the cache-budget setting, from stats) and the physical capacity.
-  function drawLimits(ctx, f, s, y, scale, bs, capacity) {
-    if (scale.budget <= scale.ymax) {
-      ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
-      ctx.beginPath();
-      stepPath(ctx, f, pointsInView(s.stats, f), (p) => y(p.blocks * bs), f.gutter + f.pw);
-      ctx.stroke();
-    }
-    if (capacity <= scale.ymax) {
-      ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
-      ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
-    }
-  }
-
-  // Filled KV entries after every forward, stacked per request in the request's colour,
-  // against the blocks in use, the live budget and the physical capacity.
-  FT.drawKV = function (canvas, s, view, now) {
-    const st = strip(canvas, view);
-    if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
-    const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-    const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
-    const scale = kvScale(s, st.f, span, use, bs, capacity);
-    const above = [];
-    if (scale.budget > scale.ymax) above.push(`budget ${FT.fmtTokens(scale.budget)}`);
-    if (capacity > scale.ymax) above.push(`capacity ${FT.fmtTokens(capacity)}`);
-    // A band above the plot for that note, so no line or stack is drawn through it.
-    if (above.length) { st.top += 16; st.plotH -= 16; }
-    const {ctx, f, top, plotH} = st;
-    const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
-    timeAxis(ctx, f, top, top + plotH, "", false);
-    drawKVStacks(ctx, f, s.steps, span, y);
-    drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
-    drawLimits(ctx, f, s, y, scale, bs, capacity);
-    scaleLabels(st, FT.fmtTokens(Math.round(scale.ymax)));
-    if (above.length) {
-      ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
-      ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
-    }
-    return {f};
-  };
-
-  // ------------------------------------------------------------------ queue
-  FT.drawQueue = function (canvas, s, view, now) {
-    const st = strip(canvas, view);
-    const {ctx, f, top, plotH} = st;
-    timeAxis(ctx, f, top, top + plotH, "", false);
-    // The stats samples, then the queue as the page's state holds it now (the header's and the
-    // slots' figure): a long forward holds the next sample back, not the requests' events.
-    const pts = pointsInView(s.stats, f);
-    if (!view.paused && s.hello) pts.push({t: now, queue: s.waiting.length, running: FT.running(s)});
-    let ymax = 4;
-    for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
-    const y = (v) => top + plotH - (v / ymax) * plotH;
-    const xe = xNow(f, view, now);
-    if (pts.length) {
-      ctx.beginPath();
-      stepPath(ctx, f, pts, (p) => y(p.queue), xe);
-      ctx.lineTo(xe, y(0)); ctx.lineTo(Math.max(f.gutter, f.x(pts[0].t)), y(0)); ctx.closePath();
-      ctx.fillStyle = C.queueFill; ctx.fill();
-      ctx.beginPath();
-      stepPath(ctx, f, pts, (p) => y(p.running), xe);
-      ctx.strokeStyle = C.running; ctx.lineWidth = 2; ctx.stroke();
-    }
-    scaleLabels(st, String(ymax));
-    return {f};
-  };
-})();
+  scaleLabels(st, String(ymax));
+  return {f};
+}

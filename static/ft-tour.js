@@ -3,146 +3,141 @@
 // applies a preset, spots the part of the page that shows the idea (the rest is dimmed) and
 // says what to notice, with the live figures inserted (ft-figures.js). Next/back with the
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
-"use strict";
-(function () {
-  const FT = window.FT;
-  const {$, fmtS, fmtBytes} = FT;
-  let app, s, teach;
-  let index = -1;      // the step shown, -1 when the tour is off
-  let since = 0;       // engine time the step began (its figures count from the preset after it)
-  let spottedAt = -Infinity;   // page time the step's parts were outlined
-  const SETTLE_MS = 2500;
+import {diagnosis} from "ft/diagnose";
+import {median, proofText} from "ft/figures";
+import {selectedReq as selected} from "ft/panels";
+import * as teach from "ft/teach";
+import {$, fmtBytes, fmtS, toast} from "ft/util";
 
-  const selected = () => FT.panels.selectedReq();
-  const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
-  const live = (name) => FT.proofText(name, s, t0(name));
+let s;               // the page state, from init
+export let index = -1;   // the step shown, -1 when the tour is off
+let since = 0;       // engine time the step began (its figures count from the preset after it)
+let spottedAt = -Infinity;   // page time the step's parts were outlined
+const SETTLE_MS = 2500;
 
-  const STEPS = [
-    {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
-     watch: "the prompt's token chips (piece and id) in the request panel",
-     text() {
-       const r = selected();
-       const n = r && r.promptTokens;
-       return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
-         "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
-         " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
-     }, live: () => { const r = selected(); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
-    {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
-     watch: "the blue prefill bar on each row, and TTFT",
-     text: () => "Before the first token, the model reads the whole prompt in one forward pass: prefill (blue). " +
-       "Its cost grows with the prompt's length, so a long document waits longer for its first word.",
-     live: () => live("long-document")},
-    {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
-     watch: "one tick per token, and the measured step time against the bandwidth floor",
-     text() {
-       const bw = s.hello && s.hello.bandwidth;
-       return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
-         `all the weights (${fmtBytes(s.hello.weight_bytes || 0)})` +
-         (bw && bw.floor_s ? `, so it cannot beat ${fmtS(bw.floor_s)} (estimate: memory-bandwidth floor)` : "") + ".";
-     },
-     live() {
-       const one = s.points.filter((p) => p.batch === 1).map((p) => p.ms);
-       return one.length ? `measured: median decode step ${FT.figures.median(one).toFixed(1)} ms at batch 1 (${one.length} steps)` : "";
-     }},
-    {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: ["#chart-steps", ".timeline-wrap"],
-     watch: "decode step time against sequence length, with the cache off (the chart in the request panel)",
-     text: () => "The KV cache keeps each token's keys and values so a step computes only the new token. " +
-       "Turned off, every step recomputes the whole sequence: steps get slower as the text gets longer.",
-     live: () => live("kv-cache-off")},
-    {key: "batching", title: "Batching", preset: "many-users", focus: "slots", spot: [".slots-row", ".fig:has(#h-tps)", ".fig:has(#h-itl50)"],
-     watch: "total tokens/s against each stream's speed",
-     text: () => "Many requests share each step: reading the weights once serves the whole batch, so total throughput " +
-       "rises a lot while each stream slows only a little.",
-     live: () => live("many-users")},
-    {key: "queueing", title: "Queueing", preset: "queueing", focus: "queue", spot: [".queue-wrap", ".fig:has(#h-ttft50)", ".fig:has(#h-waiting)"],
-     watch: "TTFT against the prefill time, and the queue",
-     text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
-       "did not get slower — but the time to first token grows with the wait.",
-     live: () => live("queueing")},
-    {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting"],
-     watch: "the request panel: its measured stages and the largest one",
-     text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
-       "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
-       "behind others' prefill (chunked prefill).",
-     live() { const d = FT.diagnosis(); return d ? d.text : ""; }},
-  ];
+const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
+const live = (name) => proofText(name, s, t0(name));
 
-  function spot(step) {
-    for (const e of document.querySelectorAll(".spot")) e.classList.remove("spot");
-    document.body.classList.toggle("touring", !!step);
-    if (!step) return;
-    for (const sel of step.spot) {
-      for (const e of document.querySelectorAll(sel)) {
-        e.classList.add("spot");
-        const head = e.previousElementSibling;   // its heading is part of it
-        if (head && head.matches("h2, h3, .strip-head")) head.classList.add("spot");
-      }
+export const STEPS = [
+  {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
+   watch: "the prompt's token chips (piece and id) in the request panel",
+   text() {
+     const r = selected();
+     const n = r && r.promptTokens;
+     return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
+       "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
+       " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
+   }, live: () => { const r = selected(); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
+  {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
+   watch: "the blue prefill bar on each row, and TTFT",
+   text: () => "Before the first token, the model reads the whole prompt in one forward pass: prefill (blue). " +
+     "Its cost grows with the prompt's length, so a long document waits longer for its first word.",
+   live: () => live("long-document")},
+  {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
+   watch: "one tick per token, and the measured step time against the bandwidth floor",
+   text() {
+     const bw = s.hello && s.hello.bandwidth;
+     return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
+       `all the weights (${fmtBytes(s.hello.weight_bytes || 0)})` +
+       (bw && bw.floor_s ? `, so it cannot beat ${fmtS(bw.floor_s)} (estimate: memory-bandwidth floor)` : "") + ".";
+   },
+   live() {
+     const one = s.points.filter((p) => p.batch === 1).map((p) => p.ms);
+     return one.length ? `measured: median decode step ${median(one).toFixed(1)} ms at batch 1 (${one.length} steps)` : "";
+   }},
+  {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: ["#chart-steps", ".timeline-wrap"],
+   watch: "decode step time against sequence length, with the cache off (the chart in the request panel)",
+   text: () => "The KV cache keeps each token's keys and values so a step computes only the new token. " +
+     "Turned off, every step recomputes the whole sequence: steps get slower as the text gets longer.",
+   live: () => live("kv-cache-off")},
+  {key: "batching", title: "Batching", preset: "many-users", focus: "slots", spot: [".slots-row", ".fig:has(#h-tps)", ".fig:has(#h-itl50)"],
+   watch: "total tokens/s against each stream's speed",
+   text: () => "Many requests share each step: reading the weights once serves the whole batch, so total throughput " +
+     "rises a lot while each stream slows only a little.",
+   live: () => live("many-users")},
+  {key: "queueing", title: "Queueing", preset: "queueing", focus: "queue", spot: [".queue-wrap", ".fig:has(#h-ttft50)", ".fig:has(#h-waiting)"],
+   watch: "TTFT against the prefill time, and the queue",
+   text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
+     "did not get slower — but the time to first token grows with the wait.",
+   live: () => live("queueing")},
+  {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting"],
+   watch: "the request panel: its measured stages and the largest one",
+   text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
+     "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
+     "behind others' prefill (chunked prefill).",
+   live() { const d = diagnosis(); return d ? d.text : ""; }},
+];
+
+function spot(step) {
+  for (const e of document.querySelectorAll(".spot")) e.classList.remove("spot");
+  document.body.classList.toggle("touring", !!step);
+  if (!step) return;
+  for (const sel of step.spot) {
+    for (const e of document.querySelectorAll(sel)) {
+      e.classList.add("spot");
+      const head = e.previousElementSibling;   // its heading is part of it
+      if (head && head.matches("h2, h3, .strip-head")) head.classList.add("spot");
     }
-    spottedAt = performance.now();
-    requestAnimationFrame(scrollToSpots);
   }
+  spottedAt = performance.now();
+  requestAnimationFrame(scrollToSpots);
+}
 
-  // What the step points at is on screen: each part scrolled into its panel's view (and the
-  // page's); again for a moment while the step's preset fills the panels and moves them.
-  function scrollToSpots() {
-    // (the sticky header covers the top of the window: scrolled clear of it)
-    document.documentElement.style.scrollPaddingTop = `${document.querySelector(".top").getBoundingClientRect().bottom}px`;
-    for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+// What the step points at is on screen: each part scrolled into its panel's view (and the
+// page's); again for a moment while the step's preset fills the panels and moves them.
+function scrollToSpots() {
+  // (the sticky header covers the top of the window: scrolled clear of it)
+  document.documentElement.style.scrollPaddingTop = `${document.querySelector(".top").getBoundingClientRect().bottom}px`;
+  for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+}
+
+function go(i) {
+  if (i < 0 || i >= STEPS.length) return;
+  index = i;
+  since = s.latestT;
+  const step = STEPS[i];
+  if (step.preset && teach.preset(step.preset)) teach.apply(step.preset);
+  else if (step.preset) toast(`this server has no "${step.preset}" preset: the step runs on the current settings`);
+  lesson();
+  document.body.dataset.focus = teach.focus();   // now, not at the next tick: what it shows decides the scroll
+  spot(step);
+}
+
+function lesson() {
+  const step = STEPS[index];
+  teach.setLesson({kicker: `tour ${index + 1} / ${STEPS.length}`, title: step.title, text: step.text(), watch: step.watch,
+                   live: step.live() || "", focus: step.focus});
+  $("tour-pos").textContent = `${index + 1} / ${STEPS.length}`;
+  $("tour-prev").disabled = index === 0;
+  $("tour-next").disabled = index === STEPS.length - 1;
+}
+
+export function stop() { index = -1; teach.setLesson(null); spot(null); }
+
+export const start = (i = 0) => go(i);
+export const next = () => go(index < 0 ? 0 : index + 1);
+export const prev = () => go(index < 0 ? 0 : index - 1);
+
+let urlDone = false;
+export function init(deps) {
+  ({s} = deps);
+  $("btn-tour").addEventListener("click", () => (index < 0 ? start() : stop()));
+  $("tour-prev").addEventListener("click", prev);
+  $("tour-next").addEventListener("click", next);
+  $("tour-end").addEventListener("click", stop);
+}
+
+export function onEvent(ev) {
+  // `/?tour=N` opens step N once the presets are known.
+  if (ev.type === "hello" && index < 0 && !urlDone) {
+    urlDone = true;
+    const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
+    if (n >= 1 && n <= STEPS.length) go(n - 1);
   }
+}
 
-  function go(i) {
-    if (i < 0 || i >= STEPS.length) return;
-    index = i;
-    since = s.latestT;
-    const step = STEPS[i];
-    if (step.preset && teach.preset(step.preset)) teach.apply(step.preset);
-    else if (step.preset) FT.toast(`this server has no "${step.preset}" preset: the step runs on the current settings`);
-    lesson();
-    document.body.dataset.focus = teach.focus();   // now, not at the next tick: what it shows decides the scroll
-    spot(step);
-  }
-
-  function lesson() {
-    const step = STEPS[index];
-    teach.lesson = {kicker: `tour ${index + 1} / ${STEPS.length}`, title: step.title, text: step.text(), watch: step.watch,
-                    live: step.live() || "", focus: step.focus};
-    $("tour-pos").textContent = `${index + 1} / ${STEPS.length}`;
-    $("tour-prev").disabled = index === 0;
-    $("tour-next").disabled = index === STEPS.length - 1;
-  }
-
-  function stop() { index = -1; teach.lesson = null; spot(null); }
-
-  const tour = {
-    STEPS,
-    get index() { return index; },
-    start(i = 0) { go(i); },
-    next() { if (index < 0) go(0); else go(index + 1); },
-    prev() { if (index < 0) go(0); else go(index - 1); },
-    stop,
-  };
-
-  FT.teach.register({
-    init(a, t) {
-      app = a; s = a.s; teach = t;
-      $("btn-tour").addEventListener("click", () => (index < 0 ? tour.start() : stop()));
-      $("tour-prev").addEventListener("click", tour.prev);
-      $("tour-next").addEventListener("click", tour.next);
-      $("tour-end").addEventListener("click", stop);
-    },
-    onEvent(ev) {
-      // `/?tour=N` opens step N once the presets are known.
-      if (ev.type === "hello" && index < 0 && !tour.urlDone) {
-        tour.urlDone = true;
-        const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
-        if (n >= 1 && n <= STEPS.length) go(n - 1);
-      }
-    },
-    update() {
-      $("btn-tour").textContent = index < 0 ? "Guided tour" : "End tour";
-      if (index >= 0) lesson();
-      if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) scrollToSpots();
-    },
-  });
-  FT.tour = tour;
-})();
+export function update() {
+  $("btn-tour").textContent = index < 0 ? "Guided tour" : "End tour";
+  if (index >= 0) lesson();
+  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) scrollToSpots();
+}

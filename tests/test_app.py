@@ -14,7 +14,7 @@ from simple_websocket import Client, ConnectionClosed
 
 from app import parse_args
 from helpers import ROOT, frames
-from server import create_app, loader
+from server import create_app, loader, pages
 
 
 def cli(*args):
@@ -56,6 +56,18 @@ def test_pages_render_and_their_scripts_are_served():
     plotly = http.get("/static/plotly.min.js")
     assert plotly.mimetype == "application/javascript" and b"plotly.js v" in plotly.get_data()[:200]
     plotly.close()
+    # The ES modules: the import map names each by its specifier, served as JavaScript (a browser
+    # runs no module with another MIME type), and every module imports only specifiers it maps.
+    for html in (page.text, http.get("/embed").text):
+        modules = json.loads(re.search(r'<script type="importmap">(.*?)</script>', html, re.S).group(1))["imports"]
+        assert set(modules) == {f"ft/{name}" for name in pages.MODULES} and {"ft/app", "ft/util"} <= set(modules)
+        assert '<script type="module">import "ft/app";</script>' in html
+    for spec, url in modules.items():
+        r = http.get(url)
+        assert r.status_code == 200 and r.mimetype in ("text/javascript", "application/javascript"), url
+        for imported in re.findall(r'^import .*? from "([^"]+)";$', r.get_data(as_text=True), re.M):
+            assert imported in modules, (spec, imported)
+        r.close()
     embed = http.get("/embed")
     assert embed.status_code == 200 and "<title>First Token (embed)</title>" in embed.text
     assert "/static/plotly.min.js" not in embed.text   # the embed draws no plotly charts

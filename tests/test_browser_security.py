@@ -14,7 +14,8 @@ from engine.detok import Detokenizer
 OUTPUT = ['<img src=x onerror="window.__xss=1;alert(1)">', "<script>window.__xss=2</script>",
           '<b id="injected">bold</b>', '<svg onload="window.__xss=3">', "&lt;i&gt;"]
 PROMPT = '<img src=x onerror="window.__xss=4;alert(4)"><script>alert(5)</script>'
-INJECTED = "img[src='x'], #injected, svg[onload], script:not([src])"
+# (the page's own inline scripts are its import map and the one line that imports its boot module)
+INJECTED = "img[src='x'], #injected, svg[onload], script:not([src]):not([type='importmap']):not([type='module'])"
 
 
 class HostileDetokenizer(Detokenizer):

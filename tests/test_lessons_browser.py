@@ -2,6 +2,7 @@
 comparison's two runs start from an empty prefix cache and the page checks it; /embed runs its
 ?preset= and keeps its own parameters across a reload; in a classroom the presenter is asked
 before a lesson cancels students' questions."""
+from helpers import page_module
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page
 
@@ -11,19 +12,20 @@ def test_every_comparison_runs_both_sides_from_an_empty_cache(live, browser):
     try:
         page.wait_for_function("() => firstToken.state.hello")
         page.click("#btn-compare")
-        for which in page.evaluate("Object.keys(FT.compare.COMPARISONS)"):
+        compare = page_module(page, "compare")
+        for which in page.evaluate("c => Object.keys(c.COMPARISONS)", compare):
             page.select_option("#c-which", which)
             page.click("#c-run")
             # drawn while it records: the status counts requests done, the A timeline has rows
             page.wait_for_function("() => /requests done/.test(document.getElementById('c-status').textContent)",
                                    timeout=30_000)
-            page.wait_for_function("() => FT.compare.runs !== null && !document.getElementById('c-run').disabled",
+            page.wait_for_function("c => c.runs !== null && !document.getElementById('c-run').disabled", arg=compare,
                                    timeout=240_000)
-            runs = page.evaluate("""() => { const r = FT.compare.runs; const first = (k) =>
+            runs = page.evaluate("""c => { const r = c.runs; const first = (k) =>
                 [...r[k].s.reqs.values()].map(q => q.admits.length ? q.admits[0].cachedTokens : null);
                 return {cold: [r.a.emptyCache, r.b.emptyCache], a: first('a'), b: first('b'),
                         status: document.getElementById('c-status').textContent,
-                        same: document.getElementById('sheet-compare').dataset.same}; }""")
+                        same: document.getElementById('sheet-compare').dataset.same}; }""", compare)
             assert runs["cold"] == [True, True], (which, runs)
             assert runs["a"] == runs["b"], (which, runs)   # what each request found cached: the same both times
             assert runs["a"][0] == 0
@@ -44,7 +46,7 @@ def test_a_comparison_can_be_cancelled(live, browser):
         page.click("#c-cancel")
         page.wait_for_function("() => /Cancelled/.test(document.getElementById('c-status').textContent)", timeout=10_000)
         assert page.is_hidden("#c-cancel") and page.is_enabled("#c-run")
-        assert page.evaluate("FT.compare.runs") is None
+        assert page.evaluate("c => c.runs", page_module(page, "compare")) is None
     finally:
         ctx.close()
 
@@ -117,8 +119,9 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
     ctx, page = open_page(browser, live.url + "/?present=1", 1366, 768)
     try:
         page.wait_for_function("() => firstToken.state.hello && document.body.classList.contains('present')")
-        for i in range(page.evaluate("FT.tour.STEPS.length")):
-            page.evaluate(f"FT.tour.start({i})")
+        tour = page_module(page, "tour")
+        for i in range(page.evaluate("tour => tour.STEPS.length", tour)):
+            page.evaluate("([tour, i]) => tour.start(i)", [tour, i])
             page.wait_for_timeout(1500)   # the step's preset arrives; the outlined parts are scrolled to
             spots = page.evaluate("""() => [...document.querySelectorAll('.spot')].filter(e => e.getClientRects().length)
                 .filter(e => !e.matches('h2, h3, .strip-head')).map(e => {
@@ -134,7 +137,7 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
             assert spots, i
             for spot in spots:
                 assert spot["inside"] and (spot["h"] > 40 or not spot["strip"]), (i, spot)
-            key = page.evaluate(f"FT.tour.STEPS[{i}].key")
+            key = page.evaluate("([tour, i]) => tour.STEPS[i].key", [tour, i])
             if key == "kv":   # with the cache off the KV strip is empty: the step points at the step-time chart
                 assert not page.evaluate("document.querySelector('.kv-wrap').classList.contains('spot')")
         assert page.errors == []

@@ -1,6 +1,7 @@
 """Traces without a browser: recording on the tiny model (engine/record.py and `app.py record`),
 the one-file export (server/export.py), the shipped examples, /embed's parameters and framing,
 and clear errors for bad input (a file that is not a trace, an unknown example, a bad --set)."""
+import base64
 import json
 import re
 
@@ -92,10 +93,17 @@ def test_record_cli_writes_a_valid_trace_that_exports(tiny_cli, tmp_path, capsys
     assert tiny_cli[0].settings["slots"] == 4
     app_cli.main(["export", str(out), "-o", str(page)])
     html = page.read_text()
-    # Self-contained: no element refers to anything outside the file.
+    # Self-contained: no element refers to anything outside the file, and the import map maps
+    # every module the page has (each of static/ft-*.js) to a data: URL of its own text.
     assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)=\"(?!data:)", html)
-    m = re.search(r"window\.FT_TRACE = (.*?);\nwindow\.FT_TRACE_NAME", html, re.S)
-    assert json.loads(m.group(1)) == trace
+    modules = json.loads(re.search(r'<script type="importmap">(.*?)</script>', html, re.S).group(1))["imports"]
+    assert set(modules) == {f"ft/{name}" for name in pages.MODULES} and "ft/app" in modules
+    for spec, url in modules.items():
+        assert url.startswith("data:text/javascript;base64,")
+        file = pages.STATIC / f"ft-{spec.removeprefix('ft/')}.js"
+        assert base64.b64decode(url.split(",", 1)[1]).decode() == file.read_text(encoding="utf-8")
+    m = re.search(r'<script type="application/json" id="ft-trace">(.*?)</script>', html, re.S)
+    assert json.loads(m.group(1)) == {"name": "t", "events": trace}
     assert html.count("<script") == html.count("</script>")
 
 
@@ -140,10 +148,11 @@ def test_inlined_text_cannot_close_its_script(driver):
     trace.append({"type": "request", "t": 1.0, "id": "r99", "source": "page", "prompt_tokens": 3,
                   "max_new_tokens": 1, "preview": "</script><script>alert(1)</script><!--", "estimated": False})
     html = export.render(trace, "x</script>")
-    boot = html[html.index("window.FT_TRACE"):]
+    start = '<script type="application/json" id="ft-trace">'
+    boot = html[html.index(start) + len(start):]
     boot = boot[:boot.index("</script>")]
     assert "</script" not in boot.lower() and "<!--" not in boot
-    assert json.loads(re.search(r"window\.FT_TRACE = (.*?);\n", boot, re.S).group(1)) == trace
+    assert json.loads(boot) == {"name": "x</script>", "events": trace}
 
 
 def test_shipped_examples_are_valid_small_traces_from_the_real_model():

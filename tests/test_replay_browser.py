@@ -179,7 +179,10 @@ def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_pa
             route.abort()
     context.route("**/*", only_the_file)
     page = Watch(context, url)
+    # The page's modules came from the import map's data: URLs (a file:// page loads no module
+    # from a file, and every other URL is refused): the boot module ran and set firstToken.
     page.wait("() => window.firstToken && firstToken.replay.player.mode === 'trace'")
+    assert page.js("typeof window.FT") == "undefined"   # no global namespace: modules import what they read
     page.js("firstToken.replay.setSpeed(4)")
     page.wait("() => !firstToken.replay.player.playing", timeout=30_000)   # played to the end
     assert page.js("firstToken.state.events") == len(trace)

@@ -44,31 +44,50 @@ def midsize():
 class TeachPage(Page):
     """A page with the teaching helpers."""
 
+    def ft(self):
+        """A handle to the page's modules these tests read, {teach, tour, figures, replay, compare,
+        util} (static/ft-NAME.js, the instances the page runs): pass it in an expression's argument."""
+        return self.page.evaluate_handle("""async () => { const ft = {};
+            for (const n of ["teach", "tour", "figures", "replay", "compare", "util"]) ft[n] = await import(`ft/${n}`);
+            return ft; }""")
+
     def fmt(self, seconds):
-        """A duration as the page writes it (FT.fmtS)."""
-        return self.js("v => FT.fmtS(v)", seconds)
+        """A duration as the page writes it (fmtS, static/ft-util.js)."""
+        return self.js("([ft, v]) => ft.util.fmtS(v)", [self.ft(), seconds])
+
+    def active_t(self):
+        """The engine time of the lesson shown (the last `preset` event), -1 without one."""
+        return self.js("ft => ft.teach.active ? ft.teach.active.t : -1", self.ft())
+
+    def wait_preset(self, name, after):
+        """Wait for a `preset` event for `name` later than engine time `after`; its time."""
+        self.wait("([ft, n, b]) => ft.teach.active && ft.teach.active.name === n && ft.teach.active.t > b",
+                  [self.ft(), name, after], timeout=15_000)
+        return self.active_t()
 
     def preset(self, name):
         """Click a preset's button; wait for its `preset` event; return that event's engine time."""
-        before = self.js("FT.teach.active ? FT.teach.active.t : -1")
+        before = self.active_t()
         self.page.click(f"#presets .preset[data-preset='{name}']")
-        self.wait("([n, b]) => FT.teach.active && FT.teach.active.name === n && FT.teach.active.t > b", [name, before],
-                  timeout=15_000)
-        return self.js("FT.teach.active.t")
+        return self.wait_preset(name, before)
 
     def preset_with(self, name, settings):
         """Apply a preset with settings over its own (as the comparison does); its event's time."""
-        before = self.js("FT.teach.active ? FT.teach.active.t : -1")
+        before = self.active_t()
         self.js("([n, s]) => firstToken.send({type: 'preset', name: n, settings: s})", [name, settings])
-        self.wait("([n, b]) => FT.teach.active && FT.teach.active.name === n && FT.teach.active.t > b", [name, before],
-                  timeout=15_000)
-        return self.js("FT.teach.active.t")
+        return self.wait_preset(name, before)
+
+    def preset_settings(self, name):
+        """Every setting as applying the preset leaves it (the page's own computation)."""
+        return self.js("([ft, n]) => ft.teach.presetSettings(n)", [self.ft(), name])
 
     def finished_since(self, t0, n, timeout=60_000):
         """Wait until n requests that arrived since t0 finished; return them (arrival order)."""
-        self.wait("([t0, n]) => FT.figures.finishedSince(firstToken.state, t0).length >= n", [t0, n], timeout=timeout)
-        return self.js("""t0 => FT.figures.finishedSince(firstToken.state, t0).map(r => ({id: r.id, arrival: r.arrival,
-            ttft: r.ttft, prefill: r.stages.prefill, queue: r.stages.queue, prompt: r.promptTokens}))""", t0)
+        ft = self.ft()
+        self.wait("([ft, t0, n]) => ft.figures.finishedSince(firstToken.state, t0).length >= n", [ft, t0, n],
+                  timeout=timeout)
+        return self.js("""([ft, t0]) => ft.figures.finishedSince(firstToken.state, t0).map(r => ({id: r.id, arrival: r.arrival,
+            ttft: r.ttft, prefill: r.stages.prefill, queue: r.stages.queue, prompt: r.promptTokens}))""", [ft, t0])
 
     def max_stat(self, key, t0):
         return self.js("([k, t0]) => Math.max(0, ...firstToken.state.stats.filter(x => x.t >= t0).map(x => x[k]))", [key, t0])
@@ -111,7 +130,7 @@ def test_every_preset_button_applies_its_settings_and_shows_its_lesson(tpage):
     assert len(presets) >= 11
     for p in presets:
         tpage.preset(p["name"])
-        want = tpage.js("n => FT.teach.presetSettings(n)", p["name"])
+        want = tpage.preset_settings(p["name"])
         tpage.wait("w => Object.entries(w).every(([k, v]) => firstToken.state.settings[k] === v)", want, timeout=10_000)
         tpage.wait("t => document.getElementById('lesson-title').textContent === t && "
                    "!document.getElementById('lesson').hidden", p["title"], timeout=5_000)
@@ -187,7 +206,7 @@ def test_long_document_prefills_longer_than_idle(midpage):
 def test_kv_cache_off_step_time_grows_with_sequence_length(smallpage):
     t0 = smallpage.preset_with("kv-cache-off", None)
     smallpage.finished_since(t0, 1)
-    k = smallpage.js("t0 => FT.figures.recomputeSlope(firstToken.state, t0)", t0)
+    k = smallpage.js("([ft, t0]) => ft.figures.recomputeSlope(firstToken.state, t0)", [smallpage.ft(), t0])
     steps = smallpage.js("""t0 => firstToken.state.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0)
                               .map((st) => [st.tokens / st.ids.length, st.end - st.start])""", t0)
     # Rank correlation of step time with sequence length over every step: robust to the odd
@@ -218,7 +237,7 @@ def test_many_users_gives_more_total_tokens_per_second_than_idle(tpage):
 def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, live):
     p = TeachPage(browser, live.url + "/?preset=queueing&max_new_tokens=8")
     try:
-        p.wait("() => FT.teach.active && FT.teach.active.name === 'queueing'", timeout=15_000)
+        p.wait_preset("queueing", -1)
         p.wait("() => firstToken.state.settings.max_new_tokens === 8 && firstToken.state.settings.slots === 2", timeout=10_000)
         assert sum('"type":"preset"' in m for m in p.sent) == 1
         assert "ignored" not in p.page.text_content("#toast")
@@ -229,14 +248,14 @@ def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, li
         p.wait("() => document.getElementById('toast').textContent.includes('name: unknown preset')", timeout=10_000)
         # nothing changed: the preset shown is still the one applied before (from the replayed history)
         p.page.wait_for_timeout(500)
-        assert p.js("FT.teach.active.name") == "queueing" and p.js("firstToken.state.settings.slots") == 2
+        assert p.js("ft => ft.teach.active.name", p.ft()) == "queueing" and p.js("firstToken.state.settings.slots") == 2
         p.idle()
     finally:
         p.close()
 
 
 def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
-    steps = tpage.js("FT.tour.STEPS.map(s => ({title: s.title, preset: s.preset, spot: s.spot}))")
+    steps = tpage.js("ft => ft.tour.STEPS.map(s => ({title: s.title, preset: s.preset, spot: s.spot}))", tpage.ft())
     assert [s["title"] for s in steps][:6] == ["Tokens", "Prefill", "Decode", "The KV cache", "Batching", "Queueing"]
     tpage.page.click("#btn-tour")
     for i, step in enumerate(steps):
@@ -244,8 +263,9 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
             tpage.page.click("#tour-next")
         tpage.wait("t => document.getElementById('lesson-title').textContent === t", step["title"], timeout=5_000)
         if step["preset"]:
-            tpage.wait("n => FT.teach.active && FT.teach.active.name === n", step["preset"], timeout=15_000)
-            want = tpage.js("n => FT.teach.presetSettings(n)", step["preset"])
+            tpage.wait("([ft, n]) => ft.teach.active && ft.teach.active.name === n", [tpage.ft(), step["preset"]],
+                       timeout=15_000)
+            want = tpage.preset_settings(step["preset"])
             tpage.wait("w => Object.entries(w).every(([k, v]) => firstToken.state.settings[k] === v)", want, timeout=10_000)
         assert tpage.js("document.body.classList.contains('touring')")
         spotted = tpage.js("sels => sels.map(s => [...document.querySelectorAll(s)].filter(e => e.classList.contains('spot')).length)",
@@ -283,13 +303,14 @@ def test_presenter_mode_and_shortcuts_not_while_typing(browser, live):
         p.page.locator("#prompt").blur()
         second = p.js("firstToken.state.hello.presets[1].name")
         p.page.keyboard.press("2")
-        p.wait("n => FT.teach.active && FT.teach.active.name === n", second, timeout=15_000)
+        ft = p.ft()
+        p.wait("([ft, n]) => ft.teach.active && ft.teach.active.name === n", [ft, second], timeout=15_000)
         p.page.keyboard.press("ArrowRight")
-        p.wait("() => FT.tour.index === 0 && document.body.classList.contains('touring')", timeout=5_000)
+        p.wait("ft => ft.tour.index === 0 && document.body.classList.contains('touring')", ft, timeout=5_000)
         p.page.keyboard.press("s")      # slow motion: the last seconds again at ¼ speed, view only
-        p.wait("() => FT.replay.active() && FT.replay.api.replay.player.speed === 0.25", timeout=2_000)
+        p.wait("ft => ft.replay.active() && ft.replay.player.speed === 0.25", ft, timeout=2_000)
         p.page.keyboard.press("s")      # back to live
-        p.wait("() => !FT.replay.active()", timeout=2_000)
+        p.wait("ft => !ft.replay.active()", ft, timeout=2_000)
         p.page.keyboard.press("p")
         assert p.js("document.body.classList.contains('present')") and p.js("location.search").count("present=1") == 1
         p.idle()
@@ -325,12 +346,12 @@ def test_compare_runs_a_preset_twice_with_the_same_prompts_and_draws_both(tpage)
     tpage.page.click("#c-run")
     tpage.wait("() => document.getElementById('c-status').textContent.startsWith('Done') && "
                "document.getElementById('c-b-figs').textContent.includes('TTFT')", timeout=120_000)
-    runs = tpage.js("""() => { const r = FT.compare.runs, f = (x) => FT.compare.figures(x.s);
+    runs = tpage.js("""ft => { const r = ft.compare.runs, f = (x) => ft.compare.figures(x.s);
         const lens = (x) => [...x.s.reqs.values()].map(q => q.promptTokens);
         return {a: f(r.a), b: f(r.b), kvA: r.a.s.settings.kv_cache, kvB: r.b.s.settings.kv_cache,
                 lensA: lens(r.a), lensB: lens(r.b), same: r.a.prompts.join('|') === r.b.prompts.join('|'),
                 said: document.getElementById('sheet-compare').dataset.same,
-                figs: document.getElementById('c-a-figs').textContent + document.getElementById('c-b-figs').textContent}; }""")
+                figs: document.getElementById('c-a-figs').textContent + document.getElementById('c-b-figs').textContent}; }""", tpage.ft())
     assert runs["a"]["n"] == runs["b"]["n"] == 1      # the kv-cache-off preset's one request
     assert runs["same"]
     assert runs["kvA"] is True and runs["kvB"] is False

@@ -1,9 +1,10 @@
-"""'Why does this response feel slow?' in real Chromium: FT.diagnose on engineered situations
-(queue-bound, cache-bound, prefill-bound, decode-bound, stalled behind another request's
-prefill) names the cause with the measured numbers, the request panel shows it, and on the
+"""'Why does this response feel slow?' in real Chromium: diagnose() (static/ft-diagnose.js) on
+engineered situations (queue-bound, cache-bound, prefill-bound, decode-bound, stalled behind
+another request's prefill) names the cause with the measured numbers, the request panel shows it, and on the
 live tiny engine a request queued behind a full batch is diagnosed as queueing."""
 import pytest
 
+from helpers import page_module
 from test_teaching import tpage  # noqa: F401  (a fixture)
 
 
@@ -87,13 +88,13 @@ def situations():
 def test_diagnose_names_the_cause_with_the_measured_numbers(tpage):
     """The pure function, on a fresh state per situation: cause, the dominant figure, the scene."""
     for name, (events, rid, cause, figure, phrases) in situations().items():
-        d = tpage.js("""([evs, rid]) => {
-            const s = FT.createState();
-            FT.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
+        d = tpage.js("""([state, diagnosis, evs, rid]) => {
+            const s = state.createState();
+            state.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
             s.settings.slots = 4;
-            for (const ev of evs) FT.ingest(s, ev, null);
-            return FT.diagnose(s.reqs.get(rid), s);
-        }""", [events, rid])
+            for (const ev of evs) state.ingest(s, ev, null);
+            return diagnosis.diagnose(s.reqs.get(rid), s);
+        }""", [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose"), events, rid])
         assert d["cause"] == cause, (name, d)
         main = {"queueing": "queue", "cache": "queue", "stalled": "stalled"}.get(cause, cause)
         assert d["numbers"][main] == pytest.approx(figure, rel=0.02), (name, d["numbers"])
@@ -109,9 +110,9 @@ def test_the_request_panel_shows_the_diagnosis_of_the_selected_request(tpage):
     sit = situations()
     for name in ("queue-bound", "prefill-bound", "decode-bound", "stalled"):
         events, rid, cause, figure, phrases = sit[name]
-        tpage.js("""([evs, rid]) => { const s = firstToken.state;
-            for (const ev of evs) FT.ingest(s, ev, null);
-            firstToken.select(rid); }""", [events, rid])
+        tpage.js("""([state, evs, rid]) => { const s = firstToken.state;
+            for (const ev of evs) state.ingest(s, ev, null);
+            firstToken.select(rid); }""", [page_module(tpage.page, "state"), events, rid])
         tpage.wait("c => document.getElementById('d-why').dataset.cause === c", cause, timeout=5_000)
         text = tpage.page.text_content("#d-why")
         assert phrases[0] in text
@@ -127,7 +128,8 @@ def test_a_request_queued_behind_a_full_batch_is_diagnosed_as_queueing(tpage):
     ids = tpage.burst(6)
     tpage.wait_finished(ids)
     last = ids[-1]
-    d = tpage.js("id => FT.diagnose(firstToken.state.reqs.get(id), firstToken.state)", last)
+    d = tpage.js("([diagnosis, id]) => diagnosis.diagnose(firstToken.state.reqs.get(id), firstToken.state)",
+                 [page_module(tpage.page, "diagnose"), last])
     assert d["cause"] == "queueing", d
     assert d["numbers"]["ahead"] >= 3 and d["numbers"]["busy"] == 1
     assert d["numbers"]["queue"] > d["numbers"]["prefill"]
