@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from bench import coldstart, contenders, tables
-from engine import bandwidth, model as model_mod
+from bench import coldstart, contenders, roofline, tables
+from engine import model as model_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,8 +99,9 @@ def main(argv=None):
     weight_bytes = sum(t.numel() * t.element_size() for t in bundle.model.parameters())
     log(f"{bundle.name} on {bundle.device}, {torch.get_num_threads()} threads")
 
-    log("memory read bandwidth")
-    bw = max(bandwidth.read_bandwidth(bundle.device, budget_s=2.0, passes=20) for _ in range(3))
+    log("memory read bandwidth and peak matmul rate")
+    roof = roofline.measured_roofline(bundle, weight_bytes)
+    bw = roof.bandwidth_bps
     floor_s = weight_bytes / bw
 
     runs = throughput(bundle, p, args.skip_hf)
@@ -108,6 +109,7 @@ def main(argv=None):
     prefill = tables.prefill_table(bundle, p["prefill"], p["repeats"])
     log("decode step vs batch size")
     decode = tables.decode_table(bundle, p["batches"], context=p["prompt"] + p["new"] // 2, repeats=p["repeats"] + 2)
+    roofline.annotate(roof, prefill, decode, p["prompt"] + p["new"] // 2)
     log("paged vs contiguous KV reads")
     kv_read = tables.kv_read_table(bundle, 16, p["kv_read"], p["repeats"] + 2)
     log("cold start of app.py" + (" (first and second)" if args.first_start else ""))
@@ -132,6 +134,7 @@ def main(argv=None):
                      "greedy": True, "eos": "ignored"},
         "bandwidth": {"gbs": bw / 1e9, "weight_bytes": weight_bytes, "floor_s": floor_s,
                       "step_s_batch1": step1, "ratio": step1 / floor_s},
+        "roofline": roof.describe(),
         "throughput": {k: {"label": r.name, "tokens_per_s": r.tokens_per_s, "seconds": r.seconds,
                            "output_tokens": r.output_tokens, "setup_s": r.setup_s, "note": r.note}
                        for k, r in runs.items()},
@@ -194,14 +197,18 @@ def report(r):
               f"weights read per decode step: {bw['weight_bytes'] / 1e6:.0f} MB -> floor {1e3 * bw['floor_s']:.1f} ms",
               f"decode step at batch 1: {1e3 * bw['step_s_batch1']:.1f} ms = {bw['ratio']:.2f}x the floor   "
               f"{_mark(bw['ratio'], t['floor_ratio'], False)}", "",
-              f"prefill (one prompt)        decode step (context {r['decode_context']})",
-              f"{'tokens':>7s} {'ms':>9s} {'ms/tok':>7s}    {'batch':>5s} {'ms':>8s} {'tok/s':>7s} {'x floor':>7s}"]
+              f"peak matmul rate (best of N, 1024^3): {r['roofline']['peak_gflops']:.0f} GFLOP/s; "
+              "x roof = measured / the roofline's prediction (estimates)", "",
+              f"prefill (one prompt)                decode step (context {r['decode_context']})",
+              f"{'tokens':>7s} {'ms':>9s} {'ms/tok':>7s} {'x roof':>7s}    {'batch':>5s} {'ms':>8s} {'tok/s':>7s} "
+              f"{'x floor':>7s} {'x roof':>7s}"]
     pre, dec = r["prefill"], r["decode"]
     for i in range(max(len(pre), len(dec))):
-        left = (f"{pre[i]['tokens']:7d} {1e3 * pre[i]['s']:9.1f} {pre[i]['ms_per_token']:7.2f}" if i < len(pre)
-                else " " * 25)
+        left = (f"{pre[i]['tokens']:7d} {1e3 * pre[i]['s']:9.1f} {pre[i]['ms_per_token']:7.2f} "
+                f"{pre[i]['s'] / pre[i]['predicted_s']:7.2f}" if i < len(pre) else " " * 33)
         right = (f"{dec[i]['batch']:5d} {1e3 * dec[i]['step_s']:8.1f} {dec[i]['tokens_per_s']:7.1f} "
-                 f"{dec[i]['step_s'] / bw['floor_s']:7.2f}" if i < len(dec) else "")
+                 f"{dec[i]['step_s'] / bw['floor_s']:7.2f} {dec[i]['step_s'] / dec[i]['predicted_s']:7.2f}"
+                 if i < len(dec) else "")
         lines.append(f"{left}    {right}")
     lines += ["", "decode attention, all layers, batch 16: keys/values gathered from paged blocks vs contiguous rows"]
     for k in r["kv_read"]:

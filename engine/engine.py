@@ -21,6 +21,7 @@ from .intake import Intake
 from .kv_cache import BlockManager, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
 from .runner import Runner
+from .roofline import Roofline
 from .scheduler import Scheduler
 from .settings import make_settings
 from .timing import StepRecorder
@@ -41,7 +42,12 @@ class Engine:
         self.settings = {}   # live: updated in place (the intake and the driver hold it too)
         self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
         self._out = []
-        self.timing = StepRecorder(self.clock, self._emit, self.scheduler)
+        self.params = sum(p.numel() for p in model.parameters())
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # Measured read bandwidth and matmul rate (~1 s, once a process): estimated floors (roofline.py)
+        self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
+        self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
+        self.timing = StepRecorder(self.clock, self._emit, self.scheduler, self.roofline, self.settings)
         self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
         self.runner = Runner(model, self.store)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
@@ -49,10 +55,6 @@ class Engine:
         self.apply_settings({name: spec.default for name, spec in self.specs.items()})
         self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
-        self.params = sum(p.numel() for p in model.parameters())
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        # Measured memory read bandwidth -> the decode-step floor the page draws (~0.5 s, once per process).
-        self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
         self.bench = bench
         self.subscribers = lambda: 0   # how many pages listen (the driver knows; stats report it)
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
@@ -70,7 +72,8 @@ class Engine:
             kv_bytes_per_token=self.bytes_per_token, block_size=self.blocks.block_size,
             cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
-            limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth, bench=self.bench,
+            limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
+            roofline=self.roofline.describe(), bench=self.bench,
             presets=[p.describe() for p in presets.PRESETS.values()])
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 5   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 6   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -67,6 +67,16 @@ class DecodePoint(TypedDict):
     context: int
     step_s: float       # median of the timed forwards
     floor_s: float      # estimate: weights plus the batch's KV read once at the measured bandwidth
+    predicted_s: float  # estimate: the roofline's (the slower of its bytes and its flops; engine/roofline.py)
+    bound: Literal["memory", "compute"]
+
+
+class PrefillPoint(TypedDict):
+    """One whole prompt of `tokens` tokens computed in one forward."""
+    tokens: int
+    step_s: float       # median of the timed forwards
+    predicted_s: float  # estimate: the roofline's
+    bound: Literal["memory", "compute"]
 
 
 class KVPoint(TypedDict):
@@ -74,6 +84,15 @@ class KVPoint(TypedDict):
     tokens: int
     cached_s: float
     recompute_s: float
+
+
+class SLOMark(TypedDict):
+    """A completed request judged against the service-level objectives in force when it finished."""
+    ttft_met: bool
+    tpot_met: bool          # true for a one-token answer (no time per output token)
+    met: bool               # both: it counts towards goodput
+    ttft_target_s: float
+    tpot_target_s: float
 
 
 class Percentiles(TypedDict):
@@ -129,6 +148,7 @@ class Hello(Event):
     limits: dict[str, dict[str, Any]]
     bandwidth: dict[str, Any] | None
     bench: dict[str, Any] | None
+    roofline: dict[str, Any] | None = None   # engine mode: measured peak matmul rate and the model's shapes (estimates)
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
@@ -220,6 +240,8 @@ class Step(Event):
     cache_tokens: int
     cache_blocks_used: int
     per_request: dict[str, int]
+    predicted_s: float | None = None   # the roofline's estimate of this forward (engine/roofline.py)
+    bound: Literal["memory", "compute"] | None = None   # the roof that bounds that estimate
 
 
 @dataclass(slots=True)
@@ -253,6 +275,7 @@ class Finished(Event):
     chunks: int | None = None        # observe mode: streamed chunks that carried text
     gaps: list[float] | None = None  # observe mode: every gap between chunks
     error: str | None = None         # what went wrong, when reason is "error"
+    slo: SLOMark | None = None       # engine mode, completed requests: met or missed the SLOs
 
 
 @dataclass(slots=True)
@@ -288,6 +311,10 @@ class Stats(Event):
     in_flight: int | None = None            # observe mode: the observer's open requests
     cache_usage: float | None = None        # observe mode: the server's KV-cache usage, 0..1
     server: dict[str, float | None] | None = None   # observe mode: the server's raw gauges
+    goodput: float | None = None            # requests/s that met both SLOs, last 30 s (None: none judged yet)
+    slo_attainment: float | None = None     # fraction of the requests judged in that window that met both
+    slo_met: int | None = None              # completed requests that met both, since the last reset
+    slo_judged: int | None = None           # completed requests judged, since the last reset
 
 
 @dataclass(slots=True)
@@ -309,6 +336,7 @@ class Measure(Event):
     contexts: list[int]
     decode: list[DecodePoint] | None = None
     kv: list[KVPoint] | None = None
+    prefill: list[PrefillPoint] | None = None
     skipped: list[str] | None = None   # points the free KV blocks could not hold, and why
     seconds: float | None = None
     message: str | None = None         # status "error": what went wrong

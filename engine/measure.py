@@ -8,7 +8,12 @@ pauses meanwhile; the page announces it):
   next to the memory-bandwidth floor (an estimate: weights plus the batch's keys/values
   read once at the bandwidth measured at start);
 * one new token at growing sequence lengths, with the KV cache (one position computed
-  against cached keys) and without (the whole sequence recomputed, as `kv_cache` off does).
+  against cached keys) and without (the whole sequence recomputed, as `kv_cache` off does);
+* a whole prompt's prefill at growing lengths (64..1024 tokens in one forward).
+
+Every decode and prefill point carries the roofline's predicted time too (engine/roofline.py:
+the slower of its bytes at the measured bandwidth and its flops at the measured matmul rate,
+an estimate), so the page draws step time against tokens per forward under both roofs.
 
 `announce` and `run` act on the engine through its public attributes (runner, blocks, clock,
 settings); the driver calls them on its thread. The synthetic requests take blocks from the
@@ -28,23 +33,30 @@ from .sequence import SamplingParams, Sequence
 BATCHES = (1, 2, 4, 8, 16)
 CONTEXTS = (128, 512, 1024)
 KV_LENGTHS = (32, 64, 128, 256, 512)
+PREFILL_LENGTHS = (64, 128, 256, 512, 1024)
 REPEATS = 3
 
 
 def plan(engine):
-    """(batches, contexts, kv lengths) this engine can sweep: batches up to its `slots` setting."""
+    """(batches, contexts, kv lengths, prefill lengths) this engine can sweep: batches up to its
+    `slots` setting, lengths within its context."""
     slots, max_context = engine.settings["slots"], engine.max_context
     batches = [b for b in BATCHES if b < slots] + [slots]
     contexts = [c for c in CONTEXTS if c < max_context]
     lengths = [n for n in KV_LENGTHS if n < max_context]
-    return batches, contexts, lengths
+    prompts = [n for n in PREFILL_LENGTHS if n <= max_context]
+    return batches, contexts, lengths, prompts
+
+
+def _total(batches, contexts, lengths, prompts):
+    return len(batches) * len(contexts) + len(lengths) + len(prompts)
 
 
 def announce(engine):
     """The `measure` event that announces the pause (`run` follows on the same thread)."""
-    batches, contexts, lengths = plan(engine)
+    batches, contexts, lengths, prompts = plan(engine)
     return [Measure(t=engine.clock.now(), status="running", batches=batches, contexts=contexts,
-                    points_total=len(batches) * len(contexts) + len(lengths))]
+                    points_total=_total(batches, contexts, lengths, prompts))]
 
 
 def run(engine, publish=None):
@@ -52,31 +64,34 @@ def run(engine, publish=None):
     Returns the final `measure` event ("done", or "error" if a sweep raised: serving carries
     on). `publish` gets a "running" `measure` event after each point (what is timed so far and
     an estimate of the time left), so a page draws the sweep as it goes."""
-    batches, contexts, lengths = plan(engine)
+    batches, contexts, lengths, prompts = plan(engine)
     clock, t0 = engine.clock, engine.clock.now()
-    total = len(batches) * len(contexts) + len(lengths)
-    got = {"decode": [], "skipped": [], "kv": []}
+    total = _total(batches, contexts, lengths, prompts)
+    got = {"decode": [], "skipped": [], "kv": [], "prefill": []}
 
     def progress(**part):
         got.update({k: list(v) for k, v in part.items()})
         if publish is None:
             return
-        done, now = len(got["decode"]) + len(got["skipped"]) + len(got["kv"]), clock.now()
+        done, now = sum(len(v) for v in got.values()), clock.now()
         # the rest at the pace so far: a rough guide (long recomputes come last), said as "about"
         eta = (now - t0) / done * (total - done) if done else None
         publish([Measure(t=now, status="running", batches=batches, contexts=contexts, decode=got["decode"],
-                         kv=got["kv"], skipped=got["skipped"], points_done=done, points_total=total, eta_s=eta)])
+                         kv=got["kv"], prefill=got["prefill"], skipped=got["skipped"], points_done=done,
+                         points_total=total, eta_s=eta)])
 
-    vocab = engine.bundle.model.config.vocab_size
+    vocab, roof = engine.bundle.model.config.vocab_size, engine.roofline
     try:
         decode, skipped = decode_sweep(engine.runner, engine.blocks, vocab, batches, contexts, _floor(engine),
-                                       progress=lambda d, s: progress(decode=d, skipped=s))
+                                       roof, progress=lambda d, s: progress(decode=d, skipped=s))
         kv = kv_sweep(engine.runner, engine.blocks, vocab, lengths, progress=lambda k: progress(kv=k))
+        prefill = prefill_sweep(engine.runner, engine.blocks, vocab, prompts, roof,
+                                progress=lambda p: progress(prefill=p))
     except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
         return [Measure(t=clock.now(), status="error", batches=batches, contexts=contexts,
                         message=f"{type(e).__name__}: {e}")]
     return [Measure(t=clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
-                    skipped=skipped, seconds=clock.now() - t0)]
+                    prefill=prefill, skipped=skipped, seconds=clock.now() - t0)]
 
 
 def _floor(engine):
@@ -122,9 +137,9 @@ class _Synthetic:
         self.held = []
 
 
-def decode_sweep(runner, blocks, vocab, batches, contexts, floor, repeats=REPEATS, progress=None):
-    """([{batch, context, step_s, floor_s}], [skipped point descriptions]). `progress()` is called
-    after each point (timed or skipped), so pages can draw them as they come."""
+def decode_sweep(runner, blocks, vocab, batches, contexts, floor, roofline, repeats=REPEATS, progress=None):
+    """([{batch, context, step_s, floor_s, predicted_s, bound}], [skipped point descriptions]).
+    `progress()` is called after each point (timed or skipped), so pages can draw them as they come."""
     points, skipped = [], []
     for context in contexts:
         for batch in batches:
@@ -137,9 +152,28 @@ def decode_sweep(runner, blocks, vocab, batches, contexts, floor, repeats=REPEAT
                     continue
                 segments = [Segment(s, context, 1, cached=True, logits=True) for s in seqs]
                 step = _timed(lambda: runner.forward(segments), repeats)
-            points.append({"batch": batch, "context": context, "step_s": step, "floor_s": floor(batch, context)})
+            predicted_s, bound = roofline.predict_segments(segments)
+            points.append({"batch": batch, "context": context, "step_s": step, "floor_s": floor(batch, context),
+                           "predicted_s": predicted_s, "bound": bound})
             progress and progress(points, skipped)
     return points, skipped
+
+
+def prefill_sweep(runner, blocks, vocab, lengths, roofline, repeats=2, progress=None):
+    """[{tokens, step_s, predicted_s, bound}]: one whole prompt of each length in one forward
+    (its blocks from the free list; a length they cannot hold is left out); `progress(rows)` after each."""
+    rows = []
+    for n in lengths:
+        with _Synthetic(blocks, vocab) as syn:
+            seq = syn.seq(n)
+            if seq is None:
+                continue
+            segments = [Segment(seq, 0, n, cached=True, logits=True)]
+            step = _timed(lambda: runner.forward(segments), repeats)
+        predicted_s, bound = roofline.predict_segments(segments)
+        rows.append({"tokens": n, "step_s": step, "predicted_s": predicted_s, "bound": bound})
+        progress and progress(rows)
+    return rows
 
 
 def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS, progress=None):

@@ -120,6 +120,10 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context):
                 doc="token budget of one step: decode tokens plus prompt chunks (vLLM's max_num_batched_tokens)"),
         Setting("prefix_caching", "bool", True,
                 doc="reuse the KV blocks of a prompt prefix seen before (full blocks, chained hashes)"),
+        Setting("slo_ttft_ms", "int", 2000, 50, 60000, 50, "finished requests",
+                doc="service-level objective for time to first token, ms (goodput counts requests meeting both)"),
+        Setting("slo_tpot_ms", "int", 100, 5, 5000, 5, "finished requests",
+                doc="service-level objective for time per output token after the first, ms"),
     ]
     return {s.name: s for s in specs}
 

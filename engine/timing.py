@@ -13,14 +13,19 @@ from .events import Admitted, Finished, Preempted, Prefill, Stats, Step, Token
 from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
+COMPLETED = ("stop", "stop_string", "length")   # finish reasons judged against the SLOs (not cancels, errors)
 
 
 class StepRecorder:
-    def __init__(self, clock, emit, scheduler):
+    def __init__(self, clock, emit, scheduler, roofline=None, settings=None):
+        """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events;
+        `settings`: the engine's live settings (the SLO targets finished requests are judged by)."""
         self.clock = clock
+        self.roofline = roofline
+        self.settings = {} if settings is None else settings   # the live dict itself, not a copy
         self._emit = emit
         self.scheduler = scheduler
-        self.stats = RollingStats()
+        self.stats = RollingStats(started=clock.now())
         self._next_stats = 0.0
         # this step's forward (start, end) and sampling (start, end, seconds): every token of a
         # step is sampled at once, so each has the step's sampling times
@@ -29,7 +34,7 @@ class StepRecorder:
 
     def reset(self):
         """Start the rolling stats afresh (the engine's reset)."""
-        self.stats = RollingStats()
+        self.stats = RollingStats(started=self.clock.now())
 
     # ------------------------------------------------------------------ scheduling
     def preempted(self, seqs):
@@ -105,7 +110,9 @@ class StepRecorder:
             self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n, done=seg.logits))
         self._charge_later(segments, t1 - t0, prefill_tokens)
         kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
+        predicted_s, bound = self.roofline.predict_segments(segments) if self.roofline else (None, None)
         self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
+                        predicted_s=predicted_s, bound=bound,
                         tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
                         decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
                         cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
@@ -169,5 +176,16 @@ class StepRecorder:
         if seq.first_delivered is not None:
             ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
             self.stats.finished += 1
+            if reason in COMPLETED and "slo_ttft_ms" in self.settings:
+                ev.slo = self._judge(ev.ttft, ev.tpot)
+                self.stats.slo(now, ev.slo["met"])
         self._emit(ev)
         return ev
+
+    def _judge(self, ttft, tpot):
+        """A completed request against the live SLO targets, by its own measured TTFT and TPOT
+        (a one-token answer has no TPOT: only its TTFT is judged)."""
+        ttft_target, tpot_target = self.settings["slo_ttft_ms"] / 1000, self.settings["slo_tpot_ms"] / 1000
+        ttft_met, tpot_met = ttft <= ttft_target, tpot is None or tpot <= tpot_target
+        return {"ttft_met": ttft_met, "tpot_met": tpot_met, "met": ttft_met and tpot_met,
+                "ttft_target_s": ttft_target, "tpot_target_s": tpot_target}

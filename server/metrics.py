@@ -21,6 +21,13 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
+
+and First Token's own (vLLM has no such metrics), from the same events:
+
+    first_token:slo_requests_total      completed requests judged against the SLOs (the
+                                        slo_ttft_ms / slo_tpot_ms settings), by slo = met | missed
+    first_token:goodput_requests_per_s  requests/s that met both, over the last 30 s (stats.goodput)
+    first_token:slo_attainment          fraction of the requests judged in that window that met both
 """
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -75,6 +82,12 @@ class EngineMetrics:
         success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
                           registry=self.registry)
         self.success = {r: success.labels(finished_reason=r, **label) for r in sorted(set(FINISHED_REASON.values()))}
+        slo = Counter("first_token:slo_requests", "Completed requests judged against the SLOs",
+                      ["model_name", "slo"], registry=self.registry)
+        self.slo = {True: slo.labels(slo="met", **label), False: slo.labels(slo="missed", **label)}
+        self.goodput = gauge("first_token:goodput_requests_per_s", "Requests/s meeting both SLOs, last 30 s")
+        self.attainment = gauge("first_token:slo_attainment", "Fraction of requests judged in the last 30 s "
+                                                              "that met both SLOs")
         self._waiting, self._running = set(), set()
         self._last_token = {}   # request id -> time of its latest token
 
@@ -96,6 +109,9 @@ class EngineMetrics:
             self._last_token[ev.id] = ev.t
         elif isinstance(ev, (ev_types.Step, ev_types.Stats)):
             self.kv_usage.set(ev.cache_blocks_used / self.cache_blocks)
+            if isinstance(ev, ev_types.Stats):
+                self.goodput.set(ev.goodput or 0.0)
+                self.attainment.set(float("nan") if ev.slo_attainment is None else ev.slo_attainment)
         elif isinstance(ev, ev_types.Request):
             self._waiting.add(ev.id)
         elif isinstance(ev, ev_types.Admitted):
@@ -123,6 +139,8 @@ class EngineMetrics:
 
     def _finished(self, ev):
         self.success[FINISHED_REASON.get(ev.reason, "error")].inc()
+        if ev.slo is not None:
+            self.slo[ev.slo["met"]].inc()
         self.e2e.observe(ev.e2e)
         if ev.ttft is None:
             return          # left before its first token: no TTFT, prefill or decode to report

@@ -30,7 +30,7 @@ def wait_until_counted(sub, rids, timeout=30):
         events += sub.get(timeout=0.5)
         done = [i for i, e in enumerate(events) if e["type"] == "finished" and e["id"] in rids]
         if len(done) == len(rids) and len(events) > done[-1] + 1:
-            return
+            return [events[i] for i in done]
     raise AssertionError(f"not every request finished in {timeout} s")
 
 
@@ -52,7 +52,7 @@ def test_metrics_move_by_exactly_what_the_requests_did(live):
     usages.append(chunks[-1].usage)
     reasons.append([c.choices[0].finish_reason for c in chunks if c.choices][-1])
     rids.add(chunks[0].id.removeprefix("chatcmpl-"))
-    wait_until_counted(sub, rids)
+    finished = wait_until_counted(sub, rids)
     live.driver.events.unsubscribe(sub)
     types, after = scrape(live)
 
@@ -75,6 +75,11 @@ def test_metrics_move_by_exactly_what_the_requests_did(live):
     assert moved("vllm:inter_token_latency_seconds_sum") > 0
     for reason in ("stop", "length"):
         assert moved("vllm:request_success_total", (("finished_reason", reason),)) == reasons.count(reason)
+    # every completed request judged against the SLOs, counted as its `finished` event marked it
+    met = sum(1 for e in finished if e["slo"]["met"])
+    assert moved("first_token:slo_requests_total", (("slo", "met"),)) == met
+    assert moved("first_token:slo_requests_total", (("slo", "missed"),)) == n - met
+    assert types["first_token:goodput_requests_per_s"] == "gauge"
     assert types["vllm:num_requests_running"] == "gauge"
     assert after[("vllm:num_requests_running", ())] == 0 and after[("vllm:num_requests_waiting", ())] == 0
     assert 0 <= after[("vllm:kv_cache_usage_perc", ())] <= 1

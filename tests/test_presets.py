@@ -117,14 +117,21 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
     assert running["status"] == "running" and done["status"] == "done", done["message"]
     assert running["batches"] == [1, 2, 4] and running["contexts"] == [128]
     # a page draws the sweep as it goes: one event per point, each with what is timed so far
-    assert [p["points_done"] for p in progress] == list(range(1, 8)) and {p["points_total"] for p in progress} == {7}
-    assert [len(p["decode"]) for p in progress] == [1, 2, 3, 3, 3, 3, 3] and progress[3]["kv"] == done["kv"][:1]
+    # 3 decode points, 4 KV lengths, 4 prefill lengths (64..512: the context is 512)
+    assert [p["points_done"] for p in progress] == list(range(1, 12)) and {p["points_total"] for p in progress} == {11}
+    assert [len(p["decode"]) for p in progress] == [1, 2, 3] + [3] * 8 and progress[3]["kv"] == done["kv"][:1]
+    assert [len(p["prefill"]) for p in progress] == [0] * 7 + [1, 2, 3, 4]
     assert all(p["status"] == "running" and p["eta_s"] >= 0 for p in progress) and progress[-1]["eta_s"] == 0
     points = {(p["batch"], p["context"]) for p in done["decode"]}
     assert points == {(1, 128), (2, 128), (4, 128)}
     assert all(0 < p["floor_s"] < p["step_s"] for p in done["decode"])
     assert [k["tokens"] for k in done["kv"]] == [33, 65, 129, 257]
     assert all(k["cached_s"] > 0 and k["recompute_s"] > 0 for k in done["kv"])
+    # the roofline's prediction beside each measured point (an estimate: at least the memory floor)
+    assert all(p["predicted_s"] >= p["floor_s"] * 0.99 and p["bound"] in ("memory", "compute") for p in done["decode"])
+    assert [p["tokens"] for p in done["prefill"]] == [64, 128, 256, 512]
+    assert all(p["step_s"] > 0 and p["predicted_s"] > 0 for p in done["prefill"])
+    assert done["prefill"][-1]["predicted_s"] > done["prefill"][0]["predicted_s"]
     assert done["seconds"] > 0 and done["skipped"] == []
     check = schema_validator()
     for e in (running, *progress, done):
