@@ -288,6 +288,7 @@ class Stats(Event):
     in_flight: int | None = None            # observe mode: the observer's open requests
     cache_usage: float | None = None        # observe mode: the server's KV-cache usage, 0..1
     server: dict[str, float | None] | None = None   # observe mode: the server's raw gauges
+    prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
 
 
 @dataclass(slots=True)
