@@ -315,6 +315,7 @@ class Stats(Event):
     slo_attainment: float | None = None     # fraction of the requests judged in that window that met both
     slo_met: int | None = None              # completed requests that met both, since the last reset
     slo_judged: int | None = None           # completed requests judged, since the last reset
+    prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
 
 
 @dataclass(slots=True)

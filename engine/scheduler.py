@@ -6,7 +6,9 @@ Policies (the `schedule` setting):
   for a decoding request, a chunk for one still prefilling), then waiting requests are
   admitted first-come first-served, until the step's token budget (`max_batched_tokens`)
   is spent. Decodes ride along with prefill chunks, so a long prompt never stops others
-  streaming.
+  streaming. With a step-time target (`max_step_ms`), prompt work in a step is further
+  cut to what the forwards measured lately say fits beside its decode rows under the
+  target (engine/stepcost.py): the streams' steps stay short, the prompt takes more steps.
 * `prefill-first` (vLLM v0): while any prompt is waiting or unfinished, steps carry whole
   prompts only and running requests wait; then one decode step for everyone.
 * `static` (before continuous batching): a batch is formed from the queue, run until every
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from .kv_cache import block_hashes
 from .runner import Segment
 from .settings import Policy
+from .stepcost import StepCost
 
 
 @dataclass
@@ -50,6 +53,9 @@ class Scheduler:
         self.slots = [None] * max_slots
         self.preemptions = 0
         self.budget_left = 0            # of the last step's token budget
+        self.max_step_s = None          # live: the step-time target (None: off)
+        self.step_cost = StepCost()     # fed every forward's time by the step recorder
+        self.prefill_cap = None         # prompt tokens the target allowed in the last mixed step
 
     def reset_counters(self):
         """Zero the preemption count (the engine's reset)."""
@@ -61,6 +67,7 @@ class Scheduler:
         s = settings
         self.slot_limit, self.max_batched_tokens = s["slots"], s["max_batched_tokens"]
         self.policy = Policy(s["schedule"])
+        self.max_step_s = s["max_step_ms"] / 1000 or None
         if self.prefix_caching and not s["prefix_caching"]:
             self.blocks.forget_hashes()
         self.prefix_caching = s["prefix_caching"]
@@ -79,12 +86,21 @@ class Scheduler:
         else:
             admit = self.policy is Policy.MIXED or not self.running
             budget = self._schedule_running(out, budget, only="decode")
-            budget = self._schedule_running(out, budget, only="prefill")
+            budget = self._schedule_running(out, self._prefill_budget(budget, len(out.segments)), only="prefill")
             if admit:
                 self._admit(out, budget, kv_cache_on, whole=False)
             self.budget_left = budget - sum(s.n for s in out.segments if s.seq in out.admitted)
         out.segments.sort(key=lambda s: not s.is_single_query)
         return out
+
+    def _prefill_budget(self, budget, decode_rows):
+        """The budget left for prompt work after `decode_rows` decodes: under a step-time target
+        (mixed steps only), no more prompt tokens than the measured costs say fit beside them."""
+        self.prefill_cap = None
+        if self.max_step_s is None or self.policy is not Policy.MIXED:
+            return budget
+        self.prefill_cap = self.step_cost.prefill_tokens(self.max_step_s, decode_rows)
+        return budget if self.prefill_cap is None else min(budget, self.prefill_cap)
 
     def _schedule_running(self, out, budget, only, whole=False):
         """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),

@@ -118,6 +118,9 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context):
                     "prompts first, decodes wait (vLLM v0); static: a batch runs to completion before the next"),
         Setting("max_batched_tokens", "int", 256, 16, 4096, 16,
                 doc="token budget of one step: decode tokens plus prompt chunks (vLLM's max_num_batched_tokens)"),
+        Setting("max_step_ms", "int", 0, 0, 5000, 5,
+                doc="step-time target for mixed steps, ms (0 = off): prompt chunks cut so a step's measured "
+                    "cost stays under it; streams steady, prompts take more steps"),
         Setting("prefix_caching", "bool", True,
                 doc="reuse the KV blocks of a prompt prefix seen before (full blocks, chained hashes)"),
         Setting("slo_ttft_ms", "int", 2000, 50, 60000, 50, "finished requests",

@@ -82,6 +82,7 @@ class StepRecorder:
             cache_blocks_cached=blocks.cached_free,
             block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
             prefix_queries=blocks.queries, prefix_hits=blocks.hits, preemptions=sched.preemptions,
+            prefill_cap=sched.prefill_cap,
             subscribers=subscribers(), blocked_on=sched.blocked_on(kv_cache_on), **self.stats.snapshot(now)))
 
     # ------------------------------------------------------------------ the forward
@@ -109,6 +110,7 @@ class StepRecorder:
                 seq.prefill_s += t1 - t0
             self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n, done=seg.logits))
         self._charge_later(segments, t1 - t0, prefill_tokens)
+        self.scheduler.step_cost.observe(decode_tokens, prefill_tokens, t1 - t0)
         kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
         predicted_s, bound = self.roofline.predict_segments(segments) if self.roofline else (None, None)
         self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
