@@ -1,5 +1,5 @@
 """Observe mode: the page's picture of an external OpenAI-compatible server (vLLM, SGLang,
-TGI, another First Token), drawn from what a client can measure.
+TGI, llama.cpp, another First Token), drawn from what a client can measure.
 
 `Observer` is a `Backend` (engine/backend.py), as the engine's driver is, so the same page
 works. Its load generator (engine/loadgen.py's Poisson

@@ -110,32 +110,19 @@ HOSTILE = {   # prompt -> (HTTP status, stream lines): what a broken or hostile 
 
 @pytest.fixture
 def hostile_server():
-    import http.server
-    import threading
+    from helpers import loopback_http
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def models(handler):
+        if handler.path == "/v1/models":
+            return 200, b'{"data": [{"id": "fake-model"}]}'
+        return 404, b"{}"
 
-        def do_GET(self):
-            body = b'{"data": [{"id": "fake-model"}]}' if self.path == "/v1/models" else b"{}"
-            self.send_response(200 if self.path == "/v1/models" else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
-            status, lines = HOSTILE[prompt]
-            body = b"".join(line + b"\n\n" for line in lines)
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    def answer(handler):
+        prompt = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))["messages"][0]["content"]
+        status, lines = HOSTILE[prompt]
+        return status, b"".join(line + b"\n\n" for line in lines)
+    httpd = loopback_http(models, answer)
+    yield httpd.url + "/v1"
     httpd.shutdown()
 
 

@@ -257,28 +257,15 @@ def test_llamacpp_slots_say_which_of_our_requests_each_holds():
 def fake_server():
     """A loopback HTTP server answering GETs from a mutable {path: (status, bytes)} table,
     with /v1/models, and recording the headers of every request."""
-    import http.server
-    import threading
-
+    from helpers import loopback_http
     routes = {"/v1/models": (200, b'{"data": [{"id": "fake-model"}]}')}
     seen = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            seen.append((self.path, dict(self.headers)))
-            status, body = routes.get(self.path, (404, b"not here"))
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    def answer(handler):
+        seen.append((handler.path, dict(handler.headers)))
+        return routes.get(handler.path, (404, b"not here"))
+    httpd = loopback_http(answer)
     httpd.routes, httpd.seen = routes, seen
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     yield httpd
     httpd.shutdown()
 
