@@ -57,6 +57,7 @@ class Scraper:
             period = t - self._last["t"] if self._last else None
             self.readable = True
             self._last = {"t": t, "period_s": period, "profile": profile.kind if profile else None,
+                          "title": profile.title if profile else None, "version": self.version,
                           "gauges": profiles.read_gauges(profile, samples), "rates": rates, "ratios": ratios,
                           "slots": slots}
 
@@ -66,7 +67,8 @@ class Scraper:
             last = self._last
         if last is None:
             return None
-        return {"profile": last["profile"], "scraped_t": last["t"], "age_s": max(0.0, now - last["t"]),
+        return {"profile": last["profile"], "title": last["title"], "version": last["version"],
+                "scraped_t": last["t"], "age_s": max(0.0, now - last["t"]),
                 "period_s": last["period_s"], "every_s": SCRAPE_EVERY_S, "gauges": dict(last["gauges"]),
                 "rates": dict(last["rates"]), "ratios": dict(last["ratios"]),
                 "slots": None if last["slots"] is None else [dict(s) for s in last["slots"]]}

@@ -370,3 +370,43 @@ def test_the_observed_servers_key_comes_from_the_environment_and_is_never_printe
     assert upstream.key not in json.dumps(events) + health + output
     events, _, _ = apps["without"]
     assert any(e["type"] == "rejected" and e["code"] == "http_403" for e in events)
+
+
+def test_clear_queue_cancels_what_has_had_no_chunk_yet():
+    """Observe mode's `clear_queue` (the classroom presenter's button): the requests that have
+    had no streamed chunk yet, all a client can tell of the server's queue, are cancelled."""
+    import threading
+    from helpers import loopback_http
+    from server.observe import Observer
+    release = threading.Event()
+
+    def models(handler):
+        return 200, b'{"data": [{"id": "fake-model"}]}'
+
+    def slow(handler):               # a server whose queue holds every request until released
+        handler.rfile.read(int(handler.headers["Content-Length"]))
+        release.wait(20)
+        return 200, b'data: {"choices": [{"delta": {"content": "late"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    httpd = loopback_http(models, slow)
+    obs = Observer(httpd.url + "/v1").start()
+    sub = obs.events.subscribe(replay=False)
+    try:
+        deadline = time.monotonic() + 10
+        while not obs.reachable and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ids = [obs.submit(f"q{i}").id for i in range(3)]
+        time.sleep(0.3)                                   # sent, waiting on the server
+        started = time.monotonic()
+        obs.clear_queue()
+        ended = {}
+        while len(ended) < 3 and time.monotonic() - started < 5:
+            for e in sub.get(timeout=0.2):
+                if e["type"] == "finished":
+                    ended[e["id"]] = e["reason"]
+        assert ended == {rid: "cancelled" for rid in ids}
+        assert time.monotonic() - started < 5             # not after the server let them go
+    finally:
+        release.set()
+        obs.events.unsubscribe(sub)
+        obs.shutdown()
+        httpd.shutdown()

@@ -208,7 +208,7 @@ def test_a_server_that_drops_changes_or_garbles_metrics_mid_run_degrades_to_null
     clock.t += 0.5
     sc.scrape(get, {})
     v = sc.view(clock.now())
-    assert v["profile"] == "sglang" and v["gauges"]["waiting"] == 3.0
+    assert v["profile"] == "sglang" and v["title"] == "SGLang" and v["gauges"]["waiting"] == 3.0
     assert all(x is None for x in v["rates"].values())
     assert sc.describe()["title"] == "SGLang" and sc.describe()["version"] == "0.5.4"
 
@@ -329,6 +329,7 @@ def test_metrics_elsewhere_and_the_api_key_on_every_request(fake_server):
         assert [s["busy"] for s in e["server"]["slots"]] == [True, False, True, False]
         hello = obs.hello().to_dict()
         assert hello["server"]["version"] == "b9999-abcdef0" and hello["server"]["slots"] is True
+        assert e["server"]["title"] == "llama.cpp server" and e["server"]["version"] == "b9999-abcdef0"
         assert "llama_decode" in hello["server"]["exposed"]["notes"]["batch_size"]
         paths = {p for p, _ in fake_server.seen}
         assert {"/v1/models", "/custom/metrics", "/slots", "/props"} <= paths and "/metrics" not in paths
