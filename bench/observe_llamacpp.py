@@ -169,10 +169,14 @@ def main(argv=None):
 
 
 def capture(direct, props):
-    """The direct reads as test fixtures: the busiest /metrics and the one 0.4-0.8 s after it,
-    the /slots read with it, and /props."""
-    busy = max(direct, key=lambda d: (gauges_of(d["text"])[0]["running"] or 0, d["unix"]))
-    later = next((d for d in direct if 0.4 <= d["unix"] - busy["unix"] <= 0.8), None)
+    """The direct reads as test fixtures: the busiest /metrics, the next one whose counters
+    moved (within 3 s: a rate to check), the /slots read with the first, and /props."""
+    def load(d):                    # most running, then most waiting: slots full and a queue
+        g = gauges_of(d["text"])[0]
+        return g["running"] or 0, g["waiting"] or 0
+    busy = max(direct, key=load)
+    moved = lambda d: gauges_of(d["text"])[1] != gauges_of(busy["text"])[1]   # noqa: E731
+    later = next((d for d in direct if 0 < d["unix"] - busy["unix"] <= 3 and moved(d)), None)
     build = props.get("build_info")
     head = (f"# Captured here from a real llama.cpp server ({build}, built from the llama-cpp-python sdist by "
             "bench/reference.py),\n# started as `llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf --metrics --slots "
@@ -185,8 +189,7 @@ def capture(direct, props):
     (DATA / "llamacpp-slots-captured.json").write_text(json.dumps({"_source": note, "slots": busy["slots"]}, indent=1))
     (DATA / "llamacpp-props.json").write_text(json.dumps(
         {"_source": f"captured here from llama.cpp {build}'s GET /props", **{k: props[k] for k in props
-                                                                              if k in ("build_info", "total_slots",
-                                                                                       "model_path", "n_ctx")}},
+                                                                              if k in ("build_info", "total_slots")}},
         indent=1))
     print("wrote tests/data/metrics/llamacpp-capture-*.txt, llamacpp-slots-captured.json, llamacpp-props.json")
 

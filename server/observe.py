@@ -31,6 +31,7 @@ import http.client
 import itertools
 import json
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -97,9 +98,10 @@ class WordTokenizer:
 class Flight:
     """One request in flight: its connection, so another thread can cancel it."""
 
-    def __init__(self, source, prompt, sink=None):
+    def __init__(self, source, prompt, sink=None, seed=None):
         self.source = source
         self.prompt = prompt      # matched against llama.cpp's /slots (never published from there)
+        self.seed = seed          # as sent; how llama.cpp's /slots names its requests
         self.sink = sink          # the handle's outputs, when the caller streams them (a student)
         self.conn = None
         self.cancelled = False
@@ -270,7 +272,10 @@ class Observer:
     # ------------------------------------------------------------------ requests
     def _launch(self, source, path, body, prompt, estimate, label=None, sink=None):
         rid = f"o{next(self._ids)}"
-        flight = Flight(source, prompt, sink)
+        profile = self.scraper.profile
+        if profile is not None and profile.tag_seed and "seed" not in body:
+            body = {**body, "seed": secrets.randbelow(2**31)}   # see Profile.tag_seed
+        flight = Flight(source, prompt, sink, body.get("seed"))
         with self._lock:
             full = len(self._flights) >= MAX_IN_FLIGHT
             if not full and self.model is not None:
@@ -416,8 +421,8 @@ class Observer:
                 self._probe()
             if self.reachable:
                 with self._lock:
-                    prompts = {rid: f.prompt for rid, f in self._flights.items()}
-                self.scraper.scrape(self._get, prompts)
+                    ours = {rid: (f.prompt, f.seed) for rid, f in self._flights.items()}
+                self.scraper.scrape(self._get, ours)
             self._stop.wait(SCRAPE_EVERY_S)
 
     def _get(self, path):

@@ -74,6 +74,12 @@ class Profile:
     info: tuple = ()             # (path, json key of the version) tried in order
     slots: str | None = None     # per-slot state (llama.cpp's /slots)
     version_label: tuple = ()    # (series, label, format): a version carried by /metrics itself
+    # Requests carry a random `seed` of the observer's choosing when they have none, so that
+    # the server's slots (which report each request's sampling parameters, but its prompt only
+    # in a debug mode) say which request they hold. Only where sampling is seeded per request
+    # anyway (llama.cpp: a request without one gets a random seed); vLLM's seeded requests take
+    # a slower sampling path, so it is never done there.
+    tag_seed: bool = False
     notes: dict = field(default_factory=dict)      # key -> how the server measures it, when not obvious
 
 
@@ -159,12 +165,17 @@ PROFILES = (
                       "prefix_hits": S("llamacpp:prompt_tokens_cached_total"),
                       "spec_drafted": S("llamacpp:spec_decode_num_draft_tokens_total"),
                       "spec_accepted": S("llamacpp:spec_decode_num_accepted_tokens_total"),
-                      "steps": S("llamacpp:n_decode_total"),
-                      "step_tokens": S("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total")},
-            info=(("/props", "build_info"),), slots="/slots",
+                      "steps": S("llamacpp:n_decode_total")},
+            info=(("/props", "build_info"),), slots="/slots", tag_seed=True,
+            # Seen on a server built here (b1-0c1e570): generated and draft tokens are added to
+            # the counters when a request ends, prompt tokens when a prompt batch is done, so
+            # their rates come in bursts; llama_decode() calls are counted as they happen. So
+            # there is no tokens-per-step ratio: it would divide end-of-request counts by steps.
             notes={"batch_size": "busy slots per llama_decode() call, averaged since the server started",
-                   "prompt_tokens": "prompt tokens computed, cached ones excluded",
-                   "tokens_per_step": "prompt and generated tokens per llama_decode() call (drafts excluded)"}),
+                   "prompt_tokens": "prompt tokens computed (cached ones excluded), added when a prompt batch is done",
+                   "generated_tokens": "added to the server's counter when each request ends: the rate comes in bursts",
+                   "spec_drafted": "added when each request ends", "spec_accepted": "added when each request ends",
+                   "steps": "llama_decode() calls, counted as they happen (drafts excluded)"}),
 )
 BY_KIND = {p.kind: p for p in PROFILES}
 
@@ -272,11 +283,13 @@ def exposed(profile):
             "notes": dict(profile.notes)}
 
 
-def slot_view(raw, prompts):
+def slot_view(raw, ours):
     """llama.cpp's /slots JSON as the page's slot rows: id, whether it is busy, which of our
-    requests it holds (matched by the prompt text, which llama.cpp reports detokenized), and
-    its counts. The server's prompt and output texts are never passed on: other clients'
-    requests may be in those slots. `prompts` maps our request ids to the prompts sent."""
+    requests it holds, and its counts. `ours` maps our in-flight request ids to (prompt, seed)
+    as sent: a slot is ours when its `params.seed` is that seed (see Profile.tag_seed), or,
+    when the server reports prompts (its debug mode), when our prompt is in its prompt text.
+    The server's prompt and output texts are never passed on: other clients' requests may be
+    in those slots."""
     if not isinstance(raw, list):
         return None
     rows = []
@@ -288,8 +301,9 @@ def slot_view(raw, prompts):
         nxt = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else (
             nxt if isinstance(nxt, dict) else {})
         text = slot.get("prompt") if isinstance(slot.get("prompt"), str) else ""
+        params = slot.get("params") if isinstance(slot.get("params"), dict) else {}
         rows.append({"id": slot["id"], "busy": busy,
-                     "request": _match(text, prompts) if busy else None,
+                     "request": _match(params.get("seed"), text, ours) if busy else None,
                      "n_ctx": _count(slot.get("n_ctx")),
                      "prompt_tokens": _count(slot.get("n_prompt_tokens")),
                      "cached_tokens": _count(slot.get("n_prompt_tokens_cache")),
@@ -302,15 +316,20 @@ def _count(v):
     return v if type(v) is int and v >= 0 else None
 
 
-def _match(text, prompts):
-    """Our request whose prompt appears in the slot's prompt (longest first: one prompt may
-    contain another); None when the slot holds some other client's request. Whitespace is
-    compared collapsed: the chat template and detokenization may change it."""
+def _match(seed, text, ours):
+    """Our request with this seed, else the one whose prompt appears in the slot's prompt
+    (longest first: one prompt may contain another); None when the slot holds some other
+    client's request. Whitespace is compared collapsed: the chat template and detokenization
+    may change it."""
+    if type(seed) is int:
+        hits = [rid for rid, (_, s) in ours.items() if s == seed]
+        if len(hits) == 1:
+            return hits[0]
     text = " ".join(text.split())
     if not text:
         return None
     best = None
-    for rid, prompt in prompts.items():
+    for rid, (prompt, _) in ours.items():
         probe = " ".join(prompt.split())[:200]
         if probe and probe in text and (best is None or len(probe) > best[1]):
             best = (rid, len(probe))

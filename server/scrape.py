@@ -29,9 +29,9 @@ class Scraper:
         self._last = None            # the latest successful scrape's view, without its age
         self._lock = threading.Lock()
 
-    def scrape(self, get, prompts):
-        """One scrape. `get(path) -> (status, body bytes)` may raise; `prompts` maps our
-        in-flight request ids to their prompt texts (for llama.cpp's slots)."""
+    def scrape(self, get, ours):
+        """One scrape. `get(path) -> (status, body bytes)` may raise; `ours` maps our
+        in-flight request ids to (prompt, seed) as sent (for llama.cpp's slots)."""
         t = self.clock.now()
         try:
             status, raw = get("/metrics")
@@ -52,7 +52,7 @@ class Scraper:
         rates, ratios = self._rates.update(t, profiles.read_counters(profile, samples))
         slots = None
         if profile is not None and profile.slots:
-            slots = profiles.slot_view(self._json(get, profile.slots), prompts)
+            slots = profiles.slot_view(self._json(get, profile.slots), ours)
         with self._lock:
             period = t - self._last["t"] if self._last else None
             self.readable = True

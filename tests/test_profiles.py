@@ -62,6 +62,28 @@ def test_captured_llamacpp_text_is_read_as_llamacpp(path):
     assert c["prompt_tokens"] is not None and c["generated_tokens"] is not None and c["steps"] is not None
 
 
+@pytest.mark.skipif(not (DATA / "llamacpp-capture-b.txt").exists(), reason="no second llama.cpp capture")
+def test_rates_between_two_captures_of_a_real_llamacpp_server():
+    """capture-b was read from the same server a measured interval after capture-a (its header
+    says how long): the rates are the counters' differences over that interval."""
+    a, b = text("llamacpp-capture-a.txt"), text("llamacpp-capture-b.txt")
+    dt = float(re.search(r"^# read ([0-9.]+) s after capture-a$", b, re.M).group(1))
+    routes = {"/metrics": (200, a.encode())}
+    sc, clock, get = scraper_over(routes)
+    sc.scrape(get, {})
+    routes["/metrics"] = (200, b.encode())
+    clock.t += dt
+    sc.scrape(get, {})
+    rates = sc.view(clock.now())["rates"]
+    sa, sb = profiles.parse(a), profiles.parse(b)
+    for key, name in (("steps", "llamacpp:n_decode_total"), ("prompt_tokens", "llamacpp:prompt_tokens_total"),
+                      ("generated_tokens", "llamacpp:tokens_predicted_total")):
+        (_, before), = sa[name]
+        (_, after), = sb[name]
+        assert rates[f"{key}_per_s"] == pytest.approx((after - before) / dt), key
+    assert rates["steps_per_s"] > 0      # the pair was captured with the decode counter moving
+
+
 def test_unknown_and_garbled_text_detects_nothing_and_never_raises():
     assert profiles.detect(profiles.parse("# TYPE other gauge\nother 1\n")) is None
     # A First Token without the info series (a build that lacks it) is still told from vLLM.
@@ -125,9 +147,11 @@ def test_counters_become_rates_over_the_scrape_interval():
     r = v["rates"]
     assert r["prompt_tokens_per_s"] == pytest.approx(120) and r["generated_tokens_per_s"] == pytest.approx(80)
     assert r["prefix_hits_per_s"] == pytest.approx(40) and r["prefix_queries_per_s"] == pytest.approx(160)
-    assert r["steps_per_s"] == pytest.approx(20) and r["step_tokens_per_s"] == pytest.approx(200)
-    assert r["preemptions_per_s"] is None            # llama.cpp does not export preemptions
-    assert v["ratios"] == pytest.approx({"prefix_hit_ratio": 0.25, "spec_acceptance": 0.8, "tokens_per_step": 10.0})
+    assert r["steps_per_s"] == pytest.approx(20)
+    # llama.cpp exports no preemptions, and no tokens per step (its token counters grow when a
+    # request ends, its decode calls as they happen: their ratio would mean nothing)
+    assert r["preemptions_per_s"] is None and r["step_tokens_per_s"] is None
+    assert v["ratios"] == pytest.approx({"prefix_hit_ratio": 0.25, "spec_acceptance": 0.8, "tokens_per_step": None})
     # The server restarted: counters went down. No rate for that interval, then rates again.
     routes["/metrics"] = (200, base.encode())
     clock.t += 0.5
@@ -227,13 +251,24 @@ def test_version_comes_from_the_servers_own_endpoint(name, routes, version):
     assert sc.describe()["version"] == version
 
 
-def test_llamacpp_slots_say_which_of_our_requests_each_holds():
-    slots = json.loads((DATA / "llamacpp-slots.json").read_text())["slots"]
+SLOT_FIXTURES = sorted(DATA.glob("llamacpp-slots*.json"))
+
+
+@pytest.mark.parametrize("path", SLOT_FIXTURES, ids=lambda p: p.name)
+def test_llamacpp_slots_say_which_of_our_requests_each_holds(path):
+    """Matched by the seed the observer sent (llama.cpp reports each slot's sampling
+    parameters; its prompt only in its debug mode), else by prompt text when reported."""
+    slots = json.loads(path.read_text())["slots"]
     busy = [s for s in slots if s.get("is_processing")]
     assert busy, "the recorded /slots has no busy slot"
-    # Our in-flight prompts: the ones the recorded slots hold, and one that is in none of them.
-    ours = {f"o{i}": s["prompt"].split("user\n")[-1].split("<|im_end|>")[0] for i, s in enumerate(busy)}
-    ours["o99"] = "a prompt no slot holds"
+    # Our in-flight requests as sent: those the recorded slots hold (by seed, or by prompt
+    # when the slot reports one and its seed is the server's "random" default), and a decoy.
+    ours = {}
+    for i, s in enumerate(busy):
+        prompt = s.get("prompt", "").split("user\n")[-1].split("<|im_end|>")[0] or f"prompt {i}"
+        seed = s["params"].get("seed")
+        ours[f"o{i}"] = (prompt, seed if seed != 4294967295 else None)
+    ours["o99"] = ("a prompt no slot holds", 12345)
     rows = profiles.slot_view(slots, ours)
     assert [r["id"] for r in rows] == [s["id"] for s in slots]
     by_id = {r["id"]: r for r in rows}
@@ -243,13 +278,21 @@ def test_llamacpp_slots_say_which_of_our_requests_each_holds():
         assert row["decoded"] == s["next_token"][0]["n_decoded"] and row["n_ctx"] == s["n_ctx"]
     assert "o99" not in {r["request"] for r in rows}
     assert all(r["request"] is None for r in rows if not r["busy"])
+    # A busy slot none of ours is in (another client's request) is busy with no request.
+    assert all(r["request"] is None for r in profiles.slot_view(busy, {"o99": ours["o99"]}))
     # Nothing of the server's texts is passed on (other clients' prompts may be in its slots).
     assert all(set(r) == {"id", "busy", "request", "n_ctx", "prompt_tokens", "cached_tokens", "decoded",
                           "remaining"} for r in rows)
-    assert profiles.slot_view({"error": "slots disabled"}, ours) is None
-    assert profiles.slot_view([1, {"id": "x"}, {"id": 0, "is_processing": True, "next_token": "?"}], ours) == [
+
+
+def test_odd_slots_answers_give_rows_or_none():
+    assert profiles.slot_view({"error": "slots disabled"}, {}) is None
+    assert profiles.slot_view([1, {"id": "x"}, {"id": 0, "is_processing": True, "next_token": "?"}], {}) == [
         {"id": 0, "busy": True, "request": None, "n_ctx": None, "prompt_tokens": None, "cached_tokens": None,
          "decoded": None, "remaining": None}]
+    # Two of ours with one seed (a page that chose it twice): not told apart by seed.
+    slot = {"id": 0, "is_processing": True, "params": {"seed": 7}}
+    assert profiles.slot_view([slot], {"o1": ("a", 7), "o2": ("b", 7)})[0]["request"] is None
 
 
 # ------------------------------------------------------------------ through the observer, to `stats`
@@ -261,11 +304,18 @@ def fake_server():
     routes = {"/v1/models": (200, b'{"data": [{"id": "fake-model"}]}')}
     seen = []
 
+    posted = []
+
     def answer(handler):
         seen.append((handler.path, dict(handler.headers)))
         return routes.get(handler.path, (404, b"not here"))
-    httpd = loopback_http(answer)
-    httpd.routes, httpd.seen = routes, seen
+
+    def stream(handler):      # one chunk, then done: enough for a request to finish
+        posted.append(json.loads(handler.rfile.read(int(handler.headers["Content-Length"]))))
+        return 200, (b'data: {"choices": [{"text": "ok", "finish_reason": "stop"}]}\n\n'
+                     b'data: {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+    httpd = loopback_http(answer, stream)
+    httpd.routes, httpd.seen, httpd.posted = routes, seen, posted
     yield httpd
     httpd.shutdown()
 
@@ -337,3 +387,29 @@ def test_metrics_elsewhere_and_the_api_key_on_every_request(fake_server):
         assert "sekrit-key" not in json.dumps([hello, e, obs.health()[0]])
     finally:
         obs.shutdown()
+
+
+@pytest.mark.parametrize("name,tagged", [("llamacpp-written.txt", True), ("vllm-v1.txt", False)])
+def test_requests_carry_a_seed_of_ours_only_where_slots_need_it(fake_server, name, tagged):
+    """On llama.cpp each request without a seed gets a random one (how its /slots tell which
+    request a slot holds); a seed the page chose is kept; on vLLM nothing is added."""
+    from server.observe import Observer
+    fake_server.routes["/metrics"] = (200, text(name).encode())
+    obs = Observer(fake_server.url + "/v1").start()
+    try:
+        next_stats(obs, lambda e: e["server"] is not None)
+        obs.submit("first")
+        obs.submit("second", chat=False)
+        obs.submit("chosen", seed=7)
+        deadline = time.monotonic() + 10
+        while len(fake_server.posted) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        obs.shutdown()
+    bodies = {json.dumps(b.get("messages") or b.get("prompt")): b for b in fake_server.posted}
+    seeds = [b.get("seed") for b in fake_server.posted if b.get("seed") != 7]
+    assert len(bodies) == 3 and any(b.get("seed") == 7 for b in fake_server.posted)
+    if tagged:
+        assert len(seeds) == 2 and all(type(x) is int for x in seeds) and seeds[0] != seeds[1]
+    else:
+        assert seeds == [None, None]
