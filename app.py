@@ -19,6 +19,7 @@ says otherwise, and prints the presenter's secret address and the students' join
 """
 import argparse
 import math
+import os
 from pathlib import Path
 import sys
 
@@ -107,6 +108,12 @@ def serve_flags(p):
     p.add_argument("--observe", metavar="URL", type=checked(_observe_url), default=None,
                    help="observe an external OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1) "
                         "instead of loading a model: the page shows what its client measures")
+    p.add_argument("--observe-metrics", metavar="URL", type=checked(_observe_url), default=None,
+                   help="with --observe: where the server's Prometheus metrics are, when not at its root's "
+                        "/metrics (e.g. http://127.0.0.1:9000/metrics)")
+    p.add_argument("--observe-api-key", metavar="KEY", default=None,
+                   help="with --observe: the observed server's API key, sent as a bearer token and never shown "
+                        "(or set FIRST_TOKEN_OBSERVE_API_KEY, which other users' `ps` does not show)")
     p.add_argument("--allow-origin", metavar="ORIGIN", type=checked(normalize_origin), action="append", default=[],
                    help="another origin (e.g. https://course.example.org) whose pages may use the "
                         "websocket and the API from a browser; repeatable "
@@ -209,8 +216,9 @@ def parse_args(argv=None):
     for flag in ("join_code", "view_code"):
         if getattr(args, flag) is not None and not args.classroom:
             p.error(f"--{flag.replace('_', '-')} needs --classroom")
-    if args.classroom and args.observe:
-        p.error("--classroom needs a model of its own: it cannot be combined with --observe")
+    for flag in ("observe_api_key", "observe_metrics"):
+        if getattr(args, flag) is not None and not args.observe:
+            p.error(f"--{flag.replace('_', '-')} needs --observe")
     if args.port > 65535:
         p.error("--port must be at most 65535")
     return args
@@ -235,8 +243,10 @@ def build(args, room=None):
                       "MAX_VIEWERS": args.max_viewers})
     state = app.extensions["first_token"]
     if args.observe:
-        from server.observe import Observer
-        state.set_backend(Observer(args.observe).start())
+        from server.observe import API_KEY_ENV, Observer
+        # The observed server's key: the flag, else the environment (which `ps` does not show).
+        key = args.observe_api_key or os.environ.get(API_KEY_ENV) or None
+        state.set_backend(Observer(args.observe, api_key=key, metrics_url=args.observe_metrics).start())
         print(f"observing {args.observe}", flush=True)
     else:
         loader.start(args, state)

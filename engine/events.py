@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 6   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 7   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -152,6 +152,7 @@ class Hello(Event):
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
+    server: dict[str, Any] | None = None   # observe mode: the observed server's profile (server/profiles.py)
     role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
     classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
 
@@ -310,12 +311,13 @@ class Stats(Event):
     preemptions: int | None = None          # so far
     in_flight: int | None = None            # observe mode: the observer's open requests
     cache_usage: float | None = None        # observe mode: the server's KV-cache usage, 0..1
-    server: dict[str, float | None] | None = None   # observe mode: the server's raw gauges
+    server: dict[str, Any] | None = None    # observe mode: the server's own figures, mapped by its profile
     goodput: float | None = None            # requests/s that met both SLOs, last 30 s (None: none judged yet)
     slo_attainment: float | None = None     # fraction of the requests judged in that window that met both
     slo_met: int | None = None              # completed requests that met both, since the last reset
     slo_judged: int | None = None           # completed requests judged, since the last reset
     prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
+    measured_by: dict[str, str] | None = None   # observe mode: each figure -> "server" or "client"
 
 
 @dataclass(slots=True)

@@ -12,16 +12,16 @@ bp = Blueprint("api", __name__)
 CLIENT_CLOSED = 499   # nginx's "client closed request": logged, never read by anyone
 
 
-def _backend():
+def _backend(observed_ok=False):
     """The backend serving a model here, or ApiError (still loading, or failed to load; observe
-    mode has none)."""
+    mode has none, unless `observed_ok`: a classroom's students ask the observed server)."""
     state = current()
     backend = state.backend
     if backend is None:
         if state.error:
             raise ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
         raise ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
-    if backend.api_model is None:
+    if backend.api_model is None and not observed_ok:
         raise ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
                                "send requests there", code="observe_mode")
     return backend

@@ -144,7 +144,7 @@ def ask():
         raise ApiError(400, "prompt: write something first", code="bad_prompt")
     if len(prompt) > MAX_PROMPT:
         raise ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
-    backend = _backend()
+    backend = _backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
             handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
@@ -182,7 +182,9 @@ def _answer(claim, items):
                 else:
                     yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
                                   "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
-                                  "output_tokens": ev.output_tokens})
+                                  "output_tokens": ev.output_tokens,
+                                  # observe mode: timed by this app as a client of the observed server
+                                  "measured_by": "client" if ev.client_side else "engine"})
     except ApiError as e:
         yield oa.sse({"type": "error", "message": e.message, "code": e.code})
     except oa.ClientGone:

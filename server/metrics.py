@@ -21,6 +21,8 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
+    first_token_info{protocol}          always 1: says this is First Token (observe mode's profiles
+                                        tell it from vLLM by this series; server/profiles.py)
 
 and First Token's own (vLLM has no such metrics), from the same events:
 
@@ -88,6 +90,9 @@ class EngineMetrics:
         self.goodput = gauge("first_token:goodput_requests_per_s", "Requests/s meeting both SLOs, last 30 s")
         self.attainment = gauge("first_token:slo_attainment", "Fraction of requests judged in the last 30 s "
                                                               "that met both SLOs")
+        Gauge("first_token_info", "This server is First Token; the label is its wire protocol version",
+              ["model_name", "protocol"], registry=self.registry).labels(
+                  protocol=str(ev_types.PROTOCOL), **label).set(1)
         self._waiting, self._running = set(), set()
         self._last_token = {}   # request id -> time of its latest token
 

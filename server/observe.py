@@ -1,5 +1,5 @@
 """Observe mode: the page's picture of an external OpenAI-compatible server (vLLM, SGLang,
-TGI, another First Token), drawn from what a client can measure.
+TGI, llama.cpp, another First Token), drawn from what a client can measure.
 
 `Observer` is a `Backend` (engine/backend.py), as the engine's driver is, so the same page
 works. Its load generator (engine/loadgen.py's Poisson
@@ -12,8 +12,14 @@ the same event vocabulary, from the client's side only:
   token counts from `usage`; `rejected` for an HTTP error.
 * What happens inside the server (queueing, prefill, sampling) cannot be seen from here:
   those stages are `null` and the whole TTFT is `other`. Never invented.
-* `stats` carries the server's own gauges (requests running and waiting, KV-cache usage)
-  when its Prometheus `/metrics` is reachable and uses vLLM's names.
+* `stats.server` carries the server's own figures (running, waiting, KV usage, rates of its
+  counters, llama.cpp's slots) read from its Prometheus `/metrics` through the profile of the
+  server found there (server/profiles.py, scraped by server/scrape.py), with the scrape's age;
+  `hello.server` names the server. `stats.measured_by` says which figures are whose.
+* Classroom mode works here too: students' prompts are sent through `submit` with their
+  name as label, and their answers stream back through the request's handle.
+* The observed server's API key (`--observe-api-key` or FIRST_TOKEN_OBSERVE_API_KEY) is sent
+  as `Authorization: Bearer` on every request to it and is never published or printed.
 
 Prompt length is approximate. The server's tokenizer is unknown here, so prompts are cut
 from the corpus in whole words; the number of words for a requested token count comes from
@@ -24,12 +30,12 @@ says so (`estimated: true`); `finished.prompt_tokens` is the server's count.
 import http.client
 import itertools
 import json
+import queue
+import secrets
 import socket
 import threading
 import time
 import urllib.parse
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine.backend import RequestHandle
 from engine.broadcast import Broadcaster
@@ -39,18 +45,21 @@ from engine.settings import SettingError, coerce, make_settings, validate
 from engine.stats import RollingStats
 from . import inputs
 from .errors import ApiError
+from .scrape import SCRAPE_EVERY_S, Scraper
 
 SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
 STATS_EVERY_S = 0.5
-SCRAPE_EVERY_S = 0.5      # the server's /metrics, for the gauges in `stats`
 PROBE_EVERY_S = 2.0       # the server's /v1/models, for reachability (/healthz) and the model name
 PROBE_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 600.0    # a streamed request silent this long is given up as an error
 MAX_IN_FLIGHT = 256       # each request is a thread; beyond this, new ones are refused
 MAX_PROMPT_CHARS = 200_000
-# The server's gauges, by vLLM's names (kv_cache_usage_perc was gpu_cache_usage_perc before v1).
-GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-          "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "gpu_cache_usage"}
+API_KEY_ENV = "FIRST_TOKEN_OBSERVE_API_KEY"
+MAX_GET_BYTES = 4 << 20   # of a /v1/models, /metrics, /slots or version answer
+# Who measured each figure of an observe-mode `stats` event (docs/protocol.md).
+MEASURED_BY = {"queue": "server", "running": "server", "cache_usage": "server", "server": "server",
+               "in_flight": "client", "tokens_per_s": "client", "ttft": "client", "itl": "client",
+               "finished": "client"}
 
 
 def parse_target(text):
@@ -65,22 +74,6 @@ def parse_target(text):
     except ValueError:
         raise ValueError(f"--observe URL has a bad port: {text!r}") from None
     return text.rstrip("/")
-
-
-def parse_gauges(text):
-    """Running, waiting and KV-cache usage (0..1) from Prometheus text with vLLM's names.
-
-    Counts are summed over label sets (engines, models); usage is their mean."""
-    seen = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = GAUGES.get(sample.name)
-            if key:
-                seen.setdefault(key, []).append(sample.value)
-    usage = seen.get("kv_cache_usage") or seen.get("gpu_cache_usage")
-    return {"running": sum(seen["running"]) if "running" in seen else None,
-            "waiting": sum(seen["waiting"]) if "waiting" in seen else None,
-            "kv_cache_usage": sum(usage) / len(usage) if usage else None}
 
 
 class WordTokenizer:
@@ -105,10 +98,18 @@ class WordTokenizer:
 class Flight:
     """One request in flight: its connection, so another thread can cancel it."""
 
-    def __init__(self, source):
+    def __init__(self, source, prompt, sink=None, seed=None):
         self.source = source
+        self.prompt = prompt      # matched against llama.cpp's /slots (never published from there)
+        self.seed = seed          # as sent; how llama.cpp's /slots names its requests
+        self.sink = sink          # the handle's outputs, when the caller streams them (a student)
         self.conn = None
         self.cancelled = False
+        self.first = False        # a chunk with text has arrived
+
+    def put(self, item):
+        if self.sink is not None:
+            self.sink.put(item)
 
     def cancel(self):
         self.cancelled = True
@@ -123,11 +124,15 @@ class Flight:
 class Observer:
     api_model = None   # no model of its own: /v1 is the observed server's
 
-    def __init__(self, base_url):
+    def __init__(self, base_url, api_key=None, metrics_url=None):
         self.base_url = parse_target(base_url)
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}   # never published
         u = urllib.parse.urlsplit(self.base_url)
         self._https = u.scheme == "https"
         self._host, self._port, self._path = u.hostname, u.port, u.path
+        # Where /metrics is: the server's root unless told (a server that serves it on a port of its own).
+        m = urllib.parse.urlsplit(parse_target(metrics_url)) if metrics_url else None
+        self._metrics = (m.scheme == "https", m.hostname, m.port, m.path or "/metrics") if m else None
         self.clock = Clock()
         self.events = Broadcaster()
         # Only the settings that shape requests apply to an external server; the engine's own
@@ -139,7 +144,7 @@ class Observer:
         self.model = None
         self.max_context = None
         self.reachable = False
-        self.server = None        # the server's gauges, or None when its /metrics is not readable
+        self.scraper = Scraper(self.clock)
         self._lock = threading.Lock()     # settings, loadgen, flights, token ratio
         self._flights = {}
         self._ids = itertools.count(1)
@@ -161,11 +166,12 @@ class Observer:
 
     def health(self):
         """(/healthz body, HTTP status): ok once the server's /v1/models answers."""
-        server = self.server or {}
+        view = self.scraper.view(self.clock.now())
+        gauges = view["gauges"] if view else {}
         body = {"status": "ok" if self.reachable else "unreachable", "mode": "observe",
-                "target": self.base_url, "model": self.model, "metrics": self.server is not None,
-                "in_flight": len(self._flights), "running": server.get("running"),
-                "waiting": server.get("waiting")}
+                "target": self.base_url, "model": self.model, "metrics": view is not None,
+                "server": view and view["profile"], "in_flight": len(self._flights),
+                "running": gauges.get("running"), "waiting": gauges.get("waiting")}
         return body, 200 if self.reachable else 503
 
     def hello(self):
@@ -176,7 +182,7 @@ class Observer:
             settings = dict(self.settings)
         return Hello(t=self.clock.now(), protocol=PROTOCOL, mode="observe", server_time=time.time(),
                      target=self.base_url, model=self.model, max_context=self.max_context,
-                     metrics=self.server is not None, settings=settings,
+                     metrics=self.scraper.readable, server=self.scraper.describe(), settings=settings,
                      limits={n: s.describe() for n, s in self.specs.items()}, **{k: None for k in unknown})
 
     # ------------------------------------------------------------------ controls
@@ -213,10 +219,25 @@ class Observer:
         self.stats = RollingStats()
         self.events.publish(Reset(t=self.clock.now()))
 
+    def cancel(self, rid):
+        with self._lock:
+            flight = self._flights.get(rid)
+        if flight is not None:
+            flight.cancel()
+
+    def clear_queue(self):
+        """Cancel every request still waiting for its first chunk: all a client can tell of the
+        server's queue (some of them may be prefilling there already)."""
+        with self._lock:
+            waiting = [f for f in self._flights.values() if not f.first]
+        for f in waiting:
+            f.cancel()
+
     def submit(self, prompt=None, source="page", chat=True, max_new_tokens=None, temperature=None,
-               top_p=None, seed=None):
+               top_p=None, seed=None, label=None, stream=False):
         """Send one prompt to the server (chat template applied there when `chat`); return its
-        handle (the page follows it through events; nobody reads its outputs here).
+        handle (the page follows it through events; with `stream`, as for a classroom
+        student, the handle's `outputs` yields its chunks too).
 
         Raises SettingError for invalid values; nothing is sent then."""
         if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
@@ -230,7 +251,9 @@ class Observer:
             path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
         else:
             path, body = "/completions", {"prompt": prompt}
-        return RequestHandle(self._launch(source, path, {**body, **params}, prompt, estimate=None))
+        sink = queue.Queue() if stream else None
+        return RequestHandle(self._launch(source, path, {**body, **params}, prompt, estimate=None, label=label,
+                                          sink=sink), sink)
 
     def _params(self, overrides):
         with self._lock:
@@ -247,9 +270,12 @@ class Observer:
                             estimate=(words, round(words * ratio)))
 
     # ------------------------------------------------------------------ requests
-    def _launch(self, source, path, body, prompt, estimate):
+    def _launch(self, source, path, body, prompt, estimate, label=None, sink=None):
         rid = f"o{next(self._ids)}"
-        flight = Flight(source)
+        profile = self.scraper.profile
+        if profile is not None and profile.tag_seed and "seed" not in body:
+            body = {**body, "seed": secrets.randbelow(2**31)}   # see Profile.tag_seed
+        flight = Flight(source, prompt, sink, body.get("seed"))
         with self._lock:
             full = len(self._flights) >= MAX_IN_FLIGHT
             if not full and self.model is not None:
@@ -257,20 +283,26 @@ class Observer:
         t = self.clock.now()
         self.events.publish(Request(t=t, id=rid, source=source, prompt_tokens=estimate[1] if estimate else None,
                                     estimated=estimate is not None, max_new_tokens=body["max_tokens"],
-                                    preview=prompt[:80]))
+                                    preview=prompt[:80], label=label))
         refusal = (f"the observer already has {MAX_IN_FLIGHT} requests in flight" if full else
                    "the server has not answered /v1/models yet" if self.model is None else None)
         if refusal:
-            self.events.publish(Rejected(t=t, id=rid, reason=refusal, code="queue_full" if full else "unreachable"))
+            code = "queue_full" if full else "unreachable"
+            self.events.publish(Rejected(t=t, id=rid, reason=refusal, code=code))
+            flight.put(("rejected", refusal, code))
             return rid
         body = {**body, "model": self.model, "stream": True, "stream_options": {"include_usage": True}}
         threading.Thread(target=self._run, args=(rid, flight, path, body, t, estimate), daemon=True,
                          name=f"observe-{rid}").start()
         return rid
 
-    def _connection(self, timeout):
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=timeout)
+    def _connection(self, timeout, where=None):
+        https, host, port = where or (self._https, self._host, self._port)
+        cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        return cls(host, port, timeout=timeout)
+
+    def _headers(self, extra=None):
+        return {**self._auth, **(extra or {})}
 
     def _run(self, rid, flight, path, body, sent, estimate):
         """Stream one request and publish what the client sees, as it sees it."""
@@ -280,11 +312,13 @@ class Observer:
             if flight.cancelled:
                 raise ConnectionAbortedError("cancelled")
             flight.conn.request("POST", self._path + path, body=json.dumps(body),
-                                headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+                                headers=self._headers({"Content-Type": "application/json",
+                                                       "Accept": "text/event-stream"}))
             resp = flight.conn.getresponse()
             if resp.status != 200:
-                self.events.publish(Rejected(t=self.clock.now(), id=rid, code=f"http_{resp.status}",
-                                             reason=f"HTTP {resp.status}: {_error_message(resp.read())}"))
+                reason = f"HTTP {resp.status}: {_error_message(resp.read())}"
+                self.events.publish(Rejected(t=self.clock.now(), id=rid, code=f"http_{resp.status}", reason=reason))
+                flight.put(("rejected", reason, f"http_{resp.status}"))
                 return
             for line in resp:
                 if not line.startswith(b"data:"):
@@ -299,6 +333,8 @@ class Observer:
                 usage, finish = chunk_usage or usage, chunk_finish or finish
                 for text in texts:
                     self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
+                    flight.first = True
+                    flight.put(("token", text, None))
                     chunks.append(now)
         except ApiError as e:
             error = f"the observed server sent {e.message}"
@@ -315,7 +351,7 @@ class Observer:
             reason = "error"
         else:
             reason = finish if finish in ("stop", "length") else (finish or "error")
-        self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)
+        flight.put(("finished", self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)))
 
     def _token(self, rid, index, text, now, previous, sent):
         self.events.publish(Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0,
@@ -347,6 +383,7 @@ class Observer:
                 self._words_sent += estimate[0]
                 self._tokens_reported += usage["prompt_tokens"]
         self.events.publish(ev)
+        return ev
 
     # ------------------------------------------------------------------ background
     def _tick_loop(self):
@@ -367,12 +404,13 @@ class Observer:
             self._wake.clear()
 
     def _emit_stats(self, now):
-        server = self.server or {}
+        view = self.scraper.view(now)
+        gauges = view["gauges"] if view else {}
         count = lambda v: None if v is None else int(v)   # noqa: E731 -- gauges are floats
         self.events.publish(Stats(
-            t=now, queue=count(server.get("waiting")), running=count(server.get("running")),
+            t=now, queue=count(gauges.get("waiting")), running=count(gauges.get("running")),
             in_flight=len(self._flights), waiting_ids=[], slots=[], cache_blocks_used=None, cache_blocks=None,
-            cache_tokens=None, cache_usage=server.get("kv_cache_usage"), server=self.server,
+            cache_tokens=None, cache_usage=gauges.get("kv_usage"), server=view, measured_by=MEASURED_BY,
             subscribers=self.events.subscribers, **self.stats.snapshot(now)))
 
     def _scrape_loop(self):
@@ -381,15 +419,23 @@ class Observer:
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + PROBE_EVERY_S
                 self._probe()
-            self.server = self._scrape() if self.reachable else None
+            if self.reachable:
+                with self._lock:
+                    ours = {rid: (f.prompt, f.seed) for rid, f in self._flights.items()}
+                self.scraper.scrape(self._get, ours)
             self._stop.wait(SCRAPE_EVERY_S)
 
     def _get(self, path):
-        conn = self._connection(PROBE_TIMEOUT_S)
+        """GET a path of the server (`/metrics` and the like are served at its root; /metrics
+        where --observe-metrics says, when given)."""
+        where = None
+        if path == "/metrics" and self._metrics:
+            where, path = self._metrics[:3], self._metrics[3]
+        conn = self._connection(PROBE_TIMEOUT_S, where)
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=self._headers())
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            return resp.status, resp.read(MAX_GET_BYTES)   # a server gone wrong cannot fill memory
         finally:
             conn.close()
 
@@ -402,14 +448,6 @@ class Observer:
         if isinstance(first, dict) and isinstance(first.get("id"), str):
             self.model, self.max_context = first["id"], first.get("max_model_len")
         self.reachable = self.model is not None and first is not None
-
-    def _scrape(self):
-        """The server's gauges from its /metrics (served at the root, as vLLM does), or None."""
-        try:
-            status, raw = self._get("/metrics")
-            return parse_gauges(raw.decode()) if status == 200 else None
-        except (OSError, http.client.HTTPException, ValueError):
-            return None
 
 
 def read_chunk(data):

@@ -86,3 +86,32 @@ def page_module(page, name):
     runs: pass it as the argument of page.evaluate / wait_for_function to read its exports
     (`page.evaluate("m => m.runs", page_module(page, "compare"))`). A page or frame."""
     return page.evaluate_handle(f"import({json.dumps('ft/' + name)})")
+
+
+def loopback_http(answer_get=None, answer_post=None):
+    """A threaded HTTP server on a free loopback port (call `.shutdown()`), its `.url` set.
+    `answer_get(handler)` / `answer_post(handler)` -> (status, body bytes) answer each request."""
+    import http.server
+    import threading
+
+    def reply(handler, answer):
+        status, body = answer(handler)
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            reply(self, answer_get)
+
+        def do_POST(self):
+            reply(self, answer_post)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd

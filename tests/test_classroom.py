@@ -591,8 +591,14 @@ def test_classroom_start_binds_the_network_unless_told_and_prints_the_addresses(
 
 @pytest.mark.parametrize("argv", [["--join-code", "x"], ["--classroom", "--join-code", " x"],
                                   ["--view-code", "x"], ["--classroom", "--view-code", ""],
-                                  ["--classroom", "--observe", "http://127.0.0.1:9/v1"]])
+                                  ["--observe-api-key", "k"]])
 def test_bad_classroom_flags_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         app_mod.parse_args(argv)
     assert "error" in capsys.readouterr().err
+
+
+def test_a_classroom_may_observe_another_server():
+    """`--classroom --observe URL` is a class on an observed server (tests/test_observe.py runs one)."""
+    args = app_mod.parse_args(["--classroom", "--observe", "http://127.0.0.1:9/v1", "--observe-api-key", "k"])
+    assert args.classroom and args.observe == "http://127.0.0.1:9/v1" and args.observe_api_key == "k"

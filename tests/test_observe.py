@@ -12,8 +12,8 @@ import pytest
 import requests
 from simple_websocket import Client
 
+from engine.events import PROTOCOL
 from helpers import ROOT, frames, schema_validator, start_app
-from server.observe import parse_gauges
 
 BURST = 3
 MAX_NEW = 24   # long enough that the server's /metrics (scraped every 0.5 s) sees them running
@@ -72,8 +72,10 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
         assert all(fin["stages"][k] is None for k in ("tokenize", "queue", "prefill", "first_sample", "delivery"))
     stats = [e for e in events if e["type"] == "stats" and e["server"]]
     assert stats, "the server's /metrics gauges never reached the page"
-    assert max(e["server"]["running"] for e in stats) >= 1
-    assert all(0 <= e["server"]["kv_cache_usage"] <= 1 and e["queue"] == e["server"]["waiting"] for e in stats)
+    assert all(e["server"]["profile"] == "first-token" for e in stats)
+    assert max(e["server"]["gauges"]["running"] for e in stats) >= 1
+    assert all(0 <= e["server"]["gauges"]["kv_usage"] <= 1 and e["queue"] == e["server"]["gauges"]["waiting"]
+               for e in stats)
     assert stats[-1]["running"] == 0 and stats[-1]["finished"] == BURST
 
 
@@ -87,22 +89,6 @@ def test_bad_observe_url_is_a_one_line_error():
     r = subprocess.run([sys.executable, str(ROOT / "app.py"), "--observe", "ftp://example"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "--observe needs an http(s) URL" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_parse_gauges_reads_vllm_names_old_and_new():
-    text = """# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 3.0
-vllm:num_requests_running{engine="1",model_name="m"} 1.0
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
-# TYPE vllm:gpu_cache_usage_perc gauge
-vllm:gpu_cache_usage_perc{model_name="m"} 0.25
-"""
-    assert parse_gauges(text) == {"running": 4.0, "waiting": 2.0, "kv_cache_usage": 0.25}
-    newer = text + '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
-    assert parse_gauges(newer)["kv_cache_usage"] == 0.5
-    assert parse_gauges("# TYPE other gauge\nother 1\n") == {"running": None, "waiting": None,
-                                                             "kv_cache_usage": None}
 
 
 # ------------------------------------------------------------------ a hostile observed server
@@ -124,32 +110,19 @@ HOSTILE = {   # prompt -> (HTTP status, stream lines): what a broken or hostile 
 
 @pytest.fixture
 def hostile_server():
-    import http.server
-    import threading
+    from helpers import loopback_http
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def models(handler):
+        if handler.path == "/v1/models":
+            return 200, b'{"data": [{"id": "fake-model"}]}'
+        return 404, b"{}"
 
-        def do_GET(self):
-            body = b'{"data": [{"id": "fake-model"}]}' if self.path == "/v1/models" else b"{}"
-            self.send_response(200 if self.path == "/v1/models" else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_POST(self):
-            prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
-            status, lines = HOSTILE[prompt]
-            body = b"".join(line + b"\n\n" for line in lines)
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    def answer(handler):
+        prompt = json.loads(handler.rfile.read(int(handler.headers["Content-Length"])))["messages"][0]["content"]
+        status, lines = HOSTILE[prompt]
+        return status, b"".join(line + b"\n\n" for line in lines)
+    httpd = loopback_http(models, answer)
+    yield httpd.url + "/v1"
     httpd.shutdown()
 
 
@@ -189,3 +162,251 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     finally:
         obs.events.unsubscribe(sub)
         obs.shutdown()
+
+
+# ------------------------------------------------------------------ First Token observing First Token (tiny model)
+class Served:
+    """A Flask app from `create_app`, served in this process on a free loopback port."""
+
+    def __init__(self, app):
+        import threading
+        from werkzeug.serving import make_server
+        self.app = app
+        self.http = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.http.server_port}"
+        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self):
+        self.http.shutdown()
+
+
+def observing(url, api_key=None, classroom=None):
+    """An observe-mode app on `url`, in this process, once it has read the server's /metrics."""
+    from server import create_app
+    from server.observe import Observer
+    obs = Observer(url + "/v1", api_key=api_key).start()
+    config = {"BACKEND": obs, "TESTING": True, **({"CLASSROOM": classroom} if classroom else {})}
+    app = Served(create_app(config))
+    app.observer = obs
+    deadline = time.monotonic() + 20
+    while obs.scraper.describe() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return app
+
+
+def tiny_server(tiny, app_config=None):
+    from conftest import LiveApp
+    from engine import EngineConfig
+    return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), app_config)
+
+
+def test_observing_first_token_on_the_tiny_model_draws_server_lanes_and_request_rows(tiny):
+    """A second First Token (tiny model, 2 slots) is the observed server: its profile is
+    detected, its gauges and rates reach `stats.server` with the scrape's age and period, and
+    every request has its client-side row, each figure saying who measured it."""
+    observed = tiny_server(tiny)
+    eng = observed.driver.engine
+    step = eng.step
+
+    def slow_step():     # the tiny model is too fast for a 0.5 s scrape to catch it busy
+        time.sleep(0.02)
+        return step()
+    eng.step = slow_step
+    obs = observing(observed.url)
+    conn = Client.connect(obs.ws_url)
+    n = 5            # more than its 2 slots: some must wait on the server
+
+    def settled(events):
+        done = [e for e in events if e["type"] == "finished"]
+        return len(done) == n and any(e["type"] == "stats" and e["t"] > max(d["t"] for d in done)
+                                      and e["server"] and e["server"]["gauges"]["running"] == 0 for e in events)
+    try:
+        (hello, *history) = json.loads(conn.receive(timeout=10))
+        conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": 48, "prompt_tokens": 64}}))
+        conn.send(json.dumps({"type": "burst", "n": n}))
+        events = frames(conn, 120, until=settled)
+    finally:
+        conn.close()
+        obs.observer.shutdown()
+        obs.stop()
+        observed.stop()
+    check = schema_validator()
+    for e in [hello, *history, *events]:
+        check.validate(e)
+    assert hello["server"]["kind"] == "first-token" and hello["server"]["version"] == f"protocol {PROTOCOL}"
+    assert hello["server"]["title"] == "First Token" and hello["metrics"] is True
+    assert {"running", "waiting", "kv_usage"} <= set(hello["server"]["exposed"]["gauges"])
+    assert "prefix_hit_ratio" in hello["server"]["exposed"]["ratios"]
+    # Per-request rows, measured here.
+    ids = [e["id"] for e in events if e["type"] == "request"]
+    assert len(ids) == n
+    for rid in ids:
+        (fin,) = [e for e in events if e["type"] == "finished" and e["id"] == rid]
+        tokens = [e for e in events if e["type"] == "token" and e["id"] == rid]
+        assert fin["client_side"] and fin["reason"] in ("length", "stop") and len(tokens) == fin["chunks"] >= 1
+    # Server lanes, measured there, each with its age.
+    stats = [e for e in events if e["type"] == "stats" and e["server"]]
+    assert stats and all(e["server"]["profile"] == "first-token" for e in stats)
+    assert all(e["measured_by"]["running"] == "server" and e["measured_by"]["ttft"] == "client" for e in stats)
+    assert max(e["server"]["gauges"]["running"] for e in stats) == 2          # its two slots full...
+    assert max(e["server"]["gauges"]["waiting"] for e in stats) >= 1          # ...and the rest queued there
+    assert all(e["running"] == e["server"]["gauges"]["running"] for e in stats)
+    assert all(0 <= e["server"]["gauges"]["kv_usage"] <= 1 for e in stats)
+    assert all(e["server"]["gauges"][k] is None for e in stats for k in ("spec_accept_rate", "batch_size"))
+    assert all(0 <= e["server"]["age_s"] < 3 and e["server"]["every_s"] == 0.5 for e in stats)
+    periods = [e["server"]["period_s"] for e in stats if e["server"]["period_s"] is not None]
+    assert periods and all(0.4 < p < 5 for p in periods)
+    assert max(e["server"]["rates"]["generated_tokens_per_s"] or 0 for e in stats) > 0
+    assert max(e["server"]["rates"]["prompt_tokens_per_s"] or 0 for e in stats) > 0
+    assert all(e["server"]["slots"] is None for e in stats)    # slots are llama.cpp's
+
+
+NAMES = ("Ada", "Grace")
+
+
+def test_a_classroom_on_an_observed_server_with_an_api_key(tiny):
+    """`--classroom --observe URL`: two students' prompts go to the observed server, labelled on
+    the observer's timeline, each answer streams back to its student, the limits are enforced
+    here. The observed server is a First Token in classroom mode, so its API needs its key as a
+    bearer token: the observer sends it, and it appears in nothing a page or student receives."""
+    from server.classroom import Classroom
+    upstream = Classroom()                       # the observed server's own key
+    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    key = upstream.key
+    room = Classroom(join_code="owl", rate_burst=1, rate_every_s=60)
+    obs = observing(observed.url, api_key=key, classroom=room)
+    room.base = obs.url
+    seen = obs.observer.events.subscribe(replay=False)
+    try:
+        presenter = Client.connect(obs.ws_url, headers={"Cookie": f"ft_presenter={room.key}"})
+        viewer = Client.connect(obs.ws_url)
+        hellos = [json.loads(c.receive(timeout=10))[0] for c in (presenter, viewer)]
+        assert [h["role"] for h in hellos] == ["presenter", "viewer"] and hellos[0]["mode"] == "observe"
+        sessions = {}
+        for name in NAMES:
+            sessions[name] = requests.Session()
+            r = sessions[name].post(obs.url + "/join/session", json={"name": name, "code": "owl"}, timeout=10)
+            assert r.status_code == 200, r.text
+        answers = {}
+
+        def ask(name):
+            with sessions[name].post(obs.url + "/join/ask", json={"prompt": f"{name} asks: what is a token?"},
+                                     stream=True, timeout=60) as r:
+                answers[name] = (r.status_code, [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                                                 if line.startswith("data: ")])
+        import threading
+        threads = [threading.Thread(target=ask, args=(name,)) for name in NAMES]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        # The limit is enforced here, before anything is sent: Ada's second prompt is refused.
+        again = sessions["Ada"].post(obs.url + "/join/ask", json={"prompt": "again"}, timeout=10)
+        page_frames = frames(presenter, 2) + frames(viewer, 1)
+        health = requests.get(obs.url + "/healthz").json()
+        clients = requests.get(obs.url + "/classroom/clients", cookies={"ft_presenter": room.key}).json()
+        events = []
+        while True:
+            batch = seen.get(timeout=0.2)
+            if not batch:
+                break
+            events += batch
+    finally:
+        obs.observer.events.unsubscribe(seen)
+        for c in (presenter, viewer):
+            c.close()
+        obs.observer.shutdown()
+        obs.stop()
+        observed.stop()
+    assert again.status_code == 429
+    for name in NAMES:
+        status, sse = answers[name]
+        assert status == 200 and sse[0]["type"] == "start" and sse[0]["name"] == name, sse
+        assert sse[-1]["type"] == "finished" and sse[-1]["reason"] in ("length", "stop"), sse
+        assert sse[-1]["measured_by"] == "client"       # timed here, as a client of the observed server
+        assert any(e["type"] == "token" for e in sse)
+        (req,) = [e for e in events if e["type"] == "request" and e["label"] == name]
+        assert req["source"] == "join" and req["preview"].startswith(name)
+        (fin,) = [e for e in events if e["type"] == "finished" and e["id"] == req["id"]]
+        assert fin["client_side"] and fin["output_tokens"] >= 1
+        # The student's stream carries the same text the timeline shows for that request.
+        assert "".join(e["text"] for e in sse if e["type"] == "token") == \
+            "".join(e["text"] for e in events if e["type"] == "token" and e["id"] == req["id"])
+    assert sorted(c["name"] for c in clients["clients"]) == sorted(NAMES)
+    # The observed server's key went out with the requests (its /v1 refuses without it) but
+    # back to nobody: not in hellos, events, the pages' frames, /healthz, the class list, answers.
+    blob = json.dumps([hellos, events, page_frames, health, clients, answers])
+    assert key not in blob
+
+
+def test_the_observed_servers_key_comes_from_the_environment_and_is_never_printed(tiny):
+    """`app.py --observe URL` with FIRST_TOKEN_OBSERVE_API_KEY: the key is sent (the observed
+    First Token is in classroom mode, so a request without it is refused 403), never printed."""
+    from bench.launch import App
+    from helpers import ARTIFACTS
+    from server.classroom import Classroom
+    upstream = Classroom()
+    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    apps = {}
+    try:
+        for label, env in (("with", {"FIRST_TOKEN_OBSERVE_API_KEY": upstream.key}), ("without", {})):
+            ARTIFACTS.mkdir(exist_ok=True)
+            log = ARTIFACTS / f"observe-key-{label}.log"
+            app = App("--observe", observed.url + "/v1", log=log, env=env)
+            conn = Client.connect(app.ws_url)
+            try:
+                conn.send(json.dumps({"type": "submit", "prompt": "What is a token?", "max_new_tokens": 4}))
+                events = frames(conn, 60, until=lambda ev: any(e["type"] in ("finished", "rejected") for e in ev))
+                health = requests.get(app.url + "/healthz").text
+            finally:
+                conn.close()
+                app.stop()
+            apps[label] = (events, health, log.read_text())
+    finally:
+        observed.stop()
+    events, health, output = apps["with"]
+    assert any(e["type"] == "finished" and e["reason"] in ("length", "stop") for e in events), events[-3:]
+    assert upstream.key not in json.dumps(events) + health + output
+    events, _, _ = apps["without"]
+    assert any(e["type"] == "rejected" and e["code"] == "http_403" for e in events)
+
+
+def test_clear_queue_cancels_what_has_had_no_chunk_yet():
+    """Observe mode's `clear_queue` (the classroom presenter's button): the requests that have
+    had no streamed chunk yet, all a client can tell of the server's queue, are cancelled."""
+    import threading
+    from helpers import loopback_http
+    from server.observe import Observer
+    release = threading.Event()
+
+    def models(handler):
+        return 200, b'{"data": [{"id": "fake-model"}]}'
+
+    def slow(handler):               # a server whose queue holds every request until released
+        handler.rfile.read(int(handler.headers["Content-Length"]))
+        release.wait(20)
+        return 200, b'data: {"choices": [{"delta": {"content": "late"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    httpd = loopback_http(models, slow)
+    obs = Observer(httpd.url + "/v1").start()
+    sub = obs.events.subscribe(replay=False)
+    try:
+        deadline = time.monotonic() + 10
+        while not obs.reachable and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ids = [obs.submit(f"q{i}").id for i in range(3)]
+        time.sleep(0.3)                                   # sent, waiting on the server
+        started = time.monotonic()
+        obs.clear_queue()
+        ended = {}
+        while len(ended) < 3 and time.monotonic() - started < 5:
+            for e in sub.get(timeout=0.2):
+                if e["type"] == "finished":
+                    ended[e["id"]] = e["reason"]
+        assert ended == {rid: "cancelled" for rid in ids}
+        assert time.monotonic() - started < 5             # not after the server let them go
+    finally:
+        release.set()
+        obs.events.unsubscribe(sub)
+        obs.shutdown()
+        httpd.shutdown()
