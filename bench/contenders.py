@@ -18,6 +18,7 @@ import torch
 
 from engine import Engine, EngineConfig, EngineDriver
 from engine.loadgen import CORPUS
+from engine.request import GenerateRequest
 
 
 @dataclass
@@ -82,9 +83,9 @@ def run_engine(bundle, batch, new_tokens, slots, events=True, max_context=4096):
         page.start()
     eng.start()
     try:
-        _drain(eng.submit(prompt=batch[0][0], max_new_tokens=2, stream=True))   # warm-up, untimed
+        _drain(eng.submit(GenerateRequest(prompt=batch[0][0], max_new_tokens=2, stream=True)))   # warm-up, untimed
         t0 = time.perf_counter()
-        handles = [eng.submit(prompt=text, max_new_tokens=new_tokens, stream=True) for text, _ in batch]
+        handles = [eng.submit(GenerateRequest(prompt=text, max_new_tokens=new_tokens, stream=True)) for text, _ in batch]
         tokens = [_drain(h) for h in handles]
         seconds = time.perf_counter() - t0
     finally:

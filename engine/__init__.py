@@ -2,8 +2,9 @@
 
 Data flows one way:
 
-    EngineDriver.submit() -> Engine.new_sequence (Intake: validation, tokenizer, in the
-      caller's thread) -> inbox
+    GenerateRequest (every client builds one; validated as it is built)
+      -> EngineDriver.submit() -> Engine.new_sequence (Intake: defaults from the live
+      settings, tokenizer, in the caller's thread) -> inbox
       -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
          -> Runner (one forward over every scheduled token) -> sampler -> typed events
          (the StepRecorder reads the clock and keeps each request's stages as it goes)
@@ -13,8 +14,10 @@ Modules, one job each:
     config     EngineConfig: capacity fixed at start (slots, KV tokens, block size, context)
     settings   named, validated live controls (one validation layer for every client)
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
+    request    GenerateRequest: the one typed request every client submits, validated once
     sequence   one request's state and measured timestamps; when it decodes, why it stops
-    intake     a request's way in: validation, tokenization, its first events, refusals
+    intake     a request's way in: its defaults resolved, tokenization, its first events,
+               refusals
     kv_cache   the paged KV memory, the block manager (free list, reference counts) and
                prefix hashes
     scheduler  waiting queue, slots, the per-step token budget, policies, preemption
@@ -42,9 +45,10 @@ No Flask, no HTTP, no bench files here: the web layer is the `server` package.
 """
 from .config import EngineConfig
 from .driver import EngineDriver
+from .request import GenerateRequest
 from .settings import SettingError
 
-__all__ = ["Engine", "EngineConfig", "EngineDriver", "SettingError"]
+__all__ = ["Engine", "EngineConfig", "EngineDriver", "GenerateRequest", "SettingError"]
 
 
 def __getattr__(name):

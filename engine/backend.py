@@ -5,6 +5,7 @@ from typing import Protocol
 
 from .broadcast import Broadcaster
 from .events import Clock, Hello
+from .request import GenerateRequest
 
 
 class RequestHandle:
@@ -38,12 +39,11 @@ class Backend(Protocol):
     def health(self) -> tuple[dict, int]:
         """(/healthz body, HTTP status)."""
 
-    def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False, label=None, ignore_eos=False,
-               min_tokens=0) -> RequestHandle:
-        """Queue one request; SettingError (nothing queued) for a bad parameter. Observe mode
-        takes the page's parameters only (prompt, source, chat, max_new_tokens, temperature,
-        top_p, seed): the API and the classroom, which send the rest, need a model of its own."""
+    def submit(self, request: GenerateRequest) -> RequestHandle:
+        """Queue one request (engine/request.py); SettingError (nothing queued) names a field
+        it cannot take. Observe mode takes the page's fields only (prompt, chat, max_new_tokens,
+        temperature, top_p, seed, source): the API and the classroom, which send the rest,
+        need a model of its own."""
 
     def cancel(self, rid: str) -> None: ...
 

@@ -24,6 +24,7 @@ import traceback
 from .backend import RequestHandle
 from .broadcast import Broadcaster
 from .events import Error, Rejected
+from .request import GenerateRequest
 from . import presets
 from .settings import SettingError, coerce, validate
 from .timing import STATS_EVERY_S
@@ -87,8 +88,9 @@ class EngineDriver:
             thread.join(timeout=10)
 
     # ------------------------------------------------------------ any thread
-    def submit(self, source="api", **kw):
-        seq = self.engine.new_sequence(source=source, **kw)   # SettingError: nothing queued
+    def submit(self, request):
+        """Queue a `GenerateRequest`; its handle. SettingError (nothing queued) names a bad field."""
+        seq = self.engine.new_sequence(request)
         handle = RequestHandle(seq.id, seq.sink)
         with self._lock:
             failure = self.failure
@@ -269,4 +271,4 @@ class EngineDriver:
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
-        self.submit(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens)
+        self.submit(GenerateRequest(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens))

@@ -81,10 +81,10 @@ class Engine:
         return len(self._by_id)
 
     # ------------------------------------------- any thread: validate + tokenize
-    def new_sequence(self, **request):
-        """A validated, tokenized request, not yet known to the engine (hand it to `add`); the
-        arguments are `Intake.new_sequence`'s. Raises SettingError for invalid parameters."""
-        return self.intake.new_sequence(**request)
+    def new_sequence(self, request):
+        """A `GenerateRequest` validated against this engine and tokenized (engine/intake.py): a
+        Sequence not yet known to the engine (hand it to `add`). SettingError names a bad field."""
+        return self.intake.new_sequence(request)
 
     # ------------------------------------------------ commands (the caller's turn)
     def _emit(self, event):

@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
 from .classroom import (CLIENT_COOKIE, MAX_NAME, MAX_PROMPT, PRESENTER_COOKIE, REMOVED, VIEWER_COOKIE,
@@ -147,8 +148,8 @@ def ask():
     backend = _backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
-            handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                    chat=True, stream=True)
+            handle = backend.submit(GenerateRequest(prompt=prompt.strip(), source="join", label=claim.student.name,
+                                                    chat=True, stream=True))
         except SettingError as e:
             raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
         claim.started(backend, handle.id)

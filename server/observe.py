@@ -53,13 +53,14 @@ PROBE_EVERY_S = 2.0       # the server's /v1/models, for reachability (/healthz)
 PROBE_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 600.0    # a streamed request silent this long is given up as an error
 MAX_IN_FLIGHT = 256       # each request is a thread; beyond this, new ones are refused
-MAX_PROMPT_CHARS = 200_000
 API_KEY_ENV = "FIRST_TOKEN_OBSERVE_API_KEY"
 MAX_GET_BYTES = 4 << 20   # of a /v1/models, /metrics, /slots or version answer
 # Who measured each figure of an observe-mode `stats` event (docs/protocol.md).
 MEASURED_BY = {"queue": "server", "running": "server", "cache_usage": "server", "server": "server",
                "in_flight": "client", "tokens_per_s": "client", "ttft": "client", "itl": "client",
                "finished": "client"}
+# GenerateRequest's fields a page or a classroom student never sends, at the values that leave them out.
+BEYOND_PAGE = {"messages": None, "stop": (), "ignore_eos": False, "min_tokens": 0, "prompt_tokens": None}
 
 
 def parse_target(text):
@@ -233,27 +234,31 @@ class Observer:
         for f in waiting:
             f.cancel()
 
-    def submit(self, prompt=None, source="page", chat=True, max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, label=None, stream=False):
-        """Send one prompt to the server (chat template applied there when `chat`); return its
-        handle (the page follows it through events; with `stream`, as for a classroom
-        student, the handle's `outputs` yields its chunks too).
+    def submit(self, request):
+        """Send a page's or a classroom student's `GenerateRequest` (already validated) to the
+        server (chat template applied there when `chat`); return its handle (the page follows
+        it through events; with `stream`, as for a student, the handle's `outputs` yields its
+        chunks too).
 
-        Raises SettingError for invalid values; nothing is sent then."""
-        if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
-            raise SettingError("prompt", f"must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
-        overrides = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("temperature", temperature),
-                                       ("top_p", top_p)) if v is not None}
+        Raises SettingError for a field beyond the page's (BEYOND_PAGE) or a value outside this
+        mode's settings; nothing is sent then."""
+        for name, neutral in BEYOND_PAGE.items():
+            if getattr(request, name) != neutral:
+                raise SettingError(name, "observe mode sends the page's parameters only (prompt, chat, "
+                                         "max_new_tokens, temperature, top_p, seed; a student's label)")
+        overrides = {k: getattr(request, k) for k in ("max_new_tokens", "temperature", "top_p")
+                     if getattr(request, k) is not None}
         params = self._params(validate(self.specs, overrides) if overrides else {})
-        if seed is not None:
-            params["seed"] = coerce("seed", "int", seed, 0, 2**63 - 1)
-        if chat:
+        if request.seed is not None:
+            params["seed"] = request.seed
+        prompt = request.prompt
+        if request.chat:
             path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
         else:
             path, body = "/completions", {"prompt": prompt}
-        sink = queue.Queue() if stream else None
-        return RequestHandle(self._launch(source, path, {**body, **params}, prompt, estimate=None, label=label,
-                                          sink=sink), sink)
+        sink = queue.Queue() if request.stream else None
+        return RequestHandle(self._launch(request.source, path, {**body, **params}, prompt, estimate=None,
+                                          label=request.label, sink=sink), sink)
 
     def _params(self, overrides):
         with self._lock:

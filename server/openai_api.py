@@ -1,11 +1,12 @@
-"""The OpenAI-compatible API, transport-free: JSON bodies in, `Backend.submit` arguments out;
-engine outputs in, OpenAI-shaped responses and server-sent-event chunks out. The Flask
-routes (server/api.py) only move bytes.
+"""The OpenAI-compatible API, transport-free: JSON bodies in, a `GenerateRequest` (the one
+typed request every client builds, engine/request.py) out; engine outputs in, OpenAI-shaped
+responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
 Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
-goes through the engine's single validation layer (`settings.coerce`, inside
-`Engine.submit`), and its `SettingError` comes back under the OpenAI parameter's name.
+is validated by the request itself as it is built (and by the engine where only it can judge:
+its context, the templated text), and its `SettingError` comes back under the OpenAI
+parameter's name.
 
 Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and max_tokens 16
 for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
@@ -27,6 +28,7 @@ import json
 import queue
 import time
 
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from .errors import ApiError
 
@@ -46,8 +48,8 @@ NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
 @dataclass
 class ApiRequest:
     kind: str              # "chat" or "completion"
-    submit: dict           # keyword arguments for Engine.submit
-    stream: bool
+    request: GenerateRequest   # what the engine is asked (it always streams to us)
+    stream: bool           # whether the client asked for server-sent events
     include_usage: bool
     names: dict            # engine field -> the OpenAI parameter it came from
 
@@ -87,16 +89,28 @@ def parse_request(kind, body, model_name):
     max_tokens = body.get(max_name)
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    submit = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+    fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
                   min_tokens=_or(body.get("min_tokens"), 0))
     if kind == "chat":
-        submit["messages"] = _messages(body.get("messages"))
+        fields["messages"] = _messages(body.get("messages"))
     else:
-        submit.update(prompt=_prompt(body.get("prompt")), chat=False)
+        fields["prompt"] = _prompt(body.get("prompt"))
     names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt"}
-    return ApiRequest(kind, submit, stream, include_usage, names)
+    with _openai_names(names):
+        request = GenerateRequest(**fields)
+    return ApiRequest(kind, request, stream, include_usage, names)
+
+
+@contextlib.contextmanager
+def _openai_names(names):
+    """A SettingError raised inside becomes a 400 naming the OpenAI parameter it came from."""
+    try:
+        yield
+    except SettingError as e:
+        param = names.get(e.field, e.field)
+        raise ApiError(400, f"{param}: {e.message}", param) from None
 
 
 def _or(value, default):
@@ -109,7 +123,7 @@ def _stop(value):
     if isinstance(value, str):
         return (value,)
     if isinstance(value, list):
-        return tuple(value)   # the engine checks they are up to 4 non-empty strings
+        return tuple(value)   # GenerateRequest checks they are up to 4 non-empty strings
     raise ApiError(400, "`stop` must be a string or a list of strings", "stop")
 
 
@@ -148,12 +162,9 @@ def _prompt(value):
 
 
 def submit(backend, req):
-    """Queue the request; its SettingError becomes a 400 naming the OpenAI parameter."""
-    try:
-        return backend.submit(**req.submit)
-    except SettingError as e:
-        param = req.names.get(e.field, e.field)
-        raise ApiError(400, f"{param}: {e.message}", param) from None
+    """Queue the request; a SettingError from the engine becomes a 400 naming the OpenAI parameter."""
+    with _openai_names(req.names):
+        return backend.submit(req.request)
 
 
 class ClientGone(Exception):
@@ -319,7 +330,7 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     items = outputs(backend, handle, timeout_s, gone)
     with contextlib.closing(items):
         first = first_output(items, req.names["prompt"])
-        reply = Reply(req.kind, handle.id, backend.api_model, req.submit["stop"])
+        reply = Reply(req.kind, handle.id, backend.api_model, req.request.stop)
         text = []
         for item in itertools.chain([first], items):
             if item is None:
@@ -342,7 +353,7 @@ def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     except BaseException:
         items.close()
         raise
-    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.submit["stop"]),
+    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.request.stop),
                    req.include_usage)
 
 

@@ -15,6 +15,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 
 import app as app_mod
 from engine import EngineConfig
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames, schema_validator
 from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,
@@ -242,11 +243,11 @@ def test_a_student_whose_request_failed_in_the_server_can_ask_again(room, monkey
     s = student(room, "Ada")
     submit, calls = room.driver.submit, []
 
-    def failing(**kw):
-        calls.append(kw)
+    def failing(request):
+        calls.append(request)
         if len(calls) == 1:
             raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
-        return submit(**kw)
+        return submit(request)
     monkeypatch.setattr(room.driver, "submit", failing)
     r = s.post(room.url + "/join/ask", json={"prompt": "boom"}, timeout=10)
     assert r.status_code == 500
@@ -561,7 +562,7 @@ def test_solo_mode_is_unchanged(live):
 def test_the_engine_checks_a_label(live):
     for bad in (5, "", "x" * 65):
         with pytest.raises(SettingError) as e:
-            live.driver.submit(prompt="hi", label=bad)
+            live.driver.submit(GenerateRequest(prompt="hi", label=bad))
         assert e.value.field == "label"
 
 

@@ -8,6 +8,7 @@ from engine import events as ev
 from engine.broadcast import Broadcaster
 from engine.kv_cache import BlockManager, block_hashes
 from engine.loadgen import LoadGenerator
+from engine.request import GenerateRequest
 from engine.settings import make_settings, validate
 from helpers import reference
 
@@ -25,7 +26,7 @@ class Run:
         self.ids = []
 
     def add(self, prompt, **kw):
-        seq = self.engine.new_sequence(prompt=prompt, **kw)
+        seq = self.engine.new_sequence(GenerateRequest(prompt=prompt, **kw))
         self.ids.append(seq.id)
         self.events += self.engine.add(seq)
         return seq.id
@@ -428,7 +429,7 @@ def test_ignore_eos_and_min_tokens(tiny, engine):
     stops = [i for i in range(4, 12) if ref[i] == ref[0]]
     assert len(got) == (stops[0] + 1 if stops else 12)
     with pytest.raises(SettingError) as e:
-        engine.new_sequence(prompt="x", max_new_tokens=3, min_tokens=4)
+        engine.new_sequence(GenerateRequest(prompt="x", max_new_tokens=3, min_tokens=4))
     assert e.value.field == "min_tokens"
 
 

@@ -16,6 +16,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 from bench.launch import App, free_port
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine import events as ev
+from engine.request import GenerateRequest
 from helpers import ARTIFACTS, ROOT, frames
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
@@ -150,9 +151,9 @@ def test_allow_list_and_framing(live):
 def test_a_full_inbox_refuses_at_once_and_never_blocks(tiny):
     d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)), inbox=3)  # not started
     sub = d.events.subscribe(replay=False)
-    handles = [d.submit(prompt="Liberty", max_new_tokens=2, stream=True) for _ in range(3)]
+    handles = [d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True)) for _ in range(3)]
     t0 = time.monotonic()
-    late = d.submit(prompt="Liberty", max_new_tokens=2, stream=True)
+    late = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True))
     assert next(late.outputs(timeout=0))[::2] == ("rejected", "queue_full")
     with pytest.raises(SettingError) as e:
         d.update_settings({"rate": 2.0})
@@ -307,7 +308,7 @@ def test_a_sampling_fault_fails_only_its_request(tiny, monkeypatch):
 
     def run(with_bad):
         eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
-        seqs = [eng.new_sequence(prompt=p, max_new_tokens=8, ignore_eos=True, temperature=t, seed=s)
+        seqs = [eng.new_sequence(GenerateRequest(prompt=p, max_new_tokens=8, ignore_eos=True, temperature=t, seed=s))
                 for p, t, s in (("We hold these truths", 0.0, None), ("Liberty", 1.0, 7),
                                 ("He has refused", 0.0, 666 if with_bad else 1))]
         out = []
@@ -340,14 +341,14 @@ def test_a_lowered_budget_refuses_what_no_longer_fits_and_the_queue_moves_on(liv
     d = live.driver
     d.update_settings({"slots": 1})
     sub = d.events.subscribe(replay=False)
-    holder = d.submit(prompt="Liberty", max_new_tokens=60, ignore_eos=True, stream=True)
+    holder = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=60, ignore_eos=True, stream=True))
     next(holder.outputs(timeout=30))
     big = {}
     client = threading.Thread(target=lambda: big.update(r=requests.post(
         live.url + "/v1/completions", json={"model": d.api_model, "prompt": "We hold these truths", "max_tokens": 200})))
     client.start()
     wait_until(lambda: len(d.engine.scheduler.waiting) == 1, 5, "the big request waits")
-    small = d.submit(prompt="Hi", max_new_tokens=2, ignore_eos=True, stream=True)
+    small = d.submit(GenerateRequest(prompt="Hi", max_new_tokens=2, ignore_eos=True, stream=True))
     d.update_settings({"cache_tokens": 16})
     client.join(10)
     assert big["r"].status_code == 400

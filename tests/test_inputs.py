@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 from simple_websocket import Client
 
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames
 from server import inputs
@@ -49,7 +50,7 @@ def test_the_engine_refuses_text_its_tokenizer_cannot_take(live):
                       (dict(messages=[{"role": "user", "content": "x\x00"}]), "prompt"),
                       (dict(prompt="ok", stop=["\x00"]), "stop"), (dict(prompt="ok", label="n\ud800"), "label")):
         with pytest.raises(SettingError) as e:
-            live.driver.submit(**kw)
+            live.driver.submit(GenerateRequest(**kw))
         assert e.value.field == field
 
 

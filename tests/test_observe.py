@@ -13,6 +13,7 @@ import requests
 from simple_websocket import Client
 
 from engine.events import PROTOCOL
+from engine.request import GenerateRequest
 from helpers import ROOT, frames, schema_validator, start_app
 
 BURST = 3
@@ -141,7 +142,7 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     try:
         finished = {}
         for prompt in HOSTILE:
-            handle = obs.submit(prompt)
+            handle = obs.submit(GenerateRequest(prompt=prompt, source="page", chat=True))
             deadline = time.monotonic() + 10
             while handle.id not in finished and time.monotonic() < deadline:
                 for e in sub.get(timeout=0.2):
@@ -394,7 +395,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
         deadline = time.monotonic() + 10
         while not obs.reachable and time.monotonic() < deadline:
             time.sleep(0.05)
-        ids = [obs.submit(f"q{i}").id for i in range(3)]
+        ids = [obs.submit(GenerateRequest(prompt=f"q{i}", source="page", chat=True)).id for i in range(3)]
         time.sleep(0.3)                                   # sent, waiting on the server
         started = time.monotonic()
         obs.clear_queue()
