@@ -17,6 +17,7 @@ import time
 import torch
 
 from engine import Engine, EngineConfig, EngineDriver
+from engine.events import Rejected, Token
 from engine.loadgen import CORPUS
 from engine.request import GenerateRequest
 
@@ -108,11 +109,11 @@ def _page(sub, done, cpu):
 
 def _drain(handle):
     ids = []
-    for item in handle.outputs(timeout=600):
-        if item[0] == "token":
-            ids.append(item[2])
-        elif item[0] == "rejected":
-            raise RuntimeError(f"bench request rejected: {item[1]}")
+    for ev in handle.events(timeout=600):
+        if isinstance(ev, Token):
+            ids.append(ev.token_id)
+        elif isinstance(ev, Rejected):
+            raise RuntimeError(f"bench request rejected: {ev.reason}")
     return ids
 
 

@@ -5,25 +5,7 @@ from typing import Protocol
 
 from .broadcast import Broadcaster
 from .events import Clock, Hello
-from .request import GenerateRequest
-
-
-class RequestHandle:
-    """What `submit` returns: the request id, and (when asked for) a stream of its outputs.
-
-    `outputs` yields ("token", text, token_id) items, then one ("finished", Finished event) or
-    ("rejected", reason, code) item."""
-
-    def __init__(self, rid, sink=None):
-        self.id = rid
-        self._sink = sink
-
-    def outputs(self, timeout=None):
-        while True:
-            item = self._sink.get(timeout=timeout)
-            yield item
-            if item[0] in ("finished", "rejected"):
-                return
+from .request import GenerateRequest, RequestHandle
 
 
 class Backend(Protocol):

@@ -21,9 +21,8 @@ import threading
 import time
 import traceback
 
-from .backend import RequestHandle
 from .broadcast import Broadcaster
-from .events import Error, Rejected
+from .events import Error
 from .request import GenerateRequest
 from . import presets
 from .settings import SettingError, coerce, validate
@@ -91,7 +90,6 @@ class EngineDriver:
     def submit(self, request):
         """Queue a `GenerateRequest`; its handle. SettingError (nothing queued) names a bad field."""
         seq = self.engine.new_sequence(request)
-        handle = RequestHandle(seq.id, seq.sink)
         with self._lock:
             failure = self.failure
             queued = failure is None and self._put(("add", seq))
@@ -99,7 +97,7 @@ class EngineDriver:
             self._refuse(seq, f"the engine stopped: {failure}", "engine_error")
         elif not queued:
             self._refuse(seq, f"the engine's inbox is full ({self.inbox_max} commands waiting)", "queue_full")
-        return handle
+        return seq.handle
 
     def cancel(self, rid):
         self._command("cancel", rid)
@@ -162,9 +160,7 @@ class EngineDriver:
     def _refuse(self, seq, reason, code):
         """A request that cannot be queued (the engine stopped, or the inbox is full): rejected
         at once in the caller's thread, never left waiting."""
-        if seq.sink is not None:
-            seq.sink.put(("rejected", reason, code))
-        self.events.publish(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
+        self.events.publish(self.engine.intake.reject(seq, reason, code))
 
     # ------------------------------------------------------------ engine thread
     def _loop(self):

@@ -7,9 +7,9 @@ and why it can never run on this engine (a `rejected` reason and code).
 `Engine.new_sequence`); `announce` and `refusal` run on the engine's caller, in `Engine.add`.
 """
 import itertools
-import queue
 
-from .events import Request, Tokenized
+from .events import Rejected, Request, Tokenized
+from .request import RequestHandle
 from .sequence import Sequence
 from .settings import SettingError, check_text
 
@@ -37,9 +37,10 @@ class Intake:
         text, ids = self._tokenize(request)
         if request.prompt_tokens is not None:
             ids = ids[:request.prompt_tokens]
-        return Sequence(id=f"r{next(self._ids)}", source=request.source, prompt=text, prompt_ids=ids,
-                        params=params, arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
-                        sink=queue.Queue() if request.stream else None)
+        rid = f"r{next(self._ids)}"
+        return Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
+                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
+                        handle=RequestHandle(rid, request.stream))
 
     def _tokenize(self, request):
         if request.messages is not None:
@@ -66,6 +67,13 @@ class Intake:
                 Tokenized(t=seq.tokenize_end, id=seq.id, start=seq.arrival, end=seq.tokenize_end, n=n,
                           ids=shown, pieces=self.tokenizer.batch_decode([[i] for i in shown]),
                           truncated=n > len(shown))]
+
+    def reject(self, seq, reason, code):
+        """The request's `rejected` event, built once: handed to its client, and returned to be
+        published (by the engine, or by the driver when the request never reached it)."""
+        event = Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code)
+        seq.handle.put(event)
+        return event
 
     def refusal(self, seq):
         """(reason, code) when the request can never run here, else None. The code is a stable

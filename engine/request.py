@@ -1,6 +1,7 @@
-"""One request as a client asks for it: `GenerateRequest`, the single typed request every
-client builds (the OpenAI API, the page's websocket, a classroom phone, the load generator,
-a preset's bursts, the bench) and hands to `Backend.submit`.
+"""One request as a client sees it: `GenerateRequest`, the single typed request every client
+builds (the OpenAI API, the page's websocket, a classroom phone, the load generator, a
+preset's bursts, the bench) and hands to `Backend.submit`, and `RequestHandle`, what
+`submit` gives back: the request's id and its own events, the one output path.
 
 It is validated once, when it is built: a bad value raises `SettingError` naming the field,
 and nothing has been queued, tokenized or reserved. What depends on the engine (a default
@@ -9,9 +10,10 @@ is resolved in one place, `GenerateRequest.sampling`, when the engine takes the 
 (engine/intake.py, which also tokenizes it).
 """
 from dataclasses import dataclass
+import queue
 from typing import get_args
 
-from .events import Source
+from .events import Finished, Rejected, Source
 from .sequence import SamplingParams
 from .settings import SettingError, check_text, coerce
 
@@ -100,3 +102,42 @@ class GenerateRequest:
             temperature=settings["temperature"] if self.temperature is None else self.temperature,
             top_p=settings["top_p"] if self.top_p is None else self.top_p)
 
+
+class RequestHandle:
+    """What `Backend.submit` returns: the request's id and, when it was submitted with
+    `stream=True`, its own events as they happen: `Token`s, then one `Finished` or `Rejected`
+    (engine/events.py), the very objects published to pages, so each is built once.
+
+        event = handle.next(timeout)   # the next one, or None if none came within `timeout` s
+        for event in handle: ...       # each to the last one (blocking)
+
+    Without `stream` nothing is kept (the page and the load generator follow events only)."""
+
+    def __init__(self, rid, stream=False):
+        self.id = rid
+        self._events = queue.SimpleQueue() if stream else None
+        self.ended = False   # the last event (Finished or Rejected) has been read
+
+    def put(self, event):
+        """The engine's side: one of this request's events, in order."""
+        if self._events is not None:
+            self._events.put(event)
+
+    def next(self, timeout=None):
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.ended = isinstance(event, (Finished, Rejected))
+        return event
+
+    def events(self, timeout=None):
+        """Each event to the last; TimeoutError if one takes longer than `timeout` seconds."""
+        while not self.ended:
+            event = self.next(timeout)
+            if event is None:
+                raise TimeoutError(f"request {self.id}: no event within {timeout} s")
+            yield event
+
+    def __iter__(self):
+        return self.events()

@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
+from engine.events import Rejected, Token
 from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
@@ -167,25 +168,22 @@ def _answer(claim, items):
     """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
     try:
         yield oa.sse({"type": "start", "id": claim.rid, "name": claim.student.name})
-        for item in items:
-            if item is None:
+        for ev in items:
+            if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
-            elif item[0] == "token":
-                yield oa.sse({"type": "token", "text": item[1]})
-            elif item[0] == "rejected":
-                yield oa.sse({"type": "error", "message": f"the engine refused it: {item[1]}", "code": item[2]})
+            elif isinstance(ev, Token):
+                yield oa.sse({"type": "token", "text": ev.text})
+            elif isinstance(ev, Rejected):
+                yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
+            elif ev.reason in ("cancelled", "error"):       # Finished, without an answer
+                why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
+                    if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
+                yield oa.sse({"type": "error", "message": why, "code": ev.reason})
             else:
-                ev = item[1]
-                if ev.reason in ("cancelled", "error"):
-                    why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
-                        if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
-                    yield oa.sse({"type": "error", "message": why, "code": ev.reason})
-                else:
-                    yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
-                                  "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
-                                  "output_tokens": ev.output_tokens,
-                                  # observe mode: timed by this app as a client of the observed server
-                                  "measured_by": "client" if ev.client_side else "engine"})
+                yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
+                              "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens, "output_tokens": ev.output_tokens,
+                              # observe mode: timed by this app as a client of the observed server
+                              "measured_by": "client" if ev.client_side else "engine"})
     except ApiError as e:
         yield oa.sse({"type": "error", "message": e.message, "code": e.code})
     except oa.ClientGone:

@@ -25,9 +25,9 @@ import contextlib
 from dataclasses import dataclass
 import itertools
 import json
-import queue
 import time
 
+from engine.events import Rejected, Token
 from engine.request import GenerateRequest
 from engine.settings import SettingError
 from .errors import ApiError
@@ -172,7 +172,8 @@ class ClientGone(Exception):
 
 
 def outputs(backend, handle, timeout_s, gone):
-    """The request's outputs, with a None whenever PROBE_S passes without one. Raises ApiError
+    """The request's own events (`Token`s, then `Finished` or `Rejected`: `RequestHandle`), with a
+    None whenever PROBE_S passes without one. Raises ApiError
     (504) once `timeout_s` has passed and ClientGone once `gone()` says the client left; then,
     or when closed before the request ended, cancels it in the engine (slot and blocks freed)."""
     deadline = time.monotonic() + timeout_s
@@ -185,13 +186,9 @@ def outputs(backend, handle, timeout_s, gone):
                                     "(the server's --request-timeout); it was cancelled", code="timeout")
             if gone():
                 raise ClientGone()
-            try:
-                item = next(handle.outputs(timeout=min(PROBE_S, left)))
-            except queue.Empty:
-                yield None
-                continue
-            ended = item[0] in ("finished", "rejected")
-            yield item
+            event = handle.next(timeout=min(PROBE_S, left))
+            ended = handle.ended
+            yield event
             if ended:
                 return
     finally:
@@ -200,12 +197,12 @@ def outputs(backend, handle, timeout_s, gone):
 
 
 def first_output(items, prompt_param):
-    """Wait for the request's first output (so a rejection can still be an HTTP error status)."""
+    """Wait for the request's first event (so a rejection can still be an HTTP error status)."""
     for item in items:
         if item is None:
             continue
-        if item[0] == "rejected":
-            _, reason, code = item
+        if isinstance(item, Rejected):
+            reason, code = item.reason, item.code
             if code == "queue_full":
                 raise ApiError(429, f"the engine is overloaded: {reason}; retry later", code=code, retry_after=1)
             if code == "engine_error":
@@ -332,13 +329,12 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
         first = first_output(items, req.names["prompt"])
         reply = Reply(req.kind, handle.id, backend.api_model, req.request.stop)
         text = []
-        for item in itertools.chain([first], items):
-            if item is None:
+        for event in itertools.chain([first], items):
+            if event is None:
                 continue
-            if item[0] == "token":
-                text.append(reply.trim.feed(item[1]))
+            if isinstance(event, Token):
+                text.append(reply.trim.feed(event.text))
             else:
-                event = item[1]
                 text.append(reply.trim.rest())
                 return reply.full("".join(text), finish_reason(event), usage(event))
 
@@ -371,16 +367,15 @@ def _stream(items, first, reply, include_usage):
 
 
 def _stream_body(items, reply, include_usage):
-    for item in items:
-        if item is None:
+    for event in items:
+        if event is None:
             yield ": waiting\n\n"
             continue
-        if item[0] == "token":
-            text = reply.trim.feed(item[1])
+        if isinstance(event, Token):
+            text = reply.trim.feed(event.text)
             if text:
                 yield sse(reply.chunk(text, usage_field=include_usage))
             continue
-        event = item[1]
         try:
             finish = finish_reason(event)
         except ApiError as e:

@@ -5,12 +5,13 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine.events import Finished, Rejected, Token
 from engine.request import GenerateRequest
 
 
 def drain(handle, timeout=60):
-    items = list(handle.outputs(timeout=timeout))
-    return [i[2] for i in items if i[0] == "token"], items[-1]
+    events = list(handle.events(timeout=timeout))
+    return [e.token_id for e in events if isinstance(e, Token)], events[-1]
 
 
 def wait_idle(driver, timeout=30):
@@ -31,7 +32,7 @@ def driver(tiny):
 
 def test_submit_streams_tokens_then_finished(driver):
     ids, last = drain(driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=5, stream=True)))
-    assert last[0] == "finished" and last[1].output_tokens == len(ids) and 1 <= len(ids) <= 5
+    assert isinstance(last, Finished) and last.output_tokens == len(ids) and 1 <= len(ids) <= 5
 
 
 def test_engine_thread_time_between_forwards_is_measured(driver):
@@ -96,18 +97,17 @@ def test_a_fault_outside_the_forward_fails_everything_and_says_so(driver, monkey
     to 503 naming the fault, and refuses new requests at once instead of letting them hang."""
     sub = driver.events.subscribe(replay=False)
     handle = driver.submit(GenerateRequest(prompt="Four score and seven years ago", max_new_tokens=400, ignore_eos=True, stream=True))
-    for item in handle.outputs(timeout=30):
-        if item[0] == "token":
-            break
+    assert isinstance(handle.next(timeout=30), Token)
 
     def broken(*a, **kw):
         raise KeyError("injected bookkeeping fault")
     monkeypatch.setattr(driver.engine.scheduler, "schedule", broken)
     _, last = drain(handle)
-    assert last[0] == "finished" and last[1].reason == "error" and "injected bookkeeping fault" in last[1].error
+    assert isinstance(last, Finished) and last.reason == "error" and "injected bookkeeping fault" in last.error
     body, status = driver.health()
     assert status == 503 and body["status"] == "error" and "injected bookkeeping fault" in body["message"]
     fatal = [e for e in sub.get(1) if e["type"] == "error" and e["fatal"]]
     assert fatal and "injected bookkeeping fault" in fatal[0]["message"]
     late = driver.submit(GenerateRequest(prompt="anyone there?", max_new_tokens=3, stream=True))
-    assert list(late.outputs(timeout=5))[-1][:1] == ("rejected",)
+    (rejected,) = late.events(timeout=5)
+    assert isinstance(rejected, Rejected) and rejected.code == "engine_error"

@@ -10,6 +10,7 @@ import pytest
 from simple_websocket import Client, ConnectionClosed
 
 from engine import EngineConfig
+from engine.events import Finished
 from engine.request import GenerateRequest
 from server import create_app, control
 from conftest import LiveApp
@@ -81,8 +82,8 @@ def wait_idle(driver, timeout=30):
 def assert_serves(driver):
     """A normal request still completes."""
     handle = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3, stream=True))
-    last = list(handle.outputs(timeout=30))[-1]
-    assert last[0] == "finished" and last[1].reason in ("stop", "length")
+    last = list(handle.events(timeout=30))[-1]
+    assert isinstance(last, Finished) and last.reason in ("stop", "length")
 
 
 def check_reply(raw, replies):

@@ -154,7 +154,8 @@ def test_a_full_inbox_refuses_at_once_and_never_blocks(tiny):
     handles = [d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True)) for _ in range(3)]
     t0 = time.monotonic()
     late = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True))
-    assert next(late.outputs(timeout=0))[::2] == ("rejected", "queue_full")
+    refused = late.next(timeout=0)   # at once, in this thread
+    assert isinstance(refused, ev.Rejected) and refused.code == "queue_full" and late.ended
     with pytest.raises(SettingError) as e:
         d.update_settings({"rate": 2.0})
     assert "busy" in e.value.message
@@ -342,7 +343,7 @@ def test_a_lowered_budget_refuses_what_no_longer_fits_and_the_queue_moves_on(liv
     d.update_settings({"slots": 1})
     sub = d.events.subscribe(replay=False)
     holder = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=60, ignore_eos=True, stream=True))
-    next(holder.outputs(timeout=30))
+    assert isinstance(holder.next(timeout=30), ev.Token)
     big = {}
     client = threading.Thread(target=lambda: big.update(r=requests.post(
         live.url + "/v1/completions", json={"model": d.api_model, "prompt": "We hold these truths", "max_tokens": 200})))
@@ -353,8 +354,8 @@ def test_a_lowered_budget_refuses_what_no_longer_fits_and_the_queue_moves_on(liv
     client.join(10)
     assert big["r"].status_code == 400
     assert "budget" in big["r"].json()["error"]["message"]
-    assert list(small.outputs(timeout=10))[-1][1].reason == "length"
-    assert list(holder.outputs(timeout=10))[-1][0] == "finished"
+    assert list(small.events(timeout=10))[-1].reason == "length"
+    assert isinstance(list(holder.events(timeout=10))[-1], ev.Finished)
     rejected = [e for e in sub.get(timeout=0) if e["type"] == "rejected"]
     assert [e["code"] for e in rejected] == ["exceeds_cache"] and "16" in rejected[0]["reason"]
     wait_until(lambda: idle(d), 5, "idle")

@@ -4,6 +4,7 @@ nothing is queued and no slot or block is taken. Defaults come from the live set
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, GenerateRequest, SettingError
+from engine import events as ev
 from engine.request import MAX_LABEL_CHARS, MAX_PROMPT_CHARS
 
 BAD = [  # (fields, the field named)
@@ -91,3 +92,25 @@ def test_observe_mode_takes_the_pages_and_students_fields_only():
         obs.submit(GenerateRequest(prompt="hi", max_new_tokens=513))
     assert e.value.field == "max_new_tokens"
     assert obs._flights == {}
+
+
+def test_the_handle_carries_the_very_events_the_engine_emits(tiny):
+    """One output path: a streaming request's handle holds its `token` events then its
+    `finished` (the same objects the engine returns for pages, in order); a refused one holds
+    its one `rejected`; `next` gives None when nothing comes in time."""
+    eng = Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256))
+    seq = eng.new_sequence(GenerateRequest(prompt="We hold these truths", max_new_tokens=4, stream=True))
+    handle, out = seq.handle, eng.add(seq)
+    assert handle.next(timeout=0) is None and not handle.ended
+    while eng.scheduler.running or eng.scheduler.waiting:
+        out += eng.step()
+    mine = [e for e in out if isinstance(e, (ev.Token, ev.Finished)) and e.id == seq.id]
+    got = list(handle)
+    assert len(got) == len(mine) >= 2 and all(a is b for a, b in zip(got, mine)) and handle.ended
+    assert isinstance(got[-1], ev.Finished) and list(handle) == []
+    big = eng.new_sequence(GenerateRequest(prompt="truths " * 300, max_new_tokens=4, stream=True))
+    (rejected,) = [e for e in eng.add(big) if isinstance(e, ev.Rejected)]
+    assert list(big.handle) == [rejected] and rejected.code == "context_length_exceeded"
+    quiet = eng.new_sequence(GenerateRequest(prompt="We hold", max_new_tokens=2))   # not streaming: nothing kept
+    eng.add(quiet)
+    assert quiet.handle._events is None
