@@ -219,13 +219,17 @@ class Engine:
 
     def _deliver(self, seq, tid):
         """Append the token and hand its `token` event out (to pages, and to the request's
-        client); return why it ends the request, if it does."""
+        client: its text under the stop rule, detok.StopStrings, with whatever was held back
+        when this token ends the request); return why it ends the request, if it does."""
         seq.output_ids.append(tid)
         text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
-        stopped = seq.stops.feed(text)
-        seq.handle.put(self.timing.token(seq, tid, text))
+        client_text = seq.stops.feed(text)
+        stop = seq.stop_reason(tid in self.eos, seq.stops.found)
+        if stop:
+            client_text += seq.stops.flush()
+        seq.handle.put(self.timing.token(seq, tid, text, client_text))
         self.timing.delivered(seq)
-        return seq.stop_reason(tid in self.eos, stopped)
+        return stop
 
     def _fail(self, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with

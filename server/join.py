@@ -172,7 +172,7 @@ def _answer(claim, items):
             if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
             elif isinstance(ev, Token):
-                yield oa.sse({"type": "token", "text": ev.text})
+                yield oa.sse({"type": "token", "text": ev.client()})
             elif isinstance(ev, Rejected):
                 yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
             elif ev.reason in ("cancelled", "error"):       # Finished, without an answer

@@ -17,6 +17,10 @@ vLLM's extensions that load generators use to fix output lengths are accepted: `
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
 reports the prompt tokens found in the prefix cache, as OpenAI's API does.
 
+Stop strings: the engine applies OpenAI's rule (engine/detok.py, `StopStrings`: the text ends
+just before the first stop string, a possible start of one held back until decided), and each
+`token` event carries the text the client gets (`Token.client()`); it is forwarded as it is.
+
 No request outlives its client or its deadline: `outputs` cancels the request in the engine
 when the deadline (`--request-timeout`) passes (504, or an error chunk once streaming), when
 the client is seen to have closed its connection, or when the response is closed early.
@@ -213,45 +217,6 @@ def first_output(items, prompt_param):
         return item
 
 
-class StopTrimmer:
-    """OpenAI's text ends just before the first stop string. The engine stops once a stop string
-    appears, but the token completing it may carry text on either side of it, and text that might
-    be the start of a stop string must be held back until the next token decides."""
-
-    def __init__(self, stops):
-        self.stops = stops
-        self.longest = max((len(s) for s in stops), default=0)
-        self.text = ""
-        self.sent = 0
-        self.cut = None
-
-    def feed(self, piece):
-        """Add decoded text; return what can be sent now."""
-        if self.cut is not None:
-            return ""
-        self.text += piece
-        start = max(0, self.sent - self.longest + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if hits:
-            self.cut = min(hits)
-            end = self.cut
-        else:
-            end = len(self.text) - self._pending()
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return out
-
-    def _pending(self):
-        """Length of the longest tail of the text that begins some stop string."""
-        return max((k for s in self.stops for k in range(1, len(s))
-                    if self.text.endswith(s[:k])), default=0)
-
-    def rest(self):
-        """What remains to send once the request has finished."""
-        end = len(self.text) if self.cut is None else self.cut
-        out, self.sent = self.text[self.sent:end], end
-        return out
-
-
 def finish_reason(event):
     """OpenAI's finish_reason for the engine's `finished` event (ApiError if it did not complete)."""
     reason = event.reason
@@ -273,12 +238,11 @@ def usage(event):
 class Reply:
     """Shapes one request's text into OpenAI responses or stream chunks."""
 
-    def __init__(self, kind, rid, model, stops=()):
+    def __init__(self, kind, rid, model):
         self.kind = kind
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + rid
         self.created = int(time.time())
         self.model = model
-        self.trim = StopTrimmer(stops)
 
     def _envelope(self, obj, choices):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -327,15 +291,14 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     items = outputs(backend, handle, timeout_s, gone)
     with contextlib.closing(items):
         first = first_output(items, req.names["prompt"])
-        reply = Reply(req.kind, handle.id, backend.api_model, req.request.stop)
+        reply = Reply(req.kind, handle.id, backend.api_model)
         text = []
         for event in itertools.chain([first], items):
             if event is None:
                 continue
             if isinstance(event, Token):
-                text.append(reply.trim.feed(event.text))
+                text.append(event.client())
             else:
-                text.append(reply.trim.rest())
                 return reply.full("".join(text), finish_reason(event), usage(event))
 
 
@@ -349,7 +312,7 @@ def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     except BaseException:
         items.close()
         raise
-    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.request.stop),
+    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model),
                    req.include_usage)
 
 
@@ -372,7 +335,7 @@ def _stream_body(items, reply, include_usage):
             yield ": waiting\n\n"
             continue
         if isinstance(event, Token):
-            text = reply.trim.feed(event.text)
+            text = event.client()
             if text:
                 yield sse(reply.chunk(text, usage_field=include_usage))
             continue
@@ -381,9 +344,6 @@ def _stream_body(items, reply, include_usage):
         except ApiError as e:
             yield sse(e.body())
             return
-        rest = reply.trim.rest()
-        if rest:
-            yield sse(reply.chunk(rest, usage_field=include_usage))
         yield sse(reply.chunk(finish=finish, usage_field=include_usage))
         if include_usage:
             yield sse(reply.usage_chunk(usage(event)))
