@@ -11,9 +11,11 @@ from engine.events import Rejected, Token
 from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
+from .api import client_gone
 from .classroom import (CLIENT_COOKIE, MAX_NAME, MAX_PROMPT, PRESENTER_COOKIE, REMOVED, VIEWER_COOKIE,
                         current)
 from .errors import ApiError
+from .state import model_backend
 
 MAX_BODY = 16 * 1024    # a /join request's JSON body, bytes
 VIEW_PATHS = ("/", "/embed", "/ws")   # what --view-code guards: the pages, and the events that carry prompts
@@ -138,7 +140,6 @@ def _json_body():
 def ask():
     """Queue this student's prompt; stream the answer back (server-sent events: `start`, `token`
     …, then `finished` with the engine's measured TTFT and time per output token, or `error`)."""
-    from .api import _backend, client_gone
     room = _room()
     body = _json_body()
     prompt = body.get("prompt")
@@ -146,7 +147,7 @@ def ask():
         raise ApiError(400, "prompt: write something first", code="bad_prompt")
     if len(prompt) > MAX_PROMPT:
         raise ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
-    backend = _backend(observed_ok=True)
+    backend = model_backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
             handle = backend.submit(GenerateRequest(prompt=prompt.strip(), source="join", label=claim.student.name,

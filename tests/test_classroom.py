@@ -31,7 +31,7 @@ def room(tiny):
     thread keeps draining its inbox (cancels, clearing) but runs no step."""
     from conftest import LiveApp
     classroom = Classroom(join_code="owl", rate_burst=2, rate_every_s=60)
-    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     live.classroom = classroom
     classroom.base = live.url   # as app.py sets it at start: the address students reach
     live.driver.update_settings({"max_new_tokens": 6})
@@ -387,7 +387,7 @@ def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
     count against the address's join rate; students still join and ask at /join."""
     from conftest import LiveApp
     classroom = Classroom(join_code="owl", view_code="heron", join_burst=5, join_every_s=60)
-    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     classroom.base = live.url
     live.classroom = classroom
     try:

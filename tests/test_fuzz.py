@@ -133,7 +133,7 @@ def api_bodies(model):
 
 def test_hostile_api_bodies(app):
     driver = app.driver
-    client = create_app({"BACKEND": driver, "TESTING": True}).test_client()
+    client = create_app({"TESTING": True}, backend=driver).test_client()
 
     @FUZZ
     @given(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), api_bodies(driver.api_model))

@@ -125,7 +125,7 @@ def test_allow_list_and_framing(live):
     its own origin, /embed by any (tests/test_replay_embed.py: --frame-ancestors narrows it)."""
     from werkzeug.serving import make_server
     from server import create_app
-    app = create_app({"BACKEND": live.driver, "ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]})
+    app = create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver)
     http = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{http.server_port}"
@@ -423,8 +423,8 @@ def test_on_loopback_other_host_names_are_refused_against_dns_rebinding(live):
     """A page whose name was rebound to 127.0.0.1 sends its own name as Host (and as Origin, which
     then looks same-site): with ALLOWED_HOSTS (app.py sets it on loopback binds) it gets 403."""
     from server import create_app
-    guarded = create_app({"BACKEND": live.driver, "ALLOWED_HOSTS": ("localhost", "127.0.0.1", "::1",
-                                                                     "Proxy.Example.org")}).test_client()
+    hosts = ("localhost", "127.0.0.1", "::1", "Proxy.Example.org")
+    guarded = create_app({"ALLOWED_HOSTS": hosts}, backend=live.driver).test_client()
     for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost:bad"):
         for r in (guarded.get("/healthz", headers={"Host": host}),
                   guarded.get("/", headers={"Host": host}),
@@ -432,5 +432,5 @@ def test_on_loopback_other_host_names_are_refused_against_dns_rebinding(live):
             assert r.status_code == 403 and r.json["error"]["code"] == "host_not_allowed", (host, r.status_code)
     for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "proxy.example.org"):
         assert guarded.get("/healthz", headers={"Host": host}).status_code == 200, host
-    open_app = create_app({"BACKEND": live.driver}).test_client()   # bound beyond loopback: any name
+    open_app = create_app(backend=live.driver).test_client()   # bound beyond loopback: any name
     assert open_app.get("/healthz", headers={"Host": "evil.example"}).status_code == 200

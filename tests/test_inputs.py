@@ -166,7 +166,7 @@ def classroom_app(tiny):
     from engine import EngineConfig
     from server.classroom import Classroom
     room = Classroom(rate_burst=10**6, rate_every_s=0.001)
-    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), {"CLASSROOM": room})
+    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), classroom=room)
     app.room = room
     app.driver.update_settings({"max_new_tokens": 2})
     yield app

@@ -187,8 +187,7 @@ def observing(url, api_key=None, classroom=None):
     from server import create_app
     from server.observe import Observer
     obs = Observer(url + "/v1", api_key=api_key).start()
-    config = {"BACKEND": obs, "TESTING": True, **({"CLASSROOM": classroom} if classroom else {})}
-    app = Served(create_app(config))
+    app = Served(create_app({"TESTING": True}, backend=obs, classroom=classroom))
     app.observer = obs
     deadline = time.monotonic() + 20
     while obs.scraper.describe() is None and time.monotonic() < deadline:
@@ -196,10 +195,10 @@ def observing(url, api_key=None, classroom=None):
     return app
 
 
-def tiny_server(tiny, app_config=None):
+def tiny_server(tiny, classroom=None):
     from conftest import LiveApp
     from engine import EngineConfig
-    return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), app_config)
+    return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), classroom=classroom)
 
 
 def test_observing_first_token_on_the_tiny_model_draws_server_lanes_and_request_rows(tiny):
@@ -273,7 +272,7 @@ def test_a_classroom_on_an_observed_server_with_an_api_key(tiny):
     bearer token: the observer sends it, and it appears in nothing a page or student receives."""
     from server.classroom import Classroom
     upstream = Classroom()                       # the observed server's own key
-    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    observed = tiny_server(tiny, classroom=upstream)
     key = upstream.key
     room = Classroom(join_code="owl", rate_burst=1, rate_every_s=60)
     obs = observing(observed.url, api_key=key, classroom=room)
@@ -348,7 +347,7 @@ def test_the_observed_servers_key_comes_from_the_environment_and_is_never_printe
     from helpers import ARTIFACTS
     from server.classroom import Classroom
     upstream = Classroom()
-    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    observed = tiny_server(tiny, classroom=upstream)
     apps = {}
     try:
         for label, env in (("with", {"FIRST_TOKEN_OBSERVE_API_KEY": upstream.key}), ("without", {})):
