@@ -124,6 +124,8 @@ class RequestHandle:
             self._events.put(event)
 
     def next(self, timeout=None):
+        if self._events is None:
+            raise ValueError(f"request {self.id} was submitted without stream=True: its events go to pages only")
         try:
             event = self._events.get(timeout=timeout)
         except queue.Empty:
