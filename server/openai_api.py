@@ -176,10 +176,10 @@ class ClientGone(Exception):
 
 
 def outputs(backend, handle, timeout_s, gone):
-    """The request's own events (`Token`s, then `Finished` or `Rejected`: `RequestHandle`), with a
-    None whenever PROBE_S passes without one. Raises ApiError
-    (504) once `timeout_s` has passed and ClientGone once `gone()` says the client left; then,
-    or when closed before the request ended, cancels it in the engine (slot and blocks freed)."""
+    """The request's own events (`Token`s, then `Finished` or `Rejected`, from its RequestHandle),
+    with a None whenever PROBE_S passes without one. Raises ApiError (504) once `timeout_s` has
+    passed and ClientGone once `gone()` says the client left; then, or when closed before the
+    request ended, cancels it in the engine (slot and blocks freed)."""
     deadline = time.monotonic() + timeout_s
     ended = False
     try:
