@@ -23,15 +23,15 @@ class Backend(Protocol):
 
     def submit(self, request: GenerateRequest) -> RequestHandle:
         """Queue one request (engine/request.py); SettingError (nothing queued) names a field
-        it cannot take. Observe mode takes the page's fields only (prompt, chat, max_new_tokens,
-        temperature, top_p, seed, source): the API and the classroom, which send the rest,
-        need a model of its own."""
+        it cannot take. Observe mode takes the page's and a classroom student's fields only
+        (prompt, chat, max_new_tokens, temperature, top_p, seed, label, stream, source): the
+        API, which sends the rest, needs a model of its own."""
 
     def cancel(self, rid: str) -> None: ...
 
     def clear_queue(self) -> None:
-        """Cancel every waiting request (the classroom presenter's; the engine's driver only,
-        as classroom mode needs a model of its own)."""
+        """Cancel every waiting request (the classroom presenter's; observe mode: every request
+        still waiting for its first chunk)."""
 
     def update_settings(self, changes: dict) -> dict:
         """Validate every change (SettingError, nothing applied, on any bad one), then apply."""
