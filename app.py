@@ -239,8 +239,8 @@ def build(args, room=None):
     # On loopback, only loopback names (and a proxy's, --allow-host): the DNS-rebinding guard.
     hosts = (*LOOPBACK, *args.allow_host) if args.host in LOOPBACK else None
     app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
-                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout, "CLASSROOM": room,
-                      "MAX_VIEWERS": args.max_viewers})
+                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout,
+                      "MAX_VIEWERS": args.max_viewers}, classroom=room)
     state = app.extensions["first_token"]
     if args.observe:
         from server.observe import API_KEY_ENV, Observer

@@ -17,7 +17,9 @@ import time
 import torch
 
 from engine import Engine, EngineConfig, EngineDriver
+from engine.events import Rejected, Token
 from engine.loadgen import CORPUS
+from engine.request import GenerateRequest
 
 
 @dataclass
@@ -82,9 +84,9 @@ def run_engine(bundle, batch, new_tokens, slots, events=True, max_context=4096):
         page.start()
     eng.start()
     try:
-        _drain(eng.submit(prompt=batch[0][0], max_new_tokens=2, stream=True))   # warm-up, untimed
+        _drain(eng.submit(GenerateRequest(prompt=batch[0][0], max_new_tokens=2, stream=True)))   # warm-up, untimed
         t0 = time.perf_counter()
-        handles = [eng.submit(prompt=text, max_new_tokens=new_tokens, stream=True) for text, _ in batch]
+        handles = [eng.submit(GenerateRequest(prompt=text, max_new_tokens=new_tokens, stream=True)) for text, _ in batch]
         tokens = [_drain(h) for h in handles]
         seconds = time.perf_counter() - t0
     finally:
@@ -107,11 +109,11 @@ def _page(sub, done, cpu):
 
 def _drain(handle):
     ids = []
-    for item in handle.outputs(timeout=600):
-        if item[0] == "token":
-            ids.append(item[2])
-        elif item[0] == "rejected":
-            raise RuntimeError(f"bench request rejected: {item[1]}")
+    for ev in handle.events(timeout=600):
+        if isinstance(ev, Token):
+            ids.append(ev.token_id)
+        elif isinstance(ev, Rejected):
+            raise RuntimeError(f"bench request rejected: {ev.reason}")
     return ids
 
 

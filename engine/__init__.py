@@ -2,25 +2,32 @@
 
 Data flows one way:
 
-    EngineDriver.submit() -> Engine.new_sequence (Intake: validation, tokenizer, in the
-      caller's thread) -> inbox
+    GenerateRequest (every client builds one; validated as it is built)
+      -> EngineDriver.submit() -> Engine.new_sequence (Intake: defaults from the live
+      settings, tokenizer, in the caller's thread) -> inbox
       -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
          -> Runner (one forward over every scheduled token) -> sampler -> typed events
          (the StepRecorder reads the clock and keeps each request's stages as it goes)
-      -> Broadcaster -> every subscriber (websockets, metrics, API streams)
+      -> Broadcaster -> every subscriber (websockets, metrics, traces); a streaming request's
+         own events also go to its RequestHandle (the API's and /join's answers)
 
 Modules, one job each:
     config     EngineConfig: capacity fixed at start (slots, KV tokens, block size, context)
     settings   named, validated live controls (one validation layer for every client)
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
+    request    GenerateRequest: the one typed request every client submits, validated once;
+               RequestHandle: what submit returns, the request's own token/finished/rejected
+               events (the objects pages get), its one output path
     sequence   one request's state and measured timestamps; when it decodes, why it stops
-    intake     a request's way in: validation, tokenization, its first events, refusals
+    intake     a request's way in: its defaults resolved, tokenization, its first events,
+               refusals
     kv_cache   the paged KV memory, the block manager (free list, reference counts) and
                prefix hashes
     scheduler  waiting queue, slots, the per-step token budget, policies, preemption
     runner     one forward over packed tokens; attention per request over its blocks
     sampler    greedy / temperature / top-p, seeded
-    detok      incremental detokenisation and stop strings, cost independent of length
+    detok      incremental detokenisation; stop strings, OpenAI's rule applied once (when the
+               request stops, what text its client gets); cost independent of length
     events     the clock and the typed events (the wire protocol; `python -m engine.schema`)
     schema     the JSON Schema of every event and of a trace, generated from the events
     broadcast  bounded fan-out of events to pages and listeners
@@ -34,7 +41,8 @@ Modules, one job each:
                and the events that carry them
     engine     Engine: step() = schedule, run (one forward), postprocess (sample, hand out,
                finish) -> events (no threads)
-    driver     EngineDriver: the engine thread, the inbox, the load thread, failure handling
+    driver     EngineDriver: the engine thread, the inbox (small typed commands), the load
+               thread, failure handling
     backend    the Backend protocol the web layer serves from (the driver, observe mode)
     record     recording a trace: `hello`, then every event a backend publishes for a while
 
@@ -42,9 +50,10 @@ No Flask, no HTTP, no bench files here: the web layer is the `server` package.
 """
 from .config import EngineConfig
 from .driver import EngineDriver
+from .request import GenerateRequest
 from .settings import SettingError
 
-__all__ = ["Engine", "EngineConfig", "EngineDriver", "SettingError"]
+__all__ = ["Engine", "EngineConfig", "EngineDriver", "GenerateRequest", "SettingError"]
 
 
 def __getattr__(name):

@@ -5,24 +5,7 @@ from typing import Protocol
 
 from .broadcast import Broadcaster
 from .events import Clock, Hello
-
-
-class RequestHandle:
-    """What `submit` returns: the request id, and (when asked for) a stream of its outputs.
-
-    `outputs` yields ("token", text, token_id) items, then one ("finished", Finished event) or
-    ("rejected", reason, code) item."""
-
-    def __init__(self, rid, sink=None):
-        self.id = rid
-        self._sink = sink
-
-    def outputs(self, timeout=None):
-        while True:
-            item = self._sink.get(timeout=timeout)
-            yield item
-            if item[0] in ("finished", "rejected"):
-                return
+from .request import GenerateRequest, RequestHandle
 
 
 class Backend(Protocol):
@@ -38,18 +21,17 @@ class Backend(Protocol):
     def health(self) -> tuple[dict, int]:
         """(/healthz body, HTTP status)."""
 
-    def submit(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, stop=(), chat=None, stream=False, label=None, ignore_eos=False,
-               min_tokens=0) -> RequestHandle:
-        """Queue one request; SettingError (nothing queued) for a bad parameter. Observe mode
-        takes the page's parameters only (prompt, source, chat, max_new_tokens, temperature,
-        top_p, seed): the API and the classroom, which send the rest, need a model of its own."""
+    def submit(self, request: GenerateRequest) -> RequestHandle:
+        """Queue one request (engine/request.py); SettingError (nothing queued) names a field
+        it cannot take. Observe mode takes the page's and a classroom student's fields only
+        (prompt, chat, max_new_tokens, temperature, top_p, seed, label, stream, source): the
+        API, which sends the rest, needs a model of its own."""
 
     def cancel(self, rid: str) -> None: ...
 
     def clear_queue(self) -> None:
-        """Cancel every waiting request (the classroom presenter's; the engine's driver only,
-        as classroom mode needs a model of its own)."""
+        """Cancel every waiting request (the classroom presenter's; observe mode: every request
+        still waiting for its first chunk)."""
 
     def update_settings(self, changes: dict) -> dict:
         """Validate every change (SettingError, nothing applied, on any bad one), then apply."""

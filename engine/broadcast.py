@@ -33,15 +33,13 @@ class Subscription:
         self._buf = deque(replay, maxlen=maxlen)
         self._cond = threading.Condition()
         self._wake = wake       # called when a push finds the buffer empty: lets a reader wait on several things
-        self.dropped = 0
-        self._unreported = 0
+        self._unreported = 0   # dropped since the last read: the next batch starts with a `dropped` event
         self.closed = False
 
     def push(self, event):
         with self._cond:
             woke = not self._buf
             if len(self._buf) == self._buf.maxlen:
-                self.dropped += 1
                 self._unreported += 1
             self._buf.append(event)
             self._cond.notify()

@@ -42,20 +42,24 @@ decode: exact, but O(n) a token.
 
 Measured on SmolLM2's tokenizer, 2 shared cores, microseconds per token averaged over an output
 of n tokens of English text (the n-th token alone costs about twice the average the old way),
-four stop strings:
+four stop strings (StopStrings.feed finds them and also works out the client's text, held-back
+tail included; the whole-text check only finds them; 5 Dec 2026, two runs):
 
     n      whole-output decode   Detokenizer.add   whole-text stop check   StopStrings.feed
-    64            ~11                  ~1                  ~0.8                  ~0.8
-    512           ~77                  ~1                  ~3                    ~0.8
-    2048         ~240-290              ~0.7                ~10                   ~0.5
+    64            ~8                   ~0.75               ~0.6                  ~1.4
+    512           ~55-80               ~0.75               ~3                    ~1.3
+    2048         ~225-410              ~0.75               ~10-14                ~1.3
 
 (`python -m engine.detok` prints these figures again.)
 
 Stop strings
 ------------
-A stop string that appears for the first time after a token must end inside that token's new
-text, so it lies within the new text plus the last `max(len(stop)) - 1` characters before it.
-`StopStrings.feed` keeps just that tail and searches only there.
+`StopStrings` is the whole stop rule (OpenAI's): it says when a stop string has appeared (the
+request then stops) and which text the request's client gets: everything before the first stop
+string, with a tail that might begin one held back until the next token decides (released when
+the request ends otherwise). A stop string appearing for the first time must end inside the
+new text, and its part before that was held back, so only the held tail plus the new text is
+searched.
 """
 import tokenizers
 from tokenizers.decoders import DecodeStream
@@ -159,28 +163,61 @@ class Detokenizer:
 
 
 class StopStrings:
-    """Watches streamed text for stop strings, looking only at the tail each time.
+    """OpenAI's stop rule for one request's streamed text, the one place it is applied: the text
+    its client gets ends just before the first stop string, and text that might be the start of
+    one is held back until later text decides.
 
         stops = StopStrings(["\\n\\n", "User:"])
-        stops.feed(piece)   # True once any stop string appears in the text fed so far
+        out = stops.feed(piece)   # the text the client may have now ("" while it could begin a stop)
+        stops.found               # a stop string has appeared (sticky): the request stops
+        out = stops.flush()       # at the end: what was held back ("" once a stop string appeared)
 
-    `feed` is sticky: once a stop string has appeared it keeps returning True, exactly like
-    `any(s in text for s in stops)` over the whole text.
+    Only `held + piece` is searched: a stop string appearing for the first time ends inside
+    the new piece, and whatever of it came before is a tail that begins a stop string, so it
+    was held back. `found` turns true at the same piece as `any(s in text for s in stops)`
+    over the whole text would.
     """
 
     def __init__(self, stops):
         self.stops = tuple(s for s in stops if s)
-        self.keep = max((len(s) for s in self.stops), default=1) - 1
-        self.tail = ""      # the last `keep` characters fed
+        self.held = ""      # the tail of the text fed that begins some stop string: not yet given out
         self.found = False
+        # Each stop string's proper prefix lengths by the prefix's last character, longest first:
+        # a tail of the text can begin a stop string only with a prefix ending in its last character.
+        self._prefixes = [(s, {c: [k for k in range(len(s) - 1, 0, -1) if s[k - 1] == c] for c in set(s[:-1])})
+                          for s in self.stops]
 
-    def feed(self, new_text):
-        if self.found or not new_text or not self.stops:
-            return self.found
-        window = self.tail + new_text
-        self.found = any(s in window for s in self.stops)
-        self.tail = window[-self.keep:] if self.keep else ""
-        return self.found
+    def feed(self, piece):
+        if self.found:
+            return ""
+        if not self.stops:
+            return piece
+        window = self.held + piece
+        hits = [i for i in (window.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.found, self.held = True, ""
+            return window[:min(hits)]
+        cut = len(window) - self._partial(window)
+        self.held = window[cut:]
+        return window[:cut]
+
+    def flush(self):
+        out, self.held = ("" if self.found else self.held), ""
+        return out
+
+    def _partial(self, window):
+        """The length of the longest tail of `window` that begins some stop string."""
+        best = 0
+        if not window:
+            return best
+        for s, by_last in self._prefixes:
+            for k in by_last.get(window[-1], ()):
+                if k <= best:
+                    break
+                if k <= len(window) and window.endswith(s[:k]):
+                    best = k
+                    break
+        return best
 
 
 def _measure(lengths=(64, 512, 2048), stops=("\n\nUser:", "</s>", "###", "THE END")):

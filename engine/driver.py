@@ -1,9 +1,10 @@
 """The driver: the one thread that calls `Engine.step()`, and the one place that handles failure.
 
 Web threads call the thread-safe methods here (`submit`, `cancel`, `update_settings`,
-`burst`, `reset`, `clear_queue`); they validate in the caller's thread, then queue a command in the inbox.
-The engine thread drains the inbox, applies the commands, calls `step()` and publishes every
-event they return. The load generator has a thread of its own and submits like any client,
+`burst`, `reset`, `clear_queue`, `apply_preset`, `measure`); they validate in the caller's
+thread, then queue a command in the inbox: a small typed message (`Add`, `Cancel`,
+`ChangeSettings`, ...) whose `run` the engine thread calls as it drains the inbox, before it
+calls `step()`; it publishes every event they return. The load generator has a thread of its own and submits like any client,
 so its arrivals happen on time even while a long forward runs (open loop).
 
 If anything raises outside a forward (a forward's own failure only fails its batch, inside
@@ -15,20 +16,83 @@ waiting, a submit is rejected at once (code `queue_full`) and a settings change 
 SettingError. Cancels, resets and queue clearings always go in (they free capacity; there is at most one
 cancel per request in flight), so the bound holds within that margin.
 """
+from dataclasses import dataclass
 import queue
 import random
 import threading
 import time
 import traceback
 
-from .backend import RequestHandle
 from .broadcast import Broadcaster
-from .events import Error, Rejected
+from .events import Error
+from .request import GenerateRequest
 from . import presets
 from .settings import SettingError, coerce, validate
 from .timing import STATS_EVERY_S
 
 INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
+
+
+# ------------------------------------------------------------------ the inbox's commands
+# What web threads ask of the engine thread, one small message each: `run(driver)` applies it
+# there (the one dispatch, in `_drain_inbox`) and returns the events to publish.
+@dataclass(frozen=True)
+class Add:
+    seq: object   # a Sequence from Engine.new_sequence
+
+    def run(self, driver):
+        return driver.engine.add(self.seq)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    rid: str
+
+    def run(self, driver):
+        return driver.engine.cancel(self.rid)
+
+
+@dataclass(frozen=True)
+class ChangeSettings:
+    changes: dict   # validated (settings.validate)
+
+    def run(self, driver):
+        events = driver.engine.apply_settings(self.changes)
+        driver._load_wake.set()   # the generator redraws its next gap under the new rate
+        return events
+
+
+@dataclass(frozen=True)
+class ResetEngine:
+    def run(self, driver):
+        driver._actions.clear()   # a preset's bursts still to come are cancelled too
+        return driver.engine.reset()
+
+
+@dataclass(frozen=True)
+class ClearQueue:
+    def run(self, driver):
+        return driver.engine.clear_queue()
+
+
+@dataclass(frozen=True)
+class ApplyPreset:
+    preset: presets.Preset
+    overrides: dict   # validated settings over the preset's own
+
+    def run(self, driver):
+        driver._actions[:] = [(driver.clock.now() + a.at, a) for a in self.preset.actions]
+        events = self.preset.apply(driver.engine, self.overrides)
+        driver._load_wake.set()
+        return events
+
+
+@dataclass(frozen=True)
+class MeasureDecode:
+    def run(self, driver):
+        from . import measure   # here: it imports torch, which observe mode never loads
+        driver._publish(measure.announce(driver.engine))
+        return measure.run(driver.engine, publish=driver._publish)
 
 
 class EngineDriver:
@@ -87,24 +151,24 @@ class EngineDriver:
             thread.join(timeout=10)
 
     # ------------------------------------------------------------ any thread
-    def submit(self, source="api", **kw):
-        seq = self.engine.new_sequence(source=source, **kw)   # SettingError: nothing queued
-        handle = RequestHandle(seq.id, seq.sink)
+    def submit(self, request):
+        """Queue a `GenerateRequest`; its handle. SettingError (nothing queued) names a bad field."""
+        seq = self.engine.new_sequence(request)
         with self._lock:
             failure = self.failure
-            queued = failure is None and self._put(("add", seq))
+            queued = failure is None and self._put(Add(seq))
         if failure is not None:
             self._refuse(seq, f"the engine stopped: {failure}", "engine_error")
         elif not queued:
             self._refuse(seq, f"the engine's inbox is full ({self.inbox_max} commands waiting)", "queue_full")
-        return handle
+        return seq.handle
 
     def cancel(self, rid):
-        self._command("cancel", rid)
+        self._command(Cancel(rid))
 
     def update_settings(self, changes):
         changes = validate(self.specs, changes)
-        self._put_or_refuse(("set", changes))
+        self._put_or_refuse(ChangeSettings(changes))
         return changes
 
     def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None):
@@ -115,21 +179,21 @@ class EngineDriver:
             self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens)
 
     def reset(self):
-        self._command("reset", None)
+        self._command(ResetEngine())
 
     def clear_queue(self):
-        self._command("clear_queue", None)
+        self._command(ClearQueue())
 
     def apply_preset(self, name, settings=None):
         """Reset, then the preset's settings (with `settings` over them: one side of a
         comparison), then its timed bursts (engine/presets.py)."""
         preset = presets.get(name)   # SettingError: nothing changed
         overrides = validate(self.specs, settings) if settings is not None else {}
-        self._put_or_refuse(("preset", (preset, overrides)))
+        self._put_or_refuse(ApplyPreset(preset, overrides))
 
     def measure(self):
         """Pause serving for a decode-cost sweep (engine/measure.py); results arrive as events."""
-        self._put_or_refuse(("measure", None))
+        self._put_or_refuse(MeasureDecode())
 
     def _put_or_refuse(self, command):
         """Queue a command that may be refused: SettingError (nothing changed) when the inbox is full."""
@@ -139,9 +203,9 @@ class EngineDriver:
             raise SettingError("message", f"the engine is busy ({self.inbox_max} commands waiting); "
                                           "nothing changed, try again")
 
-    def _command(self, kind, arg):
+    def _command(self, command):
         """A command that must land whatever the bound (cancel, reset)."""
-        self._inbox.put((kind, arg))
+        self._inbox.put(command)
         self._wake.set()
 
     def _put(self, command):
@@ -160,9 +224,7 @@ class EngineDriver:
     def _refuse(self, seq, reason, code):
         """A request that cannot be queued (the engine stopped, or the inbox is full): rejected
         at once in the caller's thread, never left waiting."""
-        if seq.sink is not None:
-            seq.sink.put(("rejected", reason, code))
-        self.events.publish(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
+        self.events.publish(self.engine.intake.reject(seq, reason, code))
 
     # ------------------------------------------------------------ engine thread
     def _loop(self):
@@ -184,33 +246,12 @@ class EngineDriver:
             self._die(e)
 
     def _drain_inbox(self):
-        eng = self.engine
         while True:
             try:
-                kind, arg = self._inbox.get_nowait()
+                command = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                self._publish(eng.add(arg))
-            elif kind == "cancel":
-                self._publish(eng.cancel(arg))
-            elif kind == "set":
-                self._publish(eng.apply_settings(arg))
-                self._load_wake.set()   # the generator redraws its next gap under the new rate
-            elif kind == "reset":
-                self._actions.clear()
-                self._publish(eng.reset())
-            elif kind == "clear_queue":
-                self._publish(eng.clear_queue())
-            elif kind == "preset":
-                preset, overrides = arg
-                self._actions[:] = [(self.clock.now() + a.at, a) for a in preset.actions]
-                self._publish(preset.apply(eng, overrides))
-                self._load_wake.set()
-            elif kind == "measure":
-                from . import measure   # here: it imports torch, which observe mode never loads
-                self._publish(measure.announce(eng))
-                self._publish(measure.run(eng, publish=self._publish))
+            self._publish(command.run(self))
 
     def _run_due_actions(self):
         """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).
@@ -246,9 +287,9 @@ class EngineDriver:
         events.append(Error(t=self.clock.now(), message=f"the engine stopped: {message}", fatal=True))
         for ev in events:
             self.events.publish(ev)
-        for kind, arg in pending:
-            if kind == "add":
-                self._refuse(arg, f"the engine stopped: {message}", "engine_error")
+        for command in pending:
+            if isinstance(command, Add):
+                self._refuse(command.seq, f"the engine stopped: {message}", "engine_error")
 
     # ------------------------------------------------------------ load thread
     def _load_loop(self):
@@ -269,4 +310,4 @@ class EngineDriver:
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
-        self.submit(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens)
+        self.submit(GenerateRequest(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens))

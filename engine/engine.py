@@ -16,7 +16,7 @@ fails everything in flight.
 from . import bandwidth, presets, sampler
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
-from .events import PROTOCOL, Clock, Error, Hello, Rejected, Reset, Settings
+from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
 from .intake import Intake
 from .kv_cache import BlockManager, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
@@ -81,10 +81,10 @@ class Engine:
         return len(self._by_id)
 
     # ------------------------------------------- any thread: validate + tokenize
-    def new_sequence(self, **request):
-        """A validated, tokenized request, not yet known to the engine (hand it to `add`); the
-        arguments are `Intake.new_sequence`'s. Raises SettingError for invalid parameters."""
-        return self.intake.new_sequence(**request)
+    def new_sequence(self, request):
+        """A `GenerateRequest` validated against this engine and tokenized (engine/intake.py): a
+        Sequence not yet known to the engine (hand it to `add`). SettingError names a bad field."""
+        return self.intake.new_sequence(request)
 
     # ------------------------------------------------ commands (the caller's turn)
     def _emit(self, event):
@@ -110,9 +110,7 @@ class Engine:
 
     def _reject(self, seq, reason, code):
         self._by_id.pop(seq.id, None)
-        self._emit(Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code))
-        if seq.sink is not None:
-            seq.sink.put(("rejected", reason, code))
+        self._emit(self.intake.reject(seq, reason, code))
 
     def cancel(self, rid):
         seq = self._by_id.get(rid)
@@ -220,16 +218,18 @@ class Engine:
                 self._finish(seq, stop)
 
     def _deliver(self, seq, tid):
-        """Append the token and hand its text out (event, then the request's consumer); return
-        why it ends the request, if it does."""
+        """Append the token and hand its `token` event out (to pages, and to the request's
+        client: its text under the stop rule, detok.StopStrings, with whatever was held back
+        when this token ends the request); return why it ends the request, if it does."""
         seq.output_ids.append(tid)
         text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
-        stopped = seq.stops.feed(text)
-        self.timing.token(seq, tid, text)
-        if seq.sink is not None:
-            seq.sink.put(("token", text, tid))
+        client_text = seq.stops.feed(text)
+        stop = seq.stop_reason(tid in self.eos, seq.stops.found)
+        if stop:
+            client_text += seq.stops.flush()
+        seq.handle.put(self.timing.token(seq, tid, text, client_text))
         self.timing.delivered(seq)
-        return seq.stop_reason(tid in self.eos, stopped)
+        return stop
 
     def _fail(self, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
@@ -243,7 +243,5 @@ class Engine:
     def _finish(self, seq, reason, error=None):
         self._by_id.pop(seq.id, None)
         self.scheduler.remove(seq)
-        ev = self.timing.finished(seq, reason, error)
         seq.finish_reason = reason
-        if seq.sink is not None:
-            seq.sink.put(("finished", ev))
+        seq.handle.put(self.timing.finished(seq, reason, error))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 7   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 8   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -255,6 +255,14 @@ class Token(Event):
     first: bool
     sampled: float | None
     sample_s: float | None
+    # What the request's own client got with this token, where stop strings made it differ from
+    # `text` (held back as a possible start of one, cut at one, or released at the end); None:
+    # `text` itself. `text` stays the token's own, so the page draws one chip per token.
+    client_text: str | None = None
+
+    def client(self):
+        """The text the request's client gets with this token (the API forwards it as it is)."""
+        return self.text if self.client_text is None else self.client_text
 
 
 @dataclass(slots=True)

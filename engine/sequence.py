@@ -6,7 +6,6 @@ token of a decoding request; whenever a step reaches the last known token, its l
 the next token. Prefill, decode and recompute after preemption are all this one rule.
 """
 from dataclasses import dataclass, field
-import queue
 
 
 @dataclass
@@ -62,8 +61,9 @@ class Sequence:
     later_sample_s: float = 0.0
     later_delivery_s: float = 0.0
     recovering_since: float | None = None   # preempted after its first token, not yet back to a new one
-    # tokens handed to an in-process consumer (the API); None when nobody listens
-    sink: queue.Queue | None = None
+    # its client's end (engine/request.py's RequestHandle): its own token, finished or rejected
+    # events go there as they are emitted
+    handle: object = None
 
     @property
     def num_tokens(self):

@@ -145,11 +145,16 @@ class StepRecorder:
         self._sampled = self.clock.now()
         self._sample_s = self._sampled - self._sampling
 
-    def token(self, seq, token_id, text):
-        """The `token` event for the token just appended to `seq.output_ids`, as it is handed out."""
+    def token(self, seq, token_id, text, client_text):
+        """The `token` event for the token just appended to `seq.output_ids`, as it is handed out
+        (emitted, and returned for the request's client); `client_text` is carried only where
+        stop strings made it differ from the token's text."""
         index = len(seq.output_ids) - 1
-        self._emit(Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
-                         first=index == 0, sampled=self._sampled, sample_s=self._sample_s))
+        ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
+                   first=index == 0, sampled=self._sampled, sample_s=self._sample_s,
+                   client_text=None if client_text == text else client_text)
+        self._emit(ev)
+        return ev
 
     def delivered(self, seq):
         """The token reached its in-process consumer (if any): its first token's stages, or a

@@ -8,7 +8,8 @@
     join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model: server/classroom.py)
 
 Errors: any route or hook raises `errors.ApiError`; one registered handler answers it.
-App state lives in `app.extensions["first_token"]` (server/state.py). `python app.py`
+Live objects (the backend, the classroom, the open pages) are in `app.extensions["first_token"]`
+(server/state.py); `app.config` holds plain configuration values. `python app.py`
 creates the app, then loads the model in the background (server/loader.py) so /healthz
 reports progress from the first second; tests hand a ready backend in the config.
 """
@@ -22,7 +23,6 @@ DEFAULTS = {
     "FRAME_ANCESTORS": "*",                            # --frame-ancestors: who may frame /embed
     "ALLOWED_HOSTS": None,                             # Host names answered (None: any); app.py sets it on loopback
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
-    "CLASSROOM": None,                                 # --classroom: a server.classroom.Classroom
     "MAX_VIEWERS": 1000,                               # --max-viewers: open pages at once (presenter not counted)
     # A websocket message larger than this closes the connection before it is buffered whole;
     # up to it, an oversized control message gets an `error` reply (server/control.py).
@@ -30,20 +30,21 @@ DEFAULTS = {
 }
 
 
-def create_app(config=None):
-    """Build the app. `config["BACKEND"]`, if given, is served at once (tests: an engine on the
-    tiny random model); otherwise it arrives later through `state.set_backend`. Config keys
-    (DEFAULTS) carry the command line's limits; ValueError names a bad allowed origin."""
+def create_app(config=None, backend=None, classroom=None):
+    """Build the app. `backend`, if given, is served at once (tests: an engine on the tiny random
+    model); otherwise it arrives later through `state.set_backend`. `classroom`: a
+    server.classroom.Classroom (--classroom). Config keys (DEFAULTS) carry the command line's
+    limits; ValueError names a bad allowed origin."""
     app = Flask(__name__, root_path=str(pages.ROOT), template_folder="templates", static_folder="static")
     app.config.update(DEFAULTS)
     app.config.update(config or {})
     errors.init_app(app)
     security.init_app(app)
-    state = State()
+    state = State(classroom)
     app.extensions["first_token"] = state
     for bp in (pages.bp, live.bp, api.bp, metrics.bp, join.bp):
         app.register_blueprint(bp)
     live.sock.init_app(app)
-    if app.config.get("BACKEND") is not None:
-        state.set_backend(app.config["BACKEND"])
+    if backend is not None:
+        state.set_backend(backend)
     return app

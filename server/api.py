@@ -5,26 +5,10 @@ import socket
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from . import inputs, openai_api as oa
-from .errors import ApiError
-from .state import current
+from .state import model_backend
 
 bp = Blueprint("api", __name__)
 CLIENT_CLOSED = 499   # nginx's "client closed request": logged, never read by anyone
-
-
-def _backend(observed_ok=False):
-    """The backend serving a model here, or ApiError (still loading, or failed to load; observe
-    mode has none, unless `observed_ok`: a classroom's students ask the observed server)."""
-    state = current()
-    backend = state.backend
-    if backend is None:
-        if state.error:
-            raise ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
-        raise ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
-    if backend.api_model is None and not observed_ok:
-        raise ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
-                               "send requests there", code="observe_mode")
-    return backend
 
 
 def client_gone(environ):
@@ -51,7 +35,7 @@ def client_gone(environ):
 
 def _generate(kind):
     try:
-        backend = _backend()
+        backend = model_backend()
         body = inputs.read_object(request.stream)
         req = oa.parse_request(kind, body, backend.api_model)
         timeout_s, gone = current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ)
@@ -75,5 +59,5 @@ def completions():
 
 @bp.get("/v1/models")
 def models():
-    backend = _backend()
+    backend = model_backend()
     return jsonify(oa.models_list(backend.api_model, backend.clock.wall0, backend.max_context))

@@ -462,7 +462,7 @@ class Claim:
 
 def current():
     """The app's Classroom, or None outside classroom mode."""
-    return current_app.config.get("CLASSROOM")
+    return current_app.extensions["first_token"].classroom
 
 
 def connection_role():

@@ -4,6 +4,7 @@ and `remove_client`): parsed and validated here, transport-free, so every bad me
 `error` reply naming the field and changes nothing. A classroom viewer may send `sync` and
 `leave` only."""
 from engine.events import Error, Sync
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs
 from .classroom import VIEWER_REFUSED
@@ -42,11 +43,9 @@ def _parse(backend, raw):
 
 
 def _submit(backend, msg, room):
-    chat = msg.get("chat", True)
-    if not isinstance(chat, bool):
-        raise SettingError("chat", "must be true or false")
-    backend.submit(prompt=msg.get("prompt"), source="page", chat=chat, max_new_tokens=msg.get("max_new_tokens"),
-                   temperature=msg.get("temperature"), top_p=msg.get("top_p"), seed=msg.get("seed"))
+    backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True),
+                                   max_new_tokens=msg.get("max_new_tokens"), temperature=msg.get("temperature"),
+                                   top_p=msg.get("top_p"), seed=msg.get("seed")))
 
 
 def _sync(backend, msg, room):

@@ -7,11 +7,15 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
+from engine.events import Rejected, Token
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
+from .api import client_gone
 from .classroom import (CLIENT_COOKIE, MAX_NAME, MAX_PROMPT, PRESENTER_COOKIE, REMOVED, VIEWER_COOKIE,
                         current)
 from .errors import ApiError
+from .state import model_backend
 
 MAX_BODY = 16 * 1024    # a /join request's JSON body, bytes
 VIEW_PATHS = ("/", "/embed", "/ws")   # what --view-code guards: the pages, and the events that carry prompts
@@ -136,7 +140,6 @@ def _json_body():
 def ask():
     """Queue this student's prompt; stream the answer back (server-sent events: `start`, `token`
     …, then `finished` with the engine's measured TTFT and time per output token, or `error`)."""
-    from .api import _backend, client_gone
     room = _room()
     body = _json_body()
     prompt = body.get("prompt")
@@ -144,11 +147,11 @@ def ask():
         raise ApiError(400, "prompt: write something first", code="bad_prompt")
     if len(prompt) > MAX_PROMPT:
         raise ApiError(400, f"prompt: at most {MAX_PROMPT} characters", code="bad_prompt")
-    backend = _backend(observed_ok=True)
+    backend = model_backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
-            handle = backend.submit(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                    chat=True, stream=True)
+            handle = backend.submit(GenerateRequest(prompt=prompt.strip(), source="join", label=claim.student.name,
+                                                    chat=True, stream=True))
         except SettingError as e:
             raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
         claim.started(backend, handle.id)
@@ -166,25 +169,22 @@ def _answer(claim, items):
     """The SSE body. Closing it early (the phone left) cancels the request (`oa.outputs`)."""
     try:
         yield oa.sse({"type": "start", "id": claim.rid, "name": claim.student.name})
-        for item in items:
-            if item is None:
+        for ev in items:
+            if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
-            elif item[0] == "token":
-                yield oa.sse({"type": "token", "text": item[1]})
-            elif item[0] == "rejected":
-                yield oa.sse({"type": "error", "message": f"the engine refused it: {item[1]}", "code": item[2]})
+            elif isinstance(ev, Token):
+                yield oa.sse({"type": "token", "text": ev.client()})
+            elif isinstance(ev, Rejected):
+                yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
+            elif ev.reason in ("cancelled", "error"):       # Finished, without an answer
+                why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
+                    if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
+                yield oa.sse({"type": "error", "message": why, "code": ev.reason})
             else:
-                ev = item[1]
-                if ev.reason in ("cancelled", "error"):
-                    why = "it was cancelled (the presenter cleared the queue, reset or removed you)" \
-                        if ev.reason == "cancelled" else f"the engine failed: {ev.error}"
-                    yield oa.sse({"type": "error", "message": why, "code": ev.reason})
-                else:
-                    yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
-                                  "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens,
-                                  "output_tokens": ev.output_tokens,
-                                  # observe mode: timed by this app as a client of the observed server
-                                  "measured_by": "client" if ev.client_side else "engine"})
+                yield oa.sse({"type": "finished", "reason": ev.reason, "ttft": ev.ttft, "tpot": ev.tpot,
+                              "e2e": ev.e2e, "prompt_tokens": ev.prompt_tokens, "output_tokens": ev.output_tokens,
+                              # observe mode: timed by this app as a client of the observed server
+                              "measured_by": "client" if ev.client_side else "engine"})
     except ApiError as e:
         yield oa.sse({"type": "error", "message": e.message, "code": e.code})
     except oa.ClientGone:

@@ -30,14 +30,13 @@ says so (`estimated: true`); `finished.prompt_tokens` is the server's count.
 import http.client
 import itertools
 import json
-import queue
 import secrets
 import socket
 import threading
 import time
 import urllib.parse
 
-from engine.backend import RequestHandle
+from engine.request import RequestHandle
 from engine.broadcast import Broadcaster
 from engine.events import PROTOCOL, Clock, Finished, Hello, Rejected, Request, Reset, Settings, Stats, Token
 from engine.loadgen import LoadGenerator
@@ -53,13 +52,14 @@ PROBE_EVERY_S = 2.0       # the server's /v1/models, for reachability (/healthz)
 PROBE_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 600.0    # a streamed request silent this long is given up as an error
 MAX_IN_FLIGHT = 256       # each request is a thread; beyond this, new ones are refused
-MAX_PROMPT_CHARS = 200_000
 API_KEY_ENV = "FIRST_TOKEN_OBSERVE_API_KEY"
 MAX_GET_BYTES = 4 << 20   # of a /v1/models, /metrics, /slots or version answer
 # Who measured each figure of an observe-mode `stats` event (docs/protocol.md).
 MEASURED_BY = {"queue": "server", "running": "server", "cache_usage": "server", "server": "server",
                "in_flight": "client", "tokens_per_s": "client", "ttft": "client", "itl": "client",
                "finished": "client"}
+# GenerateRequest's fields a page or a classroom student never sends, at the values that leave them out.
+BEYOND_PAGE = {"messages": None, "stop": (), "ignore_eos": False, "min_tokens": 0, "prompt_tokens": None}
 
 
 def parse_target(text):
@@ -102,14 +102,14 @@ class Flight:
         self.source = source
         self.prompt = prompt      # matched against llama.cpp's /slots (never published from there)
         self.seed = seed          # as sent; how llama.cpp's /slots names its requests
-        self.sink = sink          # the handle's outputs, when the caller streams them (a student)
+        self.sink = sink          # the request's handle: its own events, when the caller streams them (a student)
         self.conn = None
         self.cancelled = False
         self.first = False        # a chunk with text has arrived
 
-    def put(self, item):
+    def put(self, event):
         if self.sink is not None:
-            self.sink.put(item)
+            self.sink.put(event)
 
     def cancel(self):
         self.cancelled = True
@@ -233,27 +233,30 @@ class Observer:
         for f in waiting:
             f.cancel()
 
-    def submit(self, prompt=None, source="page", chat=True, max_new_tokens=None, temperature=None,
-               top_p=None, seed=None, label=None, stream=False):
-        """Send one prompt to the server (chat template applied there when `chat`); return its
-        handle (the page follows it through events; with `stream`, as for a classroom
-        student, the handle's `outputs` yields its chunks too).
+    def submit(self, request):
+        """Send a page's or a classroom student's `GenerateRequest` (already validated) to the
+        server (chat template applied there when `chat`); return its handle (the page follows
+        it through events; with `stream`, as for a student, the handle's `outputs` yields its
+        chunks too).
 
-        Raises SettingError for invalid values; nothing is sent then."""
-        if not isinstance(prompt, str) or not prompt or len(prompt) > MAX_PROMPT_CHARS:
-            raise SettingError("prompt", f"must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
-        overrides = {k: v for k, v in (("max_new_tokens", max_new_tokens), ("temperature", temperature),
-                                       ("top_p", top_p)) if v is not None}
+        Raises SettingError for a field beyond the page's (BEYOND_PAGE) or a value outside this
+        mode's settings; nothing is sent then."""
+        for name, neutral in BEYOND_PAGE.items():
+            if getattr(request, name) != neutral:
+                raise SettingError(name, "observe mode sends the page's parameters only (prompt, chat, "
+                                         "max_new_tokens, temperature, top_p, seed; a student's label)")
+        overrides = {k: getattr(request, k) for k in ("max_new_tokens", "temperature", "top_p")
+                     if getattr(request, k) is not None}
         params = self._params(validate(self.specs, overrides) if overrides else {})
-        if seed is not None:
-            params["seed"] = coerce("seed", "int", seed, 0, 2**63 - 1)
-        if chat:
+        if request.seed is not None:
+            params["seed"] = request.seed
+        prompt = request.prompt
+        if request.chat:
             path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
         else:
             path, body = "/completions", {"prompt": prompt}
-        sink = queue.Queue() if stream else None
-        return RequestHandle(self._launch(source, path, {**body, **params}, prompt, estimate=None, label=label,
-                                          sink=sink), sink)
+        return self._launch(request.source, path, {**body, **params}, prompt, estimate=None,
+                            label=request.label, stream=request.stream)
 
     def _params(self, overrides):
         with self._lock:
@@ -270,12 +273,15 @@ class Observer:
                             estimate=(words, round(words * ratio)))
 
     # ------------------------------------------------------------------ requests
-    def _launch(self, source, path, body, prompt, estimate, label=None, sink=None):
+    def _launch(self, source, path, body, prompt, estimate, label=None, stream=False):
+        """Send one request (on a thread of its own); its handle, which carries its own events
+        when `stream`."""
         rid = f"o{next(self._ids)}"
+        handle = RequestHandle(rid, stream)
         profile = self.scraper.profile
         if profile is not None and profile.tag_seed and "seed" not in body:
             body = {**body, "seed": secrets.randbelow(2**31)}   # see Profile.tag_seed
-        flight = Flight(source, prompt, sink, body.get("seed"))
+        flight = Flight(source, prompt, handle, body.get("seed"))
         with self._lock:
             full = len(self._flights) >= MAX_IN_FLIGHT
             if not full and self.model is not None:
@@ -288,13 +294,14 @@ class Observer:
                    "the server has not answered /v1/models yet" if self.model is None else None)
         if refusal:
             code = "queue_full" if full else "unreachable"
-            self.events.publish(Rejected(t=t, id=rid, reason=refusal, code=code))
-            flight.put(("rejected", refusal, code))
-            return rid
+            rejected = Rejected(t=t, id=rid, reason=refusal, code=code)
+            self.events.publish(rejected)
+            flight.put(rejected)
+            return handle
         body = {**body, "model": self.model, "stream": True, "stream_options": {"include_usage": True}}
         threading.Thread(target=self._run, args=(rid, flight, path, body, t, estimate), daemon=True,
                          name=f"observe-{rid}").start()
-        return rid
+        return handle
 
     def _connection(self, timeout, where=None):
         https, host, port = where or (self._https, self._host, self._port)
@@ -316,9 +323,10 @@ class Observer:
                                                        "Accept": "text/event-stream"}))
             resp = flight.conn.getresponse()
             if resp.status != 200:
-                reason = f"HTTP {resp.status}: {_error_message(resp.read())}"
-                self.events.publish(Rejected(t=self.clock.now(), id=rid, code=f"http_{resp.status}", reason=reason))
-                flight.put(("rejected", reason, f"http_{resp.status}"))
+                rejected = Rejected(t=self.clock.now(), id=rid, code=f"http_{resp.status}",
+                                    reason=f"HTTP {resp.status}: {_error_message(resp.read())}")
+                self.events.publish(rejected)
+                flight.put(rejected)
                 return
             for line in resp:
                 if not line.startswith(b"data:"):
@@ -332,9 +340,8 @@ class Observer:
                     break
                 usage, finish = chunk_usage or usage, chunk_finish or finish
                 for text in texts:
-                    self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent)
+                    flight.put(self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent))
                     flight.first = True
-                    flight.put(("token", text, None))
                     chunks.append(now)
         except ApiError as e:
             error = f"the observed server sent {e.message}"
@@ -351,16 +358,19 @@ class Observer:
             reason = "error"
         else:
             reason = finish if finish in ("stop", "length") else (finish or "error")
-        flight.put(("finished", self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error)))
+        flight.put(self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error))
 
     def _token(self, rid, index, text, now, previous, sent):
-        self.events.publish(Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0,
-                                  sampled=None, sample_s=None))
+        """Publish the `token` event of a chunk with text; return it (for the request's handle)."""
+        ev = Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0, sampled=None,
+                   sample_s=None)
+        self.events.publish(ev)
         self.stats.token(now)
         if previous is None:
             self.stats.first_token(now - sent)
         else:
             self.stats.gap(now - previous)
+        return ev
 
     def _finished(self, rid, source, reason, sent, chunks, usage, estimate, error):
         now = self.clock.now()

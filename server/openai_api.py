@@ -1,11 +1,12 @@
-"""The OpenAI-compatible API, transport-free: JSON bodies in, `Backend.submit` arguments out;
-engine outputs in, OpenAI-shaped responses and server-sent-event chunks out. The Flask
-routes (server/api.py) only move bytes.
+"""The OpenAI-compatible API, transport-free: JSON bodies in, a `GenerateRequest` (the one
+typed request every client builds, engine/request.py) out; engine outputs in, OpenAI-shaped
+responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
 Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
-goes through the engine's single validation layer (`settings.coerce`, inside
-`Engine.submit`), and its `SettingError` comes back under the OpenAI parameter's name.
+is validated by the request itself as it is built (and by the engine where only it can judge:
+its context, the templated text), and its `SettingError` comes back under the OpenAI
+parameter's name.
 
 Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and max_tokens 16
 for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
@@ -16,6 +17,10 @@ vLLM's extensions that load generators use to fix output lengths are accepted: `
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
 reports the prompt tokens found in the prefix cache, as OpenAI's API does.
 
+Stop strings: the engine applies OpenAI's rule (engine/detok.py, `StopStrings`: the text ends
+just before the first stop string, a possible start of one held back until decided), and each
+`token` event carries the text the client gets (`Token.client()`); it is forwarded as it is.
+
 No request outlives its client or its deadline: `outputs` cancels the request in the engine
 when the deadline (`--request-timeout`) passes (504, or an error chunk once streaming), when
 the client is seen to have closed its connection, or when the response is closed early.
@@ -24,9 +29,10 @@ import contextlib
 from dataclasses import dataclass
 import itertools
 import json
-import queue
 import time
 
+from engine.events import Rejected, Token
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from .errors import ApiError
 
@@ -46,8 +52,8 @@ NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
 @dataclass
 class ApiRequest:
     kind: str              # "chat" or "completion"
-    submit: dict           # keyword arguments for Engine.submit
-    stream: bool
+    request: GenerateRequest   # what the engine is asked (it always streams to us)
+    stream: bool           # whether the client asked for server-sent events
     include_usage: bool
     names: dict            # engine field -> the OpenAI parameter it came from
 
@@ -87,16 +93,28 @@ def parse_request(kind, body, model_name):
     max_tokens = body.get(max_name)
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    submit = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+    fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
                   min_tokens=_or(body.get("min_tokens"), 0))
     if kind == "chat":
-        submit["messages"] = _messages(body.get("messages"))
+        fields["messages"] = _messages(body.get("messages"))
     else:
-        submit.update(prompt=_prompt(body.get("prompt")), chat=False)
+        fields["prompt"] = _prompt(body.get("prompt"))
     names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt"}
-    return ApiRequest(kind, submit, stream, include_usage, names)
+    with _openai_names(names):
+        request = GenerateRequest(**fields)
+    return ApiRequest(kind, request, stream, include_usage, names)
+
+
+@contextlib.contextmanager
+def _openai_names(names):
+    """A SettingError raised inside becomes a 400 naming the OpenAI parameter it came from."""
+    try:
+        yield
+    except SettingError as e:
+        param = names.get(e.field, e.field)
+        raise ApiError(400, f"{param}: {e.message}", param) from None
 
 
 def _or(value, default):
@@ -109,7 +127,7 @@ def _stop(value):
     if isinstance(value, str):
         return (value,)
     if isinstance(value, list):
-        return tuple(value)   # the engine checks they are up to 4 non-empty strings
+        return tuple(value)   # GenerateRequest checks they are up to 4 non-empty strings
     raise ApiError(400, "`stop` must be a string or a list of strings", "stop")
 
 
@@ -148,12 +166,9 @@ def _prompt(value):
 
 
 def submit(backend, req):
-    """Queue the request; its SettingError becomes a 400 naming the OpenAI parameter."""
-    try:
-        return backend.submit(**req.submit)
-    except SettingError as e:
-        param = req.names.get(e.field, e.field)
-        raise ApiError(400, f"{param}: {e.message}", param) from None
+    """Queue the request; a SettingError from the engine becomes a 400 naming the OpenAI parameter."""
+    with _openai_names(req.names):
+        return backend.submit(req.request)
 
 
 class ClientGone(Exception):
@@ -161,9 +176,10 @@ class ClientGone(Exception):
 
 
 def outputs(backend, handle, timeout_s, gone):
-    """The request's outputs, with a None whenever PROBE_S passes without one. Raises ApiError
-    (504) once `timeout_s` has passed and ClientGone once `gone()` says the client left; then,
-    or when closed before the request ended, cancels it in the engine (slot and blocks freed)."""
+    """The request's own events (`Token`s, then `Finished` or `Rejected`, from its RequestHandle),
+    with a None whenever PROBE_S passes without one. Raises ApiError (504) once `timeout_s` has
+    passed and ClientGone once `gone()` says the client left; then, or when closed before the
+    request ended, cancels it in the engine (slot and blocks freed)."""
     deadline = time.monotonic() + timeout_s
     ended = False
     try:
@@ -174,13 +190,9 @@ def outputs(backend, handle, timeout_s, gone):
                                     "(the server's --request-timeout); it was cancelled", code="timeout")
             if gone():
                 raise ClientGone()
-            try:
-                item = next(handle.outputs(timeout=min(PROBE_S, left)))
-            except queue.Empty:
-                yield None
-                continue
-            ended = item[0] in ("finished", "rejected")
-            yield item
+            event = handle.next(timeout=min(PROBE_S, left))
+            ended = handle.ended
+            yield event
             if ended:
                 return
     finally:
@@ -189,12 +201,12 @@ def outputs(backend, handle, timeout_s, gone):
 
 
 def first_output(items, prompt_param):
-    """Wait for the request's first output (so a rejection can still be an HTTP error status)."""
+    """Wait for the request's first event (so a rejection can still be an HTTP error status)."""
     for item in items:
         if item is None:
             continue
-        if item[0] == "rejected":
-            _, reason, code = item
+        if isinstance(item, Rejected):
+            reason, code = item.reason, item.code
             if code == "queue_full":
                 raise ApiError(429, f"the engine is overloaded: {reason}; retry later", code=code, retry_after=1)
             if code == "engine_error":
@@ -203,45 +215,6 @@ def first_output(items, prompt_param):
             raise ApiError(400, f"This request is too long for this server: {reason}",
                            prompt_param, "context_length_exceeded")
         return item
-
-
-class StopTrimmer:
-    """OpenAI's text ends just before the first stop string. The engine stops once a stop string
-    appears, but the token completing it may carry text on either side of it, and text that might
-    be the start of a stop string must be held back until the next token decides."""
-
-    def __init__(self, stops):
-        self.stops = stops
-        self.longest = max((len(s) for s in stops), default=0)
-        self.text = ""
-        self.sent = 0
-        self.cut = None
-
-    def feed(self, piece):
-        """Add decoded text; return what can be sent now."""
-        if self.cut is not None:
-            return ""
-        self.text += piece
-        start = max(0, self.sent - self.longest + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if hits:
-            self.cut = min(hits)
-            end = self.cut
-        else:
-            end = len(self.text) - self._pending()
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return out
-
-    def _pending(self):
-        """Length of the longest tail of the text that begins some stop string."""
-        return max((k for s in self.stops for k in range(1, len(s))
-                    if self.text.endswith(s[:k])), default=0)
-
-    def rest(self):
-        """What remains to send once the request has finished."""
-        end = len(self.text) if self.cut is None else self.cut
-        out, self.sent = self.text[self.sent:end], end
-        return out
 
 
 def finish_reason(event):
@@ -265,12 +238,11 @@ def usage(event):
 class Reply:
     """Shapes one request's text into OpenAI responses or stream chunks."""
 
-    def __init__(self, kind, rid, model, stops=()):
+    def __init__(self, kind, rid, model):
         self.kind = kind
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + rid
         self.created = int(time.time())
         self.model = model
-        self.trim = StopTrimmer(stops)
 
     def _envelope(self, obj, choices):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -319,16 +291,14 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     items = outputs(backend, handle, timeout_s, gone)
     with contextlib.closing(items):
         first = first_output(items, req.names["prompt"])
-        reply = Reply(req.kind, handle.id, backend.api_model, req.submit["stop"])
+        reply = Reply(req.kind, handle.id, backend.api_model)
         text = []
-        for item in itertools.chain([first], items):
-            if item is None:
+        for event in itertools.chain([first], items):
+            if event is None:
                 continue
-            if item[0] == "token":
-                text.append(reply.trim.feed(item[1]))
+            if isinstance(event, Token):
+                text.append(event.client())
             else:
-                event = item[1]
-                text.append(reply.trim.rest())
                 return reply.full("".join(text), finish_reason(event), usage(event))
 
 
@@ -342,7 +312,7 @@ def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     except BaseException:
         items.close()
         raise
-    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.submit["stop"]),
+    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model),
                    req.include_usage)
 
 
@@ -360,24 +330,20 @@ def _stream(items, first, reply, include_usage):
 
 
 def _stream_body(items, reply, include_usage):
-    for item in items:
-        if item is None:
+    for event in items:
+        if event is None:
             yield ": waiting\n\n"
             continue
-        if item[0] == "token":
-            text = reply.trim.feed(item[1])
+        if isinstance(event, Token):
+            text = event.client()
             if text:
                 yield sse(reply.chunk(text, usage_field=include_usage))
             continue
-        event = item[1]
         try:
             finish = finish_reason(event)
         except ApiError as e:
             yield sse(e.body())
             return
-        rest = reply.trim.rest()
-        if rest:
-            yield sse(reply.chunk(rest, usage_field=include_usage))
         yield sse(reply.chunk(finish=finish, usage_field=include_usage))
         if include_usage:
             yield sse(reply.usage_chunk(usage(event)))

@@ -1,8 +1,11 @@
-"""What the app serves from: loading progress until the backend exists, then the backend."""
+"""The app's live objects, in `app.extensions["first_token"]` (plain configuration values stay
+in `app.config`): loading progress until the backend exists, then the backend; its metrics;
+the classroom (--classroom); the open pages."""
 import threading
 
 from flask import current_app
 
+from .errors import ApiError
 from .metrics import EngineMetrics
 
 
@@ -24,8 +27,9 @@ class Viewers:
 
 
 class State:
-    def __init__(self):
+    def __init__(self, classroom=None):
         self.backend = None
+        self.classroom = classroom    # a server.classroom.Classroom in classroom mode, else None
         self.metrics = None       # EngineMetrics, for a backend with a model of its own
         self.progress = {"status": "loading", "message": "starting", "progress": 0.0}
         self.error = None         # why loading failed
@@ -49,3 +53,19 @@ class State:
 def current():
     """The app's State (inside a request)."""
     return current_app.extensions["first_token"]
+
+
+def model_backend(observed_ok=False):
+    """The backend serving a model here (the API and the classroom's asks need one), or ApiError:
+    still loading, failed to load, or observe mode (no model of its own), unless `observed_ok`:
+    a classroom's students ask the observed server."""
+    state = current()
+    backend = state.backend
+    if backend is None:
+        if state.error:
+            raise ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
+        raise ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
+    if backend.api_model is None and not observed_ok:
+        raise ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
+                            "send requests there", code="observe_mode")
+    return backend

@@ -49,12 +49,12 @@ class LiveApp:
     threaded server, with an engine driver on the tiny random model (websocket and HTTP clients
     can connect; no subprocess, no real model)."""
 
-    def __init__(self, bundle, config, app_config=None):
+    def __init__(self, bundle, config, app_config=None, classroom=None):
         from werkzeug.serving import make_server
         from engine import Engine, EngineDriver
         from server import create_app
         self.driver = EngineDriver(Engine(bundle, config)).start()
-        self.app = create_app({"BACKEND": self.driver, "TESTING": True, **(app_config or {})})
+        self.app = create_app({"TESTING": True, **(app_config or {})}, backend=self.driver, classroom=classroom)
         self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.url = f"http://127.0.0.1:{self.http.server_port}"
         self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"

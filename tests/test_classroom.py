@@ -15,6 +15,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 
 import app as app_mod
 from engine import EngineConfig
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames, schema_validator
 from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,
@@ -30,7 +31,7 @@ def room(tiny):
     thread keeps draining its inbox (cancels, clearing) but runs no step."""
     from conftest import LiveApp
     classroom = Classroom(join_code="owl", rate_burst=2, rate_every_s=60)
-    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     live.classroom = classroom
     classroom.base = live.url   # as app.py sets it at start: the address students reach
     live.driver.update_settings({"max_new_tokens": 6})
@@ -242,11 +243,11 @@ def test_a_student_whose_request_failed_in_the_server_can_ask_again(room, monkey
     s = student(room, "Ada")
     submit, calls = room.driver.submit, []
 
-    def failing(**kw):
-        calls.append(kw)
+    def failing(request):
+        calls.append(request)
         if len(calls) == 1:
             raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
-        return submit(**kw)
+        return submit(request)
     monkeypatch.setattr(room.driver, "submit", failing)
     r = s.post(room.url + "/join/ask", json={"prompt": "boom"}, timeout=10)
     assert r.status_code == 500
@@ -386,7 +387,7 @@ def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
     count against the address's join rate; students still join and ask at /join."""
     from conftest import LiveApp
     classroom = Classroom(join_code="owl", view_code="heron", join_burst=5, join_every_s=60)
-    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), {"CLASSROOM": classroom})
+    live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     classroom.base = live.url
     live.classroom = classroom
     try:
@@ -561,7 +562,7 @@ def test_solo_mode_is_unchanged(live):
 def test_the_engine_checks_a_label(live):
     for bad in (5, "", "x" * 65):
         with pytest.raises(SettingError) as e:
-            live.driver.submit(prompt="hi", label=bad)
+            live.driver.submit(GenerateRequest(prompt="hi", label=bad))
         assert e.value.field == "label"
 
 

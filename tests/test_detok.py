@@ -199,11 +199,13 @@ def test_stop_string_split_across_tokens(real_tok):
     ids = real_tok.encode(text, add_special_tokens=False)
     split = 0
     for stop in ["\n\nUser:", "answer.\n", "e is th", "User"]:
-        d, stops = Detokenizer(real_tok), StopStrings([stop])
-        hits = [stops.feed(d.add(t)) for t in ids]
+        d, stops, hits, out = Detokenizer(real_tok), StopStrings([stop]), [], ""
+        for t in ids:
+            out += stops.feed(d.add(t))
+            hits.append(stops.found)
         k = hits.index(True)      # found at exactly the token that completes it
         assert stop in decode(real_tok, ids[:k + 1]) and stop not in decode(real_tok, ids[:k])
-        assert all(hits[k:])
+        assert all(hits[k:]) and out == text[:text.find(stop)]
         split += stop not in decode(real_tok, ids[k:k + 1])
     assert split >= 3             # most of them span two or more tokens
 
@@ -211,23 +213,52 @@ def test_stop_string_split_across_tokens(real_tok):
 def test_stop_string_absent_is_never_found(tok):
     for text in TEXTS:
         d, stops = Detokenizer(tok), StopStrings(["\n\nUser:", "###", "zzz"])
-        assert not any(stops.feed(d.add(t)) for t in tok.encode(text, add_special_tokens=False))
-    assert not StopStrings([]).feed("anything")
+        out = "".join(stops.feed(d.add(t)) for t in tok.encode(text, add_special_tokens=False))
+        assert not stops.found and out + stops.flush() == d.text
+    none = StopStrings([])
+    assert none.feed("anything") == "anything" and not none.found
 
 
-def test_stop_strings_match_whole_text_check_on_random_cases():
-    """Random short pieces over a tiny alphabet (so stops occur, often across pieces): feed()
-    agrees with the whole-text check after every piece, so it fires at exactly the piece that
-    completes the first stop string."""
+def openai_text(text, stops):
+    """What OpenAI's rule gives a client of `text` so far, the whole text searched: everything
+    before the first stop string; without one, all but the longest tail that begins a stop
+    string (it might become one)."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if hits:
+        return text[:min(hits)]
+    tail = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text[:len(text) - tail]
+
+
+def test_stop_strings_match_whole_text_checks_on_random_cases():
+    """Random short pieces over a tiny alphabet (so stops occur, often across pieces): after
+    every piece, `found` agrees with the whole-text check (so it turns at exactly the piece that
+    completes the first stop string) and the text given out so far is OpenAI's for the text so
+    far; `flush` at the end gives out the rest."""
     rng = random.Random(0)
     for _ in range(3000):
         stops = ["".join(rng.choice("abc") for _ in range(rng.randrange(1, 6))) for _ in range(rng.randrange(1, 4))]
-        s, text = StopStrings(stops), ""
+        s, text, out, want = StopStrings(stops), "", "", ""
         for _ in range(rng.randrange(1, 30)):
             piece = "".join(rng.choice("abcd") for _ in range(rng.randrange(0, 4)))
             text += piece
-            assert s.feed(piece) == naive(text, stops), (stops, text)
-        assert len(s.tail) <= max(map(len, stops)) - 1
+            if not s.found:       # once one appeared the request stops: later text is never given out
+                want = openai_text(text, stops)
+            out += s.feed(piece)
+            assert s.found == naive(text, stops) and out == want, (stops, text)
+            assert len(s.held) <= max(map(len, stops)) - 1
+        assert out + s.flush() == (want if s.found else text)
+
+
+def test_stop_strings_hold_back_a_possible_start():
+    s = StopStrings(["END"])
+    assert [s.feed(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "ENx"] and s.flush() == ""
+    s = StopStrings(["END", "b"])
+    assert [s.feed(p) for p in ("aE", "NDc")] == ["a", ""] and s.found and s.flush() == ""
+    s = StopStrings(["stop"])
+    assert s.feed("hello st") == "hello " and not s.found and s.flush() == "st"
+    s = StopStrings(["abcd", "c"])     # the earliest start wins, whichever string it is
+    assert s.feed("xxabcd") == "xx" and s.feed("more") == ""
 
 
 def test_stop_strings_on_detokenized_random_ids(tok):
@@ -242,6 +273,7 @@ def test_stop_strings_on_detokenized_random_ids(tok):
         stops = [full[a:a + rng.randrange(1, 8)], "never-there\x00"]
         d, s = Detokenizer(tok), StopStrings(stops)
         for t in ids:
-            assert s.feed(d.add(t)) == naive(d.text, stops)
+            s.feed(d.add(t))
+            assert s.found == naive(d.text, stops)
         s.feed(d.flush())
         assert s.found

@@ -5,11 +5,13 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine.events import Finished, Rejected, Token
+from engine.request import GenerateRequest
 
 
 def drain(handle, timeout=60):
-    items = list(handle.outputs(timeout=timeout))
-    return [i[2] for i in items if i[0] == "token"], items[-1]
+    events = list(handle.events(timeout=timeout))
+    return [e.token_id for e in events if isinstance(e, Token)], events[-1]
 
 
 def wait_idle(driver, timeout=30):
@@ -29,15 +31,15 @@ def driver(tiny):
 
 
 def test_submit_streams_tokens_then_finished(driver):
-    ids, last = drain(driver.submit(prompt="We hold these truths", max_new_tokens=5, stream=True))
-    assert last[0] == "finished" and last[1].output_tokens == len(ids) and 1 <= len(ids) <= 5
+    ids, last = drain(driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=5, stream=True)))
+    assert isinstance(last, Finished) and last.output_tokens == len(ids) and 1 <= len(ids) <= 5
 
 
 def test_engine_thread_time_between_forwards_is_measured(driver):
     """/healthz carries the engine thread's time between forwards and the CPU time it ran: all
     of it is outside the forwards (the runner's own sums), none of it while idle."""
     t0 = time.perf_counter()
-    drain(driver.submit(prompt="We hold these truths", max_new_tokens=20, stream=True))
+    drain(driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=20, stream=True)))
     wait_idle(driver)
     time.sleep(0.2)   # the engine thread's last turn ends after the scheduler empties
     elapsed = time.perf_counter() - t0
@@ -94,19 +96,18 @@ def test_a_fault_outside_the_forward_fails_everything_and_says_so(driver, monkey
     failure: the driver fails every request in flight, tells every subscriber, turns /healthz
     to 503 naming the fault, and refuses new requests at once instead of letting them hang."""
     sub = driver.events.subscribe(replay=False)
-    handle = driver.submit(prompt="Four score and seven years ago", max_new_tokens=400, ignore_eos=True, stream=True)
-    for item in handle.outputs(timeout=30):
-        if item[0] == "token":
-            break
+    handle = driver.submit(GenerateRequest(prompt="Four score and seven years ago", max_new_tokens=400, ignore_eos=True, stream=True))
+    assert isinstance(handle.next(timeout=30), Token)
 
     def broken(*a, **kw):
         raise KeyError("injected bookkeeping fault")
     monkeypatch.setattr(driver.engine.scheduler, "schedule", broken)
     _, last = drain(handle)
-    assert last[0] == "finished" and last[1].reason == "error" and "injected bookkeeping fault" in last[1].error
+    assert isinstance(last, Finished) and last.reason == "error" and "injected bookkeeping fault" in last.error
     body, status = driver.health()
     assert status == 503 and body["status"] == "error" and "injected bookkeeping fault" in body["message"]
     fatal = [e for e in sub.get(1) if e["type"] == "error" and e["fatal"]]
     assert fatal and "injected bookkeeping fault" in fatal[0]["message"]
-    late = driver.submit(prompt="anyone there?", max_new_tokens=3, stream=True)
-    assert list(late.outputs(timeout=5))[-1][:1] == ("rejected",)
+    late = driver.submit(GenerateRequest(prompt="anyone there?", max_new_tokens=3, stream=True))
+    (rejected,) = late.events(timeout=5)
+    assert isinstance(rejected, Rejected) and rejected.code == "engine_error"

@@ -8,6 +8,7 @@ from engine import events as ev
 from engine.broadcast import Broadcaster
 from engine.kv_cache import BlockManager, block_hashes
 from engine.loadgen import LoadGenerator
+from engine.request import GenerateRequest
 from engine.settings import make_settings, validate
 from helpers import reference
 
@@ -25,7 +26,7 @@ class Run:
         self.ids = []
 
     def add(self, prompt, **kw):
-        seq = self.engine.new_sequence(prompt=prompt, **kw)
+        seq = self.engine.new_sequence(GenerateRequest(prompt=prompt, **kw))
         self.ids.append(seq.id)
         self.events += self.engine.add(seq)
         return seq.id
@@ -298,6 +299,27 @@ def test_stop_string(engine, tiny):
     assert run.finished(rid).reason == "stop_string"
     produced = tiny.tokenizer.decode(run.tokens(rid), skip_special_tokens=True)
     assert stop in produced and stop not in tiny.tokenizer.decode(run.tokens(rid)[:-1], skip_special_tokens=True)
+    tokens = run.of(ev.Token, rid)
+    assert "".join(t.text for t in tokens) == produced                 # the page: every token's own text
+    assert "".join(t.client() for t in tokens) == text[:text.find(stop)]   # its client: up to the stop
+
+
+def test_a_possible_stop_is_held_back_then_given_out_with_the_last_token(engine):
+    """The tail that might begin a stop string is not given to the client until later text
+    rules it out; when the request ends otherwise (here at max_new_tokens), the last token
+    carries it. The page's `text` is each token's own throughout."""
+    run = Run(engine)
+    plain = run.add(PROMPTS[3], max_new_tokens=12, ignore_eos=True)
+    run.until_idle()
+    text = "".join(t.text for t in run.of(ev.Token, plain))
+    stop = text[-2:] + "\u2603never"   # begins with the output's last two characters
+    rid = run.add(PROMPTS[3], max_new_tokens=12, stop=[stop], ignore_eos=True)
+    run.until_idle()
+    tokens = run.of(ev.Token, rid)
+    assert run.finished(rid).reason == "length" and "".join(t.text for t in tokens) == text
+    assert "".join(t.client() for t in tokens) == text
+    assert tokens[-1].client_text is not None and tokens[-1].client_text.endswith(text[-2:])
+    assert "".join(t.client() for t in tokens[:-1]) == text[:len(text) - len(tokens[-1].client_text)]
 
 
 def test_stale_cache_memory_cannot_leak_into_attention(tiny):
@@ -428,7 +450,7 @@ def test_ignore_eos_and_min_tokens(tiny, engine):
     stops = [i for i in range(4, 12) if ref[i] == ref[0]]
     assert len(got) == (stops[0] + 1 if stops else 12)
     with pytest.raises(SettingError) as e:
-        engine.new_sequence(prompt="x", max_new_tokens=3, min_tokens=4)
+        engine.new_sequence(GenerateRequest(prompt="x", max_new_tokens=3, min_tokens=4))
     assert e.value.field == "min_tokens"
 
 

@@ -10,6 +10,8 @@ import pytest
 from simple_websocket import Client, ConnectionClosed
 
 from engine import EngineConfig
+from engine.events import Finished
+from engine.request import GenerateRequest
 from server import create_app, control
 from conftest import LiveApp
 
@@ -79,9 +81,9 @@ def wait_idle(driver, timeout=30):
 
 def assert_serves(driver):
     """A normal request still completes."""
-    handle = driver.submit(prompt="We hold these truths", max_new_tokens=3, stream=True)
-    last = list(handle.outputs(timeout=30))[-1]
-    assert last[0] == "finished" and last[1].reason in ("stop", "length")
+    handle = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3, stream=True))
+    last = list(handle.events(timeout=30))[-1]
+    assert isinstance(last, Finished) and last.reason in ("stop", "length")
 
 
 def check_reply(raw, replies):
@@ -131,7 +133,7 @@ def api_bodies(model):
 
 def test_hostile_api_bodies(app):
     driver = app.driver
-    client = create_app({"BACKEND": driver, "TESTING": True}).test_client()
+    client = create_app({"TESTING": True}, backend=driver).test_client()
 
     @FUZZ
     @given(st.sampled_from(["/v1/chat/completions", "/v1/completions"]), api_bodies(driver.api_model))

@@ -16,6 +16,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 from bench.launch import App, free_port
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine import events as ev
+from engine.request import GenerateRequest
 from helpers import ARTIFACTS, ROOT, frames
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
@@ -124,7 +125,7 @@ def test_allow_list_and_framing(live):
     its own origin, /embed by any (tests/test_replay_embed.py: --frame-ancestors narrows it)."""
     from werkzeug.serving import make_server
     from server import create_app
-    app = create_app({"BACKEND": live.driver, "ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]})
+    app = create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver)
     http = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{http.server_port}"
@@ -150,10 +151,11 @@ def test_allow_list_and_framing(live):
 def test_a_full_inbox_refuses_at_once_and_never_blocks(tiny):
     d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)), inbox=3)  # not started
     sub = d.events.subscribe(replay=False)
-    handles = [d.submit(prompt="Liberty", max_new_tokens=2, stream=True) for _ in range(3)]
+    handles = [d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True)) for _ in range(3)]
     t0 = time.monotonic()
-    late = d.submit(prompt="Liberty", max_new_tokens=2, stream=True)
-    assert next(late.outputs(timeout=0))[::2] == ("rejected", "queue_full")
+    late = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True))
+    refused = late.next(timeout=0)   # at once, in this thread
+    assert isinstance(refused, ev.Rejected) and refused.code == "queue_full" and late.ended
     with pytest.raises(SettingError) as e:
         d.update_settings({"rate": 2.0})
     assert "busy" in e.value.message
@@ -307,7 +309,7 @@ def test_a_sampling_fault_fails_only_its_request(tiny, monkeypatch):
 
     def run(with_bad):
         eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
-        seqs = [eng.new_sequence(prompt=p, max_new_tokens=8, ignore_eos=True, temperature=t, seed=s)
+        seqs = [eng.new_sequence(GenerateRequest(prompt=p, max_new_tokens=8, ignore_eos=True, temperature=t, seed=s))
                 for p, t, s in (("We hold these truths", 0.0, None), ("Liberty", 1.0, 7),
                                 ("He has refused", 0.0, 666 if with_bad else 1))]
         out = []
@@ -340,20 +342,20 @@ def test_a_lowered_budget_refuses_what_no_longer_fits_and_the_queue_moves_on(liv
     d = live.driver
     d.update_settings({"slots": 1})
     sub = d.events.subscribe(replay=False)
-    holder = d.submit(prompt="Liberty", max_new_tokens=60, ignore_eos=True, stream=True)
-    next(holder.outputs(timeout=30))
+    holder = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=60, ignore_eos=True, stream=True))
+    assert isinstance(holder.next(timeout=30), ev.Token)
     big = {}
     client = threading.Thread(target=lambda: big.update(r=requests.post(
         live.url + "/v1/completions", json={"model": d.api_model, "prompt": "We hold these truths", "max_tokens": 200})))
     client.start()
     wait_until(lambda: len(d.engine.scheduler.waiting) == 1, 5, "the big request waits")
-    small = d.submit(prompt="Hi", max_new_tokens=2, ignore_eos=True, stream=True)
+    small = d.submit(GenerateRequest(prompt="Hi", max_new_tokens=2, ignore_eos=True, stream=True))
     d.update_settings({"cache_tokens": 16})
     client.join(10)
     assert big["r"].status_code == 400
     assert "budget" in big["r"].json()["error"]["message"]
-    assert list(small.outputs(timeout=10))[-1][1].reason == "length"
-    assert list(holder.outputs(timeout=10))[-1][0] == "finished"
+    assert list(small.events(timeout=10))[-1].reason == "length"
+    assert isinstance(list(holder.events(timeout=10))[-1], ev.Finished)
     rejected = [e for e in sub.get(timeout=0) if e["type"] == "rejected"]
     assert [e["code"] for e in rejected] == ["exceeds_cache"] and "16" in rejected[0]["reason"]
     wait_until(lambda: idle(d), 5, "idle")
@@ -421,8 +423,8 @@ def test_on_loopback_other_host_names_are_refused_against_dns_rebinding(live):
     """A page whose name was rebound to 127.0.0.1 sends its own name as Host (and as Origin, which
     then looks same-site): with ALLOWED_HOSTS (app.py sets it on loopback binds) it gets 403."""
     from server import create_app
-    guarded = create_app({"BACKEND": live.driver, "ALLOWED_HOSTS": ("localhost", "127.0.0.1", "::1",
-                                                                     "Proxy.Example.org")}).test_client()
+    hosts = ("localhost", "127.0.0.1", "::1", "Proxy.Example.org")
+    guarded = create_app({"ALLOWED_HOSTS": hosts}, backend=live.driver).test_client()
     for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", "localhost:bad"):
         for r in (guarded.get("/healthz", headers={"Host": host}),
                   guarded.get("/", headers={"Host": host}),
@@ -430,5 +432,5 @@ def test_on_loopback_other_host_names_are_refused_against_dns_rebinding(live):
             assert r.status_code == 403 and r.json["error"]["code"] == "host_not_allowed", (host, r.status_code)
     for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "proxy.example.org"):
         assert guarded.get("/healthz", headers={"Host": host}).status_code == 200, host
-    open_app = create_app({"BACKEND": live.driver}).test_client()   # bound beyond loopback: any name
+    open_app = create_app(backend=live.driver).test_client()   # bound beyond loopback: any name
     assert open_app.get("/healthz", headers={"Host": "evil.example"}).status_code == 200

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 from simple_websocket import Client
 
+from engine.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames
 from server import inputs
@@ -49,7 +50,7 @@ def test_the_engine_refuses_text_its_tokenizer_cannot_take(live):
                       (dict(messages=[{"role": "user", "content": "x\x00"}]), "prompt"),
                       (dict(prompt="ok", stop=["\x00"]), "stop"), (dict(prompt="ok", label="n\ud800"), "label")):
         with pytest.raises(SettingError) as e:
-            live.driver.submit(**kw)
+            live.driver.submit(GenerateRequest(**kw))
         assert e.value.field == field
 
 
@@ -165,7 +166,7 @@ def classroom_app(tiny):
     from engine import EngineConfig
     from server.classroom import Classroom
     room = Classroom(rate_burst=10**6, rate_every_s=0.001)
-    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), {"CLASSROOM": room})
+    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), classroom=room)
     app.room = room
     app.driver.update_settings({"max_new_tokens": 2})
     yield app

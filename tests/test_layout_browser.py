@@ -11,6 +11,7 @@ import time
 import pytest
 
 from engine import record
+from engine.request import GenerateRequest
 from helpers import ARTIFACTS
 from server import export
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
@@ -70,7 +71,7 @@ def busy(live):
     live.driver.update_settings({"max_new_tokens": 8})
     sub = live.driver.events.subscribe(replay=False)
     for _ in range(5):
-        live.driver.submit(prompt="We hold these truths to be self-evident", max_new_tokens=8)
+        live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=8))
     deadline = time.time() + 60
     done = 0
     while done < 5 and time.time() < deadline:
@@ -132,7 +133,7 @@ def test_thirty_students_keep_named_rows_on_the_projected_timeline(room, browser
         page.wait_for_function("() => firstToken.state.hello && document.body.classList.contains('present')")
         room.gate.clear()   # every request waits: thirty rows at once, as when a class asks together
         for name in names:
-            room.driver.submit(prompt=f"{name} asks what a token is", source="join", label=name, max_new_tokens=4)
+            room.driver.submit(GenerateRequest(prompt=f"{name} asks what a token is", source="join", label=name, max_new_tokens=4))
         page.wait_for_function("() => firstToken.state.order.length >= 30", timeout=20_000)
         page.wait_for_timeout(500)   # the strip grows to its rows' height on the next frames
         r = layout(page)

@@ -2,6 +2,7 @@
 comparison's two runs start from an empty prefix cache and the page checks it; /embed runs its
 ?preset= and keeps its own parameters across a reload; in a classroom the presenter is asked
 before a lesson cancels students' questions."""
+from engine.request import GenerateRequest
 from helpers import page_module
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page
@@ -83,7 +84,7 @@ def test_a_live_embed_without_a_preset_says_what_it_waits_for(live, browser):
     try:
         page.wait_for_function("() => firstToken.state.hello && !document.getElementById('start').hidden")
         assert "nothing is running there yet" in page.text_content("#start")
-        live.driver.submit(prompt="We hold these truths", max_new_tokens=2)
+        live.driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=2))
         page.wait_for_function("() => document.getElementById('start').hidden", timeout=10_000)
     finally:
         ctx.close()
@@ -95,7 +96,7 @@ def test_the_presenter_is_asked_before_a_lesson_cancels_students_questions(room,
     try:
         page.wait_for_function("() => document.body.dataset.role === 'presenter'")
         room.gate.clear()   # the student's question stays in flight
-        room.driver.submit(prompt="what is a token?", source="join", label="Ada", max_new_tokens=4)
+        room.driver.submit(GenerateRequest(prompt="what is a token?", source="join", label="Ada", max_new_tokens=4))
         page.wait_for_function("() => firstToken.state.order.length === 1")
         page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
         page.click("#presets .preset >> nth=0")

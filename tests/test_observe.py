@@ -13,6 +13,7 @@ import requests
 from simple_websocket import Client
 
 from engine.events import PROTOCOL
+from engine.request import GenerateRequest
 from helpers import ROOT, frames, schema_validator, start_app
 
 BURST = 3
@@ -141,7 +142,7 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     try:
         finished = {}
         for prompt in HOSTILE:
-            handle = obs.submit(prompt)
+            handle = obs.submit(GenerateRequest(prompt=prompt, source="page", chat=True))
             deadline = time.monotonic() + 10
             while handle.id not in finished and time.monotonic() < deadline:
                 for e in sub.get(timeout=0.2):
@@ -186,8 +187,7 @@ def observing(url, api_key=None, classroom=None):
     from server import create_app
     from server.observe import Observer
     obs = Observer(url + "/v1", api_key=api_key).start()
-    config = {"BACKEND": obs, "TESTING": True, **({"CLASSROOM": classroom} if classroom else {})}
-    app = Served(create_app(config))
+    app = Served(create_app({"TESTING": True}, backend=obs, classroom=classroom))
     app.observer = obs
     deadline = time.monotonic() + 20
     while obs.scraper.describe() is None and time.monotonic() < deadline:
@@ -195,10 +195,10 @@ def observing(url, api_key=None, classroom=None):
     return app
 
 
-def tiny_server(tiny, app_config=None):
+def tiny_server(tiny, classroom=None):
     from conftest import LiveApp
     from engine import EngineConfig
-    return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), app_config)
+    return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), classroom=classroom)
 
 
 def test_observing_first_token_on_the_tiny_model_draws_server_lanes_and_request_rows(tiny):
@@ -272,7 +272,7 @@ def test_a_classroom_on_an_observed_server_with_an_api_key(tiny):
     bearer token: the observer sends it, and it appears in nothing a page or student receives."""
     from server.classroom import Classroom
     upstream = Classroom()                       # the observed server's own key
-    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    observed = tiny_server(tiny, classroom=upstream)
     key = upstream.key
     room = Classroom(join_code="owl", rate_burst=1, rate_every_s=60)
     obs = observing(observed.url, api_key=key, classroom=room)
@@ -347,7 +347,7 @@ def test_the_observed_servers_key_comes_from_the_environment_and_is_never_printe
     from helpers import ARTIFACTS
     from server.classroom import Classroom
     upstream = Classroom()
-    observed = tiny_server(tiny, {"CLASSROOM": upstream})
+    observed = tiny_server(tiny, classroom=upstream)
     apps = {}
     try:
         for label, env in (("with", {"FIRST_TOKEN_OBSERVE_API_KEY": upstream.key}), ("without", {})):
@@ -394,7 +394,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
         deadline = time.monotonic() + 10
         while not obs.reachable and time.monotonic() < deadline:
             time.sleep(0.05)
-        ids = [obs.submit(f"q{i}").id for i in range(3)]
+        ids = [obs.submit(GenerateRequest(prompt=f"q{i}", source="page", chat=True)).id for i in range(3)]
         time.sleep(0.3)                                   # sent, waiting on the server
         started = time.monotonic()
         obs.clear_queue()

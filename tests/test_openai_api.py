@@ -10,7 +10,6 @@ import requests
 from simple_websocket import Client
 
 from helpers import reference
-from server.openai_api import StopTrimmer
 
 PROMPT = "We hold these truths to be self-evident, that all men"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -123,16 +122,6 @@ def test_stop_strings_cut_before_the_stop(client, model, tiny):
                                               stop=["never-appears", stop], stream=True))
     assert "".join(c.choices[0].text for c in streamed) == want
     assert streamed[-1].choices[0].finish_reason == "stop"
-
-
-def test_stop_trimmer_holds_back_a_partial_stop():
-    t = StopTrimmer(("END",))
-    assert [t.feed(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "ENx"]
-    assert t.rest() == ""
-    t = StopTrimmer(("END", "b"))
-    assert [t.feed(p) for p in ("aE", "NDc")] == ["a", ""] and t.rest() == ""
-    t = StopTrimmer(("stop",))
-    assert t.feed("hello st") == "hello " and t.rest() == "st"
 
 
 def error_of(response):

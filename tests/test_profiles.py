@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from engine.request import GenerateRequest
 from server import profiles
 from server.scrape import Scraper
 
@@ -398,9 +399,9 @@ def test_requests_carry_a_seed_of_ours_only_where_slots_need_it(fake_server, nam
     obs = Observer(fake_server.url + "/v1").start()
     try:
         next_stats(obs, lambda e: e["server"] is not None)
-        obs.submit("first")
-        obs.submit("second", chat=False)
-        obs.submit("chosen", seed=7)
+        obs.submit(GenerateRequest(prompt="first", source="page", chat=True))
+        obs.submit(GenerateRequest(prompt="second", source="page"))
+        obs.submit(GenerateRequest(prompt="chosen", source="page", chat=True, seed=7))
         deadline = time.monotonic() + 10
         while len(fake_server.posted) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)

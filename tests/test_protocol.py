@@ -7,6 +7,7 @@ import time
 import jsonschema
 
 from engine import Engine, EngineConfig, EngineDriver, schema
+from engine.request import GenerateRequest
 from helpers import SCHEMA, schema_validator
 
 
@@ -25,8 +26,8 @@ def test_every_event_of_a_live_run_under_load_validates(tiny):
     try:
         driver.update_settings({"prompt_tokens": 32, "max_new_tokens": 4, "rate": 16.0, "load": True})
         driver.burst(4)
-        driver.submit(prompt="We hold these truths", source="page", max_new_tokens=3)
-        driver.submit(prompt="truths " * 400, source="page", max_new_tokens=3)   # too long: rejected
+        driver.submit(GenerateRequest(prompt="We hold these truths", source="page", max_new_tokens=3))
+        driver.submit(GenerateRequest(prompt="truths " * 400, source="page", max_new_tokens=3))   # too long: rejected
         time.sleep(1.5)
         driver.update_settings({"load": False, "max_batched_tokens": 16, "schedule": "prefill-first"})
         driver.reset()

@@ -220,7 +220,7 @@ def test_embed_is_framed_by_anyone_by_default_and_pages_by_themselves(client):
 
 
 def test_frame_ancestors_narrows_embed(driver):
-    app = create_app({"BACKEND": driver, "FRAME_ANCESTORS": "https://B.org https://a.org:443"})
+    app = create_app({"FRAME_ANCESTORS": "https://B.org https://a.org:443"}, backend=driver)
     r = app.test_client().get("/embed")
     assert r.headers["Content-Security-Policy"] == "frame-ancestors 'self' https://a.org https://b.org"
     assert "X-Frame-Options" not in r.headers

@@ -7,6 +7,7 @@ import pytest
 from engine import Engine, EngineConfig
 from engine import events as ev
 from engine.kv_cache import head_dim
+from engine.request import GenerateRequest
 from engine.roofline import Roofline, peak_flops
 from engine.stats import RollingStats
 
@@ -46,7 +47,7 @@ def test_every_step_carries_its_prediction_and_hello_the_measured_rates(engine):
     hello = engine.hello().to_dict()
     roof = hello["roofline"]
     assert roof["estimated"] is True and roof["peak_gflops"] > 0 and roof["gbs"] == hello["bandwidth"]["gbs"]
-    seq = engine.new_sequence(prompt="We hold these truths to be self-evident", max_new_tokens=3)
+    seq = engine.new_sequence(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=3))
     events = engine.add(seq)
     while engine.scheduler.running or engine.scheduler.waiting:
         events += engine.step()
@@ -78,7 +79,8 @@ def test_requests_are_judged_by_their_own_measured_ttft_and_tpot(engine):
 
     def run(arrive, first_at, gap, tokens=4):
         now[0] = arrive
-        seq = engine.new_sequence(prompt="Four score and seven years ago", max_new_tokens=tokens, ignore_eos=True)
+        seq = engine.new_sequence(GenerateRequest(prompt="Four score and seven years ago", max_new_tokens=tokens,
+                                                  ignore_eos=True))
         events = engine.add(seq)
         now[0] = first_at
         while engine.scheduler.running or engine.scheduler.waiting:
@@ -104,7 +106,7 @@ def test_requests_are_judged_by_their_own_measured_ttft_and_tpot(engine):
 
 
 def test_cancelled_requests_are_not_judged(engine):
-    seq = engine.new_sequence(prompt="He has refused his Assent", max_new_tokens=8)
+    seq = engine.new_sequence(GenerateRequest(prompt="He has refused his Assent", max_new_tokens=8))
     events = engine.add(seq)
     events += engine.step() + engine.step()
     events += engine.cancel(seq.id)

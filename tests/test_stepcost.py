@@ -5,6 +5,7 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine import events as ev
+from engine.request import GenerateRequest
 from engine.stepcost import MIN_CHUNK, StepCost
 
 C0, C_DECODE, C_PREFILL = 0.010, 0.002, 0.0005   # seconds: per forward, per decode row, per prompt token
@@ -40,8 +41,8 @@ def run_with_fake_costs(tiny, max_step_ms):
     events = []
 
     def add(n_tokens, new):
-        seq = engine.new_sequence(prompt=engine.loadgen.prompt(n_tokens), prompt_tokens=n_tokens,
-                                  max_new_tokens=new, ignore_eos=True)
+        seq = engine.new_sequence(GenerateRequest(prompt=engine.loadgen.prompt(n_tokens), prompt_tokens=n_tokens,
+                                                  max_new_tokens=new, ignore_eos=True))
         assert len(seq.prompt_ids) == n_tokens
         events.extend(engine.add(seq))
         return seq.id

@@ -1,0 +1,145 @@
+"""One request as a client sees it: `GenerateRequest`, the single typed request every client
+builds (the OpenAI API, the page's websocket, a classroom phone, the load generator, a
+preset's bursts, the bench) and hands to `Backend.submit`, and `RequestHandle`, what
+`submit` gives back: the request's id and its own events, the one output path.
+
+It is validated once, when it is built: a bad value raises `SettingError` naming the field,
+and nothing has been queued, tokenized or reserved. What depends on the engine (a default
+taken from the live settings when a value is left out, bounds given by the model's context)
+is resolved in one place, `GenerateRequest.sampling`, when the engine takes the request in
+(engine/intake.py, which also tokenizes it).
+"""
+from dataclasses import dataclass
+import queue
+from typing import get_args
+
+from .events import Finished, Rejected, Source
+from .sequence import SamplingParams
+from .settings import SettingError, check_text, coerce
+
+MAX_PROMPT_CHARS = 200_000
+MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
+MAX_STOPS = 4          # OpenAI's limit on stop strings
+SOURCES = tuple(s for s in get_args(Source) if s != "observe")   # observe mode's own load is no client's
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Everything a client may ask for one request. Left out (None), `max_new_tokens`,
+    `temperature` and `top_p` take the engine's live settings (the page's sliders)."""
+    prompt: str | None = None          # the text, used as it is unless `chat`
+    messages: list | None = None       # or a chat: [{"role", "content"}, ...] through the chat template
+    chat: bool = False                 # wrap `prompt` as one user message (when the model has a template)
+    max_new_tokens: int | None = None
+    temperature: float | None = None   # 0: greedy
+    top_p: float | None = None
+    seed: int | None = None            # repeatable sampling
+    stop: tuple = ()                   # up to 4 stop strings: the output ends just before the first
+    ignore_eos: bool = False           # keep going past end-of-sequence (load tools fix output lengths)
+    min_tokens: int = 0                # neither end-of-sequence nor a stop string ends it sooner
+    label: str | None = None           # who asked, shown on the timeline (a classroom student's name)
+    source: str = "api"                # page | load | api | join
+    stream: bool = False               # the client reads its events from the handle `submit` returns
+    prompt_tokens: int | None = None   # cut the prompt to this many tokens (the load generator's lengths)
+
+    def __post_init__(self):
+        # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
+        fix = lambda name, value: object.__setattr__(self, name, value)   # noqa: E731 -- frozen
+        if self.label is not None:
+            if not isinstance(self.label, str) or not self.label or len(self.label) > MAX_LABEL_CHARS:
+                raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
+            check_text("label", self.label)
+        for name, kind, lo, hi in (("max_new_tokens", "int", 1, None), ("temperature", "float", 0.0, 2.0),
+                                   ("top_p", "float", 0.0, 1.0), ("seed", "int", 0, 2**63 - 1),
+                                   ("prompt_tokens", "int", 1, None)):
+            if getattr(self, name) is not None:
+                fix(name, coerce(name, kind, getattr(self, name), lo, hi))
+        if self.top_p is not None and self.top_p <= 0:
+            raise SettingError("top_p", "must be greater than 0")
+        fix("stop", self._stops(self.stop))
+        for name in ("ignore_eos", "chat", "stream"):
+            coerce(name, "bool", getattr(self, name))
+        fix("min_tokens", coerce("min_tokens", "int", self.min_tokens, 0))
+        if self.source not in SOURCES:
+            raise SettingError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        self._check_prompt()
+
+    @staticmethod
+    def _stops(stop):
+        if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOPS \
+                or not all(isinstance(s, str) and s for s in stop):
+            raise SettingError("stop", f"must be up to {MAX_STOPS} non-empty strings")
+        for s in stop:
+            check_text("stop", s)
+        return tuple(stop)
+
+    def _check_prompt(self):
+        """A prompt or messages, of the right shapes (their text is checked once templated, in
+        engine/intake.py, where the tokenizer takes it)."""
+        if self.messages is not None:
+            if self.prompt is not None:
+                raise SettingError("prompt", "give a prompt or messages, not both")
+            if not isinstance(self.messages, list) or not self.messages or not all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in self.messages):
+                raise SettingError("messages", 'must be a non-empty list of {"role", "content"} strings')
+        elif not isinstance(self.prompt, str) or not self.prompt:
+            raise SettingError("prompt", "must be a non-empty string")
+        elif len(self.prompt) > MAX_PROMPT_CHARS:
+            raise SettingError("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
+
+    def sampling(self, settings, max_context):
+        """The sampling parameters on this engine: what was left out taken from its live
+        `settings`, bounded by its context (the one place those defaults are resolved)."""
+        new = settings["max_new_tokens"] if self.max_new_tokens is None else self.max_new_tokens
+        if new > max_context:
+            raise SettingError("max_new_tokens", f"must be at most {max_context}, got {new}")
+        if self.min_tokens > new:
+            raise SettingError("min_tokens", f"must be at most max_new_tokens ({new})")
+        return SamplingParams(
+            max_new_tokens=new, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            temperature=settings["temperature"] if self.temperature is None else self.temperature,
+            top_p=settings["top_p"] if self.top_p is None else self.top_p)
+
+
+class RequestHandle:
+    """What `Backend.submit` returns: the request's id and, when it was submitted with
+    `stream=True`, its own events as they happen: `Token`s, then one `Finished` or `Rejected`
+    (engine/events.py), the very objects published to pages, so each is built once.
+
+        event = handle.next(timeout)   # the next one, or None if none came within `timeout` s
+        for event in handle: ...       # each to the last one (blocking)
+
+    Without `stream` nothing is kept (the page and the load generator follow events only)."""
+
+    def __init__(self, rid, stream=False):
+        self.id = rid
+        self._events = queue.SimpleQueue() if stream else None
+        self.ended = False   # the last event (Finished or Rejected) has been read
+
+    def put(self, event):
+        """The engine's side: one of this request's events, in order."""
+        if self._events is not None:
+            self._events.put(event)
+
+    def next(self, timeout=None):
+        if self._events is None:
+            raise ValueError(f"request {self.id} was submitted without stream=True: its events go to pages only")
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.ended = isinstance(event, (Finished, Rejected))
+        return event
+
+    def events(self, timeout=None):
+        """Each event to the last; TimeoutError if one takes longer than `timeout` seconds."""
+        while not self.ended:
+            event = self.next(timeout)
+            if event is None:
+                raise TimeoutError(f"request {self.id}: no event within {timeout} s")
+            yield event
+
+    def __iter__(self):
+        return self.events()
