@@ -30,9 +30,12 @@ class Action:
     shared_prefix: int = 0
     seed: int = 0         # the burst's prompts: the same every time the preset runs
     max_new_tokens: int | None = None   # default: the preset's setting
+    reload: bool = False  # instead of a burst: load the model again (a cold start, engine/reload.py)
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
+        if self.reload:
+            out["reload"] = True
         if self.prompt_tokens is not None:
             out["prompt_tokens"] = self.prompt_tokens
         if self.shared_prefix:
@@ -163,6 +166,13 @@ PRESETS = {p.name: p for p in (
            {"schedule": "prefill-first", "max_batched_tokens": 1024, "prompt_tokens": 32,
             "max_new_tokens": 96},
            (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
+    Preset("cold-start", "A cold start",
+           "The model is loaded again from its on-disk cache, as a restarted server does, just as two "
+           "requests arrive: they wait for it, and their time to first token carries a 'load' stage "
+           "of the load's measured time. A request a few seconds later pays nothing for it.",
+           "the first requests' 'load' stage against the later request's TTFT",
+           {"prompt_tokens": 64, "max_new_tokens": 24},
+           (Action(0, 2), Action(0, 0, reload=True), Action(4.0, 1, seed=1))),
 )}
 
 
