@@ -48,4 +48,8 @@ class Backend(Protocol):
     def measure(self) -> None:
         """Sweep decode cost (engine/measure.py); the results arrive as `measure` events."""
 
+    def reload(self) -> None:
+        """Load the model again from its on-disk cache (a cold start, engine/reload.py; a
+        `model_load` event follows); SettingError when it cannot be (observe mode)."""
+
     def shutdown(self) -> None: ...

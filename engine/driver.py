@@ -88,6 +88,13 @@ class ApplyPreset:
 
 
 @dataclass(frozen=True)
+class ReloadModel:
+    def run(self, driver):
+        from . import reload   # here: it imports torch, which observe mode never loads
+        return reload.run(driver.engine, driver.loader)
+
+
+@dataclass(frozen=True)
 class MeasureDecode:
     def run(self, driver):
         from . import measure   # here: it imports torch, which observe mode never loads
@@ -96,8 +103,11 @@ class MeasureDecode:
 
 
 class EngineDriver:
-    def __init__(self, engine, inbox=INBOX):
+    def __init__(self, engine, inbox=INBOX, loader=None):
+        """`loader()`: loads the model bundle again (a cold start on demand, `reload`); None
+        when this engine's model cannot be reloaded (one built in memory)."""
         self.engine = engine
+        self.loader = loader
         self.clock = engine.clock
         self.specs = engine.specs
         self.settings = engine.settings
@@ -129,8 +139,11 @@ class EngineDriver:
         if self.failure:
             return {"status": "error", "message": f"the engine stopped: {self.failure}"}, 503
         b = eng.bundle
+        loads = eng.timing.loads
         return {"status": "ok", "model": b.name, "device": b.device, "dtype": b.dtype_name,
-                "load_s": round(b.load_s, 3), "weights_from_cache": b.from_cache,
+                "load_s": round(loads[-1][1] - loads[-1][0] if loads else b.load_s, 3),
+                "loaded_at": round(eng.clock.wall0 + (loads[-1][1] if loads else 0.0), 3),
+                "weights_from_cache": b.from_cache,
                 "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting),
                 "engine_thread": {"between_forwards_s": self.between_wall_s,
                                   "between_forwards_cpu_s": self.between_cpu_s}}, 200
@@ -190,6 +203,13 @@ class EngineDriver:
         preset = presets.get(name)   # SettingError: nothing changed
         overrides = validate(self.specs, settings) if settings is not None else {}
         self._put_or_refuse(ApplyPreset(preset, overrides))
+
+    def reload(self):
+        """Load the model again from its on-disk cache (a cold start, engine/reload.py); SettingError
+        when it cannot be (nothing changed)."""
+        if self.loader is None:
+            raise SettingError("reload", "this engine's model was not loaded from disk; nothing to reload")
+        self._put_or_refuse(ReloadModel())
 
     def measure(self):
         """Pause serving for a decode-cost sweep (engine/measure.py); results arrive as events."""
@@ -260,6 +280,9 @@ class EngineDriver:
         due = [a for at, a in self._actions if at <= now]
         self._actions[:] = [(at, a) for at, a in self._actions if at > now]
         for a in due:
+            if a.reload:    # on this thread, so the bursts queued before it wait for the load
+                self._publish(ReloadModel().run(self))
+                continue
             new = a.max_new_tokens or self.settings["max_new_tokens"]
             n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
             self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new)

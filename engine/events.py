@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 8   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 9   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -31,8 +31,9 @@ class Clock:
 
 
 class Stages(TypedDict):
-    """Where the time to first token went (seconds); the six add up to `ttft`."""
+    """Where the time to first token went (seconds); the seven add up to `ttft`."""
     tokenize: float | None
+    load: float | None      # waiting for the model to load (a reload: engine/reload.py)
     queue: float | None
     prefill: float | None
     first_sample: float | None
@@ -163,6 +164,16 @@ class Loading(Event):
     status: Literal["loading", "error"]
     message: str
     progress: float
+
+
+@dataclass(slots=True)
+class ModelLoad(Event):
+    type: ClassVar[str] = "model_load"
+    start: float
+    end: float
+    seconds: float
+    from_cache: bool      # from the on-disk cache of dequantised weights
+    reason: Literal["reload"]
 
 
 @dataclass(slots=True)
@@ -384,4 +395,4 @@ class Error(Event):
 
 
 EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Preempted, Prefill, Step, Token,
-               Finished, Rejected, Stats, Preset, Measure, Sync, Reset, Dropped, Error)
+               Finished, Rejected, Stats, Preset, Measure, ModelLoad, Sync, Reset, Dropped, Error)

@@ -30,9 +30,12 @@ class Action:
     shared_prefix: int = 0
     seed: int = 0         # the burst's prompts: the same every time the preset runs
     max_new_tokens: int | None = None   # default: the preset's setting
+    reload: bool = False  # instead of a burst: load the model again (a cold start, engine/reload.py)
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
+        if self.reload:
+            out["reload"] = True
         if self.prompt_tokens is not None:
             out["prompt_tokens"] = self.prompt_tokens
         if self.shared_prefix:
@@ -163,6 +166,27 @@ PRESETS = {p.name: p for p in (
            {"schedule": "prefill-first", "max_batched_tokens": 1024, "prompt_tokens": 32,
             "max_new_tokens": 96},
            (Action(0, 4), Action(3.0, 1, prompt_tokens=1024, seed=1))),
+    Preset("buffered-proxy", "A buffering proxy",
+           "A proxy between this server and you holds what passes through it and lets it go every "
+           "half second, as a buffered response does. The engine's tokens come at a steady pace (its "
+           "step times do not change), but this page receives them in clumps: each row shows when "
+           "a token was made and, apart from it, when it arrived here.",
+           "the gap between engine time and arrival here, and the clumped arrivals",
+           {"buffer_ms": 500, "prompt_tokens": 32, "max_new_tokens": 64}, (Action(0, 2),)),
+    Preset("slow-network", "A slow network",
+           "An injected 300 ms (plus up to 100 ms of jitter) on every delivery to this page and to "
+           "API clients. The engine's stages and its time to first token do not change; what this "
+           "page sees arrives 0.3-0.4 s later, so the first token, as a user sees it, comes later.",
+           "time to first token here against the engine's own",
+           {"net_latency_ms": 300, "net_jitter_ms": 100, "prompt_tokens": 32, "max_new_tokens": 32},
+           (Action(0, 2),)),
+    Preset("cold-start", "A cold start",
+           "The model is loaded again from its on-disk cache, as a restarted server does, just as two "
+           "requests arrive: they wait for it, and their time to first token carries a 'load' stage "
+           "of the load's measured time. A request a few seconds later pays nothing for it.",
+           "the first requests' 'load' stage against the later request's TTFT",
+           {"prompt_tokens": 64, "max_new_tokens": 24},
+           (Action(0, 2), Action(0, 0, reload=True), Action(4.0, 1, seed=1))),
 )}
 
 

@@ -49,6 +49,7 @@ class Sequence:
     prefill_start: float | None = None
     prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
     requeue_s: float = 0.0          # waiting again after a preemption, before its first token
+    load_s: float = 0.0             # of its wait before admission, the part the model was loading
     first_sample_s: float = 0.0
     first_sampled: float | None = None
     first_delivered: float | None = None
@@ -103,7 +104,8 @@ class Sequence:
         ttft = self.first_delivered - self.arrival
         stages = {
             "tokenize": self.tokenize_end - self.arrival,
-            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s,
+            "load": self.load_s,
+            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s,
             "prefill": self.prefill_s,
             "first_sample": self.first_sample_s,
             "delivery": self.first_delivered - self.first_sampled,

@@ -10,6 +10,8 @@ stage accounting on the Sequence (`prefill_s`, `first_sampled`, `later_*_s`, ...
 `preempted`, `admitted`, `prefill`, `step`, `token`, `finished` and `stats` events.
 """
 from .events import Admitted, Finished, Preempted, Prefill, Stats, Step, Token
+from collections import deque
+
 from .stats import RollingStats
 
 STATS_EVERY_S = 0.5
@@ -26,6 +28,7 @@ class StepRecorder:
         self._emit = emit
         self.scheduler = scheduler
         self.stats = RollingStats(started=clock.now())
+        self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/reload.py)
         self._next_stats = 0.0
         # this step's forward (start, end) and sampling (start, end, seconds): every token of a
         # step is sampled at once, so each has the step's sampling times
@@ -56,9 +59,15 @@ class StepRecorder:
             waited = now - (seq.preempted_at if resumed else seq.arrival)
             if resumed and seq.first_delivered is None:
                 seq.requeue_s += waited
+            if not resumed:     # the part of its wait the model was loading: its `load` stage
+                seq.load_s = sum(max(0.0, min(e, now) - max(s, seq.tokenize_end)) for s, e in self.loads)
             seq.admitted = seq.admitted or now
             self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=waited, blocks=len(seq.block_table),
                                 prompt_tokens=seq.num_tokens, cached_tokens=seq.admitted_cached, resumed=resumed))
+
+    def model_loaded(self, start, end):
+        """The model was (re)loaded from `start` to `end`: requests waiting then are charged it."""
+        self.loads.append((start, end))
 
     def idle_timeout(self):
         """How long until the next `stats` event is due (at most STATS_EVERY_S)."""

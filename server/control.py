@@ -1,5 +1,5 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `preset`, `measure`, `sync`, `leave`; in classroom mode the presenter's `clear_queue`
+`reset`, `preset`, `measure`, `reload`, `sync`, `leave`; in classroom mode the presenter's `clear_queue`
 and `remove_client`): parsed and validated here, transport-free, so every bad message gets an
 `error` reply naming the field and changes nothing. A classroom viewer may send `sync` and
 `leave` only."""
@@ -83,6 +83,10 @@ def _measure(backend, msg, room):
     backend.measure()
 
 
+def _reload(backend, msg, room):
+    backend.reload()
+
+
 def _clear_queue(backend, msg, room):
     backend.clear_queue()
 
@@ -92,7 +96,7 @@ def _remove_client(backend, msg, room):
 
 
 COMMANDS = {"set": _set, "load": _load, "burst": _burst, "reset": _reset, "preset": _preset,
-            "measure": _measure, "submit": _submit, "sync": _sync}
+            "measure": _measure, "reload": _reload, "submit": _submit, "sync": _sync}
 CLASSROOM_COMMANDS = {"clear_queue": _clear_queue, "remove_client": _remove_client}   # the presenter's
 
 
@@ -113,7 +117,7 @@ def handle(backend, raw, role="solo", classroom=None):
         action = COMMANDS.get(kind) or (CLASSROOM_COMMANDS.get(kind) if classroom is not None else None)
     if action is None:
         return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                "reset, preset, measure, sync or leave; clear_queue or remove_client in classroom "
+                                "reset, preset, measure, reload, sync or leave; clear_queue or remove_client in classroom "
                                 "mode)", "type")]
     try:
         return action(backend, msg, classroom) or []

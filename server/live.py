@@ -21,6 +21,7 @@ from wsproto.utilities import LocalProtocolError
 from engine.broadcast import encode
 from engine.events import Error, Loading
 from . import classroom, control
+from .delivery import Delivery
 from .errors import ApiError
 from .state import current
 
@@ -72,6 +73,15 @@ def send_every(state, role):
     return min(MAX_SEND_EVERY_S, SEND_EVERY_S * max(1.0, state.viewers.open / VIEWERS_PER_TICK))
 
 
+def _through(line, events):
+    """Events on their way to this page through its delivery line (as they are when it is off)."""
+    if not line.active():
+        return events
+    now = time.monotonic()
+    line.push(events, now, [len(e.json) if hasattr(e, "json") else 0 for e in events])
+    return line.take(now)
+
+
 def _idle(conn, backend, sub):
     """After `leave`: send nothing more, and hold the socket open, unread, until the page goes.
     Neither side closes it now: under Werkzeug's server a close while the page is open shows
@@ -118,11 +128,13 @@ def _serve(conn, state):
     hello.role, hello.classroom = role, info
     # simple-websocket sets conn.event when a message or the close arrives; events set it too
     sub = backend.events.subscribe(wake=conn.event.set)
+    line = Delivery(backend.settings)   # this page's proxy buffer and network, when set (server/delivery.py)
     try:
         _send(conn, [hello.to_dict()])
         sent = 0.0
         while True:
-            conn.event.wait(1.0)
+            due = line.wait_s(time.monotonic())
+            conn.event.wait(1.0 if due is None else min(1.0, due))
             conn.event.clear()
             out = []
             # every message that arrived (receive raises ConnectionClosed once the page is gone)
@@ -137,7 +149,7 @@ def _serve(conn, state):
                     out.append(control.internal_error(backend, e).to_dict())
             if not out:   # only events: let more of them join this frame
                 time.sleep(max(0.0, sent + send_every(state, role) - time.monotonic()))
-            out += sub.get(timeout=0)
+            out += _through(line, sub.get(timeout=0))
             if out:
                 _send(conn, out)
                 sent = time.monotonic()

@@ -25,7 +25,10 @@ def driver(args, progress):
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
                           max_context=args.max_context)
     bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
-    return EngineDriver(Engine(bundle, config, bench=bench)).start()
+
+    def reload():   # the same model again, from the on-disk cache the first load filled (a cold start)
+        return model.load(args.model, device=args.device, dtype=args.dtype)
+    return EngineDriver(Engine(bundle, config, bench=bench), loader=reload).start()
 
 
 def _load(args, state):

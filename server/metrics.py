@@ -30,6 +30,8 @@ and First Token's own (vLLM has no such metrics), from the same events:
                                         slo_ttft_ms / slo_tpot_ms settings), by slo = met | missed
     first_token:goodput_requests_per_s  requests/s that met both, over the last 30 s (stats.goodput)
     first_token:slo_attainment          fraction of the requests judged in that window that met both
+    first_token:model_load_seconds      how long the model's last load took (the start's, or a reload's)
+    first_token:model_loads_total       reloads since start (model_load events)
 """
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -87,6 +89,8 @@ class EngineMetrics:
         slo = Counter("first_token:slo_requests", "Completed requests judged against the SLOs",
                       ["model_name", "slo"], registry=self.registry)
         self.slo = {True: slo.labels(slo="met", **label), False: slo.labels(slo="missed", **label)}
+        self.load_s = gauge("first_token:model_load_seconds", "How long the model's last load took")
+        self.loads = counter("first_token:model_loads", "Model reloads since start (cold starts on demand)")
         self.goodput = gauge("first_token:goodput_requests_per_s", "Requests/s meeting both SLOs, last 30 s")
         self.attainment = gauge("first_token:slo_attainment", "Fraction of requests judged in the last 30 s "
                                                               "that met both SLOs")
@@ -101,6 +105,7 @@ class EngineMetrics:
         """Metrics for `backend`'s model, listening to its events from now on."""
         hello = backend.hello()
         m = cls(backend.api_model, hello.cache_blocks)
+        m.load_s.set(backend.health()[0].get("load_s") or 0.0)
         backend.events.add_listener(m.on_event)
         return m
 
@@ -117,6 +122,10 @@ class EngineMetrics:
             if isinstance(ev, ev_types.Stats):
                 self.goodput.set(ev.goodput or 0.0)
                 self.attainment.set(float("nan") if ev.slo_attainment is None else ev.slo_attainment)
+        elif isinstance(ev, ev_types.ModelLoad):
+            self.load_s.set(ev.seconds)
+            self.loads.inc()
+            return
         elif isinstance(ev, ev_types.Request):
             self._waiting.add(ev.id)
         elif isinstance(ev, ev_types.Admitted):

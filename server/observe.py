@@ -211,6 +211,10 @@ class Observer:
         raise SettingError("measure", "measuring decode cost needs this app's own engine; observe mode "
                                       "only watches another server")
 
+    def reload(self):
+        raise SettingError("reload", "reloading reloads this app's own model; observe mode only watches "
+                                     "another server")
+
     def reset(self):
         with self._lock:
             flights = list(self._flights.values())

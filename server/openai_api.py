@@ -34,6 +34,7 @@ import time
 from engine.events import Rejected, Token
 from engine.request import GenerateRequest
 from engine.settings import SettingError
+from . import delivery
 from .errors import ApiError
 
 MAX_BODY_BYTES = 1 << 20
@@ -182,6 +183,7 @@ def outputs(backend, handle, timeout_s, gone):
     request ended, cancels it in the engine (slot and blocks freed)."""
     deadline = time.monotonic() + timeout_s
     ended = False
+    handle = delivery.wrap(handle, backend.settings)   # a buffering proxy / injected delay, when set
     try:
         while True:
             left = deadline - time.monotonic()

@@ -1,0 +1,86 @@
+"""A cold start on demand: the model loaded again while the engine runs (engine/reload.py), the
+`load` stage of the requests that waited for it, the `cold-start` preset, /healthz and /metrics
+(tiny random model; the "load" sleeps a known time so the stage can be checked against it)."""
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import events as ev
+from engine.request import GenerateRequest
+from helpers import tiny_bundle
+from server.metrics import EngineMetrics
+
+LOAD_S = 0.3
+
+
+def slow_loader():
+    time.sleep(LOAD_S)          # a load that takes a known time (the real one reads the disk cache)
+    return tiny_bundle()
+
+
+@pytest.fixture
+def driver(tiny):
+    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512)), loader=slow_loader)
+    yield d
+    d.shutdown()
+
+
+def collect(sub, until, timeout=30.0):
+    events, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += sub.get(0.2)
+        if until(events):
+            return events
+    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
+
+
+def finished(events):
+    return {e["id"]: e for e in events if e["type"] == "finished"}
+
+
+def test_requests_that_waited_for_the_load_carry_it_as_their_load_stage(driver):
+    sub = driver.events.subscribe(replay=False)
+    waiting = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=4))
+    driver.reload()
+    driver.start()              # the request and the reload were queued first: it waits for the load
+    events = collect(sub, lambda evs: waiting.id in finished(evs))
+    (load,) = [e for e in events if e["type"] == "model_load"]
+    assert load["reason"] == "reload" and load["seconds"] >= LOAD_S and load["end"] - load["start"] == load["seconds"]
+    first = finished(events)[waiting.id]
+    assert first["stages"]["load"] == pytest.approx(load["seconds"], abs=1e-9)
+    assert sum(first["stages"].values()) == pytest.approx(first["ttft"], abs=1e-9)   # still adds up
+    assert first["stages"]["queue"] >= 0
+
+    later = driver.submit(GenerateRequest(prompt="He has refused his Assent", max_new_tokens=4))
+    events = collect(sub, lambda evs: later.id in finished(evs))
+    assert finished(events)[later.id]["stages"]["load"] == 0.0      # after the load: nothing to wait for
+    health, status = driver.health()
+    assert status == 200 and health["load_s"] == round(load["seconds"], 3)
+    eng = driver.engine
+    assert eng.blocks.used == 0 and eng.scheduler.slots == [None] * eng.scheduler.max_slots
+
+
+def test_the_cold_start_preset_reloads_as_its_first_requests_arrive(driver):
+    driver.start()
+    sub = driver.events.subscribe(replay=False)
+    driver.apply_preset("cold-start")
+    events = collect(sub, lambda evs: len(finished(evs)) >= 3, timeout=60)
+    (load,) = [e for e in events if e["type"] == "model_load"]
+    done = sorted(finished(events).values(), key=lambda e: e["t"])
+    assert [e["stages"]["load"] == pytest.approx(load["seconds"], abs=1e-9) for e in done[:2]] == [True, True]
+    assert done[2]["stages"]["load"] == 0.0 and done[2]["ttft"] < done[0]["ttft"]
+
+
+def test_an_engine_built_in_memory_cannot_reload_and_nothing_changes(tiny):
+    d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=512, max_context=256)))
+    with pytest.raises(SettingError) as e:
+        d.reload()
+    assert e.value.field == "reload" and d._inbox.empty()
+
+
+def test_metrics_report_the_last_load():
+    m = EngineMetrics("m", cache_blocks=10)
+    m.on_event(ev.ModelLoad(t=5.0, start=2.0, end=5.0, seconds=3.0, from_cache=True, reason="reload"))
+    value = lambda name: m.registry.get_sample_value(name, {"model_name": "m"})  # noqa: E731
+    assert value("first_token:model_load_seconds") == 3.0 and value("first_token:model_loads_total") == 1
