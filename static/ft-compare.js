@@ -9,6 +9,7 @@
 // empty prefix cache (their `reset` events say so). Each run is drawn while it records, with
 // its progress; Cancel stops the comparison and resets the engine.
 import {send} from "ft/connection";
+import {sloCounts} from "ft/figures";
 import {createState, ingest, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
 import {drawTimeline} from "ft/timeline";
@@ -30,6 +31,8 @@ export const COMPARISONS = {
   batching: {title: "static vs continuous batching", base: "continuous-batching",
              a: ["static batching", {schedule: "static"}], b: ["continuous batching", {schedule: "mixed"}]},
   chunked: {title: "prefill-first vs chunked prefill", base: "chunked-prefill",
+            a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
+  goodput: {title: "goodput: prefill-first vs chunked prefill", base: "goodput",
             a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
 };
 const TIME_KEYS = ["t", "start", "end", "sampled"];
@@ -83,14 +86,28 @@ async function runSide(cmp, side) {
   return run;
 }
 
-// TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50.
+// TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50,
+// and against the objectives (finished.slo): goodput (requests that met both ÷ that same span),
+// attainment (met ÷ judged) and how many missed each objective.
 export function figures(rs) {
   const done = [...rs.reqs.values()].filter((r) => r.ttft !== null && r.end !== null);
   if (!done.length) return null;
   const span = Math.max(...done.map((r) => r.end)) - Math.min(...done.map((r) => r.arrival));
   const out = done.reduce((a, r) => a + (r.outputTokens || 0), 0);
+  const slo = sloCounts(done);
   return {n: done.length, ttft: percentile(done.map((r) => r.ttft), 50), tps: out / span, span,
-          tpot: percentile(done.filter((r) => r.tpot).map((r) => r.tpot), 50)};
+          tpot: percentile(done.filter((r) => r.tpot).map((r) => r.tpot), 50), slo,
+          goodput: slo.judged ? slo.met / span : null, attainment: slo.judged ? slo.met / slo.judged : null};
+}
+
+// "3 of 12 met both · missed: TTFT 2, per-token 7"
+function sloFig(f) {
+  if (!f.slo.judged) return fig("SLO met", "—");
+  const miss = [f.slo.ttft ? `TTFT ${f.slo.ttft}` : "", f.slo.tpot ? `per-token ${f.slo.tpot}` : ""].filter(Boolean);
+  const d = fig("SLO met", `${f.slo.met} of ${f.slo.judged} (${Math.round(f.attainment * 100)}%)`);
+  d.title = miss.length ? `missed: ${miss.join(", ")}` : "every judged request met both objectives";
+  if (miss.length) d.append(el("span", "miss", `missed ${miss.join(" · ")}`));
+  return d;
 }
 
 export async function run() {
@@ -111,6 +128,9 @@ export async function run() {
     status(!cold ? "Done, but a run did not start from an empty prefix cache: its prefill may be cached. Compare with care." :
            same ? `Done. The same ${n} prompts both times (checked by their first tokens), both from an empty prefix cache; only ${Object.keys(cmp.a[1]).join(", ")} differs.`
                 : "Done, but the two runs' prompts differ (checked by their first tokens): compare with care.");
+    const st = b.settings;
+    if (st.slo_ttft_ms) status(`${$("c-status").textContent} Both judged against TTFT ≤ ${fmtS(st.slo_ttft_ms / 1000)} ` +
+                               `and ≤ ${fmtS(st.slo_tpot_ms / 1000)} per later token (✓/✗ after each request).`);
     $("sheet-compare").dataset.same = String(same);
     $("sheet-compare").dataset.cold = String(cold);
   } catch (e) {
@@ -139,6 +159,7 @@ function draw() {
     if (!r) { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); continue; }
     $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}` + (runs ? "" : ` (${r.done} of ${r.requests} done)`);
     $(`c-${side}-figs`).replaceChildren(...(f ? [
+      fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
     drawTimeline(canvas, r.s, view, span, {selected: null, grow: false});
@@ -147,6 +168,7 @@ function draw() {
 
 function fig(k, v) {
   const d = el("div", "fig");
+  d.dataset.k = k;
   d.append(el("span", "k", k), el("span", "v", v));
   return d;
 }

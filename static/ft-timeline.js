@@ -16,6 +16,7 @@ const C = {
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
   preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
+  sloMet: P.sloMet, sloMissed: P.sloMissed,
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -192,6 +193,29 @@ function drawOutcomes(ctx, f, g, view) {
   ctx.fillStyle = C.firstSample;
   for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
   for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
+  drawSlo(ctx, f, g, inView);
+}
+
+// Each judged request's service-level verdict (finished.slo) just after its end: a quiet tick
+// when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
+// "✗ both"); the hover read-out and the request panel give the numbers.
+function drawSlo(ctx, f, g, inView) {
+  const {reqs, barY, barH} = g;
+  const px = Math.max(9, Math.min(13, Math.floor(barH)));
+  ctx.font = `600 ${px}px system-ui, sans-serif`;
+  ctx.textAlign = "left"; ctx.textBaseline = "middle";
+  for (const r of reqs) {
+    if (!r.slo || !inView(r.end)) continue;
+    const x = f.x(r.end) + 3, y = barY(r) + barH / 2;
+    if (r.slo.met) {
+      ctx.fillStyle = C.sloMet;
+      ctx.fillText("✓", x, y);
+    } else {
+      const which = !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
+      ctx.fillStyle = C.sloMissed;
+      ctx.fillText(`✗ ${which}`, x, y);
+    }
+  }
 }
 
 // A preemption: a line through the row under a flag pointing down (not a bar like the first
@@ -306,6 +330,17 @@ export function hitTimeline(layout, s, x, y) {
     if (st.kind !== "release" && st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
   }
   return {req: r, t, step};
+}
+
+// The forward under x in the lane across the timeline's top (y above the rows), or null.
+export function hitStep(layout, s, x, y) {
+  if (y >= layout.top || y < 0) return null;
+  const t = layout.f.t(x);
+  for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
+    const st = s.steps[k];
+    if (st.kind !== "release" && st.start <= t && t <= st.end) return st;
+  }
+  return null;
 }
 
 // The strips under the timeline share its time axis, size and background.
