@@ -130,8 +130,8 @@ function goodput(L) {
   $("h-slo").dataset.low = String(typeof a === "number" && a < 0.9);
   const targets = st.slo_ttft_ms ? `TTFT ≤ ${st.slo_ttft_ms} ms and ≤ ${st.slo_tpot_ms} ms per later token` : "both objectives";
   const since = L && L.slo_judged ? ` · since the last reset ${L.slo_met} of ${L.slo_judged} met` : "";
-  $("h-goodput-fig").title = `goodput: finished requests per second that met ${targets}, over the last 30 s (engine)${since}`;
-  $("h-slo-fig").title = `of the requests finished in the last 30 s, the share that met ${targets}${since}`;
+  $("h-goodput-fig").title = `goodput: finished requests per second that met ${targets}, over the last 30 s; ` +
+    `SLO met: the share of the requests finished in those 30 s that met them (engine)${since}`;
 }
 
 // The step-time target, where the forwards are drawn: how many prompt tokens a mixed step may

@@ -200,21 +200,19 @@ function drawOutcomes(ctx, f, g, view) {
 // when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
 // "✗ both"); the hover read-out and the request panel give the numbers.
 function drawSlo(ctx, f, g, inView) {
-  const {reqs, barY, barH} = g;
-  const px = Math.max(9, Math.min(13, Math.floor(barH)));
+  const {reqs, barY, barH, rowH} = g;
+  g.sloMarks = [];
+  const px = Math.max(10, Math.min(14, Math.floor(rowH - 3)));
   ctx.font = `600 ${px}px system-ui, sans-serif`;
   ctx.textAlign = "left"; ctx.textBaseline = "middle";
   for (const r of reqs) {
     if (!r.slo || !inView(r.end)) continue;
     const x = f.x(r.end) + 3, y = barY(r) + barH / 2;
-    if (r.slo.met) {
-      ctx.fillStyle = C.sloMet;
-      ctx.fillText("✓", x, y);
-    } else {
-      const which = !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
-      ctx.fillStyle = C.sloMissed;
-      ctx.fillText(`✗ ${which}`, x, y);
-    }
+    const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
+    const text = r.slo.met ? "✓" : `✗ ${which}`;
+    ctx.fillStyle = r.slo.met ? C.sloMet : C.sloMissed;
+    ctx.fillText(text, x, y);
+    g.sloMarks.push({id: r.id, met: r.slo.met, text, x, y, px});
   }
 }
 
@@ -313,7 +311,7 @@ export function drawTimeline(canvas, s, view, now, opts) {
   drawDecodeSteps(ctx, f, s.steps, i0, g);
   drawOutcomes(ctx, f, g, view);
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time
