@@ -16,7 +16,7 @@ const C = {
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
   preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
-  sloMet: P.sloMet, sloMissed: P.sloMissed,
+  sloMet: P.sloMet, sloMissed: P.sloMissed, sloBacking: alpha(P.panel2, 0.85),
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -207,9 +207,14 @@ function drawSlo(ctx, f, g, inView) {
   ctx.textAlign = "left"; ctx.textBaseline = "middle";
   for (const r of reqs) {
     if (!r.slo || !inView(r.end)) continue;
-    const x = f.x(r.end) + 3, y = barY(r) + barH / 2;
     const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
     const text = r.slo.met ? "✓" : `✗ ${which}`;
+    // just after the request's end; a request that ended at the right edge gets its mark
+    // inside the plot, on a backing of the strip's colour so the bars under it do not muddle it
+    const tw = ctx.measureText(text).width, y = barY(r) + barH / 2;
+    const x = Math.min(f.x(r.end) + 3, f.gutter + f.pw + 8 - tw);
+    ctx.fillStyle = C.sloBacking;
+    ctx.fillRect(x - 2, y - px / 2 - 1, tw + 4, px + 2);
     ctx.fillStyle = r.slo.met ? C.sloMet : C.sloMissed;
     ctx.fillText(text, x, y);
     g.sloMarks.push({id: r.id, met: r.slo.met, text, x, y, px});
