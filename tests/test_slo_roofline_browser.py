@@ -6,6 +6,7 @@ roofline estimate is on its hover, the measure sheet's roofline chart draws the 
 decode and prefill points under both roofs from `hello.roofline`, the comparison reports
 goodput for both runs, and the step-time target's cap is shown where the forwards are drawn,
 readable on every screen."""
+from contextlib import contextmanager
 import time
 
 import pytest
@@ -23,6 +24,28 @@ def finished_events(sub, n, timeout=60):
     return out
 
 
+@contextmanager
+def page_at(browser, url, width=1366, height=768):
+    """A page connected to `url` (hello received); its console must stay clean."""
+    ctx, page = open_page(browser, url, width, height, 3 if width < 500 else 1)
+    try:
+        page.wait_for_function("() => firstToken.state.hello")
+        yield page
+        assert page.errors == []
+    finally:
+        ctx.close()
+
+
+@contextmanager
+def events(live):
+    """The driver's events from now on, as the page gets them (a subscription)."""
+    sub = live.driver.events.subscribe(replay=False)
+    try:
+        yield sub
+    finally:
+        sub.close()
+
+
 def fmt_s(v):
     """static/ft-util.js fmtS, for the figures the page prints."""
     a = abs(v)
@@ -36,10 +59,7 @@ def fmt_s(v):
 
 
 def test_slo_marks_headline_panel_and_diagnosis_follow_the_events(live, browser):
-    ctx, page = open_page(browser, live.url + "/", 1366, 768)
-    sub = live.driver.events.subscribe(replay=False)
-    try:
-        page.wait_for_function("() => firstToken.state.hello")
+    with page_at(browser, live.url + "/") as page, events(live) as sub:
         # the controls name the objectives and the target, with units
         names = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#settings .ctl')].map(c =>
             [c.dataset.name, c.querySelector('.ctl-name').textContent + ' | ' + c.querySelector('.ctl-unit').textContent]))""")
@@ -106,16 +126,10 @@ def test_slo_marks_headline_panel_and_diagnosis_follow_the_events(live, browser)
                               "a: document.getElementById('h-slo').textContent}; }")
         assert shown["g"] == f"{shown['L']['goodput']:.2f}/s" and shown["L"]["goodput"] > 0
         assert shown["a"] == f"{round(shown['L']['slo_attainment'] * 100)}%"
-        assert page.errors == []
-    finally:
-        sub.close()
-        ctx.close()
 
 
 def test_every_forward_hover_gives_its_roofline_estimate(live, browser):
-    ctx, page = open_page(browser, live.url + "/", 1366, 768)
-    try:
-        page.wait_for_function("() => firstToken.state.hello")
+    with page_at(browser, live.url + "/") as page:
         live.driver.submit(prompt="We hold these truths to be self-evident", max_new_tokens=24)
         page.wait_for_function("() => firstToken.state.finishedCount >= 1", timeout=20_000)
         # zoomed in on the last decode step (a few ms on the tiny model): a fifth of the plot wide
@@ -136,15 +150,10 @@ def test_every_forward_hover_gives_its_roofline_estimate(live, browser):
         assert f"roofline estimate {predicted} ({st['bound']}-bound) vs measured {took}" in tip
         ratio = st["took"] / st["predicted"]
         assert ("the roofline does not model" in tip) == (ratio > 2), (ratio, tip)
-    finally:
-        ctx.close()
 
 
 def test_the_measure_sheet_draws_the_roofline_with_both_roofs(live, browser):
-    ctx, page = open_page(browser, live.url + "/", 1366, 768)
-    sub = live.driver.events.subscribe(replay=False)
-    try:
-        page.wait_for_function("() => firstToken.state.hello")
+    with page_at(browser, live.url + "/") as page, events(live) as sub:
         page.click("#btn-measure")
         page.wait_for_function("() => document.getElementById('m-status').dataset.status === 'done'", timeout=120_000)
         done = None
@@ -185,16 +194,10 @@ def test_the_measure_sheet_draws_the_roofline_with_both_roofs(live, browser):
         ratios = sorted(p["step_s"] / p["predicted_s"] for p in dec)
         median = ratios[round(0.5 * (len(ratios) - 1))]
         assert ("decode: measured" in chart["note"]) and (("does not model" in chart["note"].split("prefill")[0]) == (median > 2))
-        assert page.errors == []
-    finally:
-        sub.close()
-        ctx.close()
 
 
 def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
-    ctx, page = open_page(browser, live.url + "/", 1366, 768)
-    try:
-        page.wait_for_function("() => firstToken.state.hello")
+    with page_at(browser, live.url + "/") as page:
         page.click("#btn-compare")
         compare = page_module(page, "compare")
         page.select_option("#c-which", "goodput")
@@ -216,9 +219,6 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
             assert got["figs"]["goodput"] == f"{met / span:.2f}/s", (side, got["figs"])
             assert got["figs"]["SLO met"] == f"{met} of 12 ({round(100 * met / 12)}%)", (side, got["figs"])
         assert "Both judged against TTFT ≤ 1.50 s and ≤ 100 ms per later token" in page.text_content("#c-status")
-        assert page.errors == []
-    finally:
-        ctx.close()
 
 
 @pytest.fixture
@@ -243,9 +243,7 @@ CAP_SCREENS = [("1366x768", 1366, 768, False), ("1280x800", 1280, 800, False), (
 
 @pytest.mark.parametrize("name,width,height,present", CAP_SCREENS, ids=[s[0] for s in CAP_SCREENS])
 def test_the_step_time_cap_is_shown_and_readable(capped, browser, name, width, height, present):
-    url = capped.url + ("/?present=1" if present else "/")
-    ctx, page = open_page(browser, url, width, height, 3 if width < 500 else 1)
-    try:
+    with page_at(browser, capped.url + ("/?present=1" if present else "/"), width, height) as page:
         page.wait_for_function("() => firstToken.state.finishedCount >= 5 && firstToken.state.last", timeout=20_000)
         page.wait_for_function("() => firstToken.state.last.prefill_cap !== null", timeout=20_000)
         page.evaluate("firstToken.refresh()")
@@ -256,15 +254,10 @@ def test_the_step_time_cap_is_shown_and_readable(capped, browser, name, width, h
         assert "more steps" in note
         assert_readable(page, f"cap-{name}")
         assert page.evaluate("firstToken.layout().sloMarks.length") >= 1
-    finally:
-        ctx.close()
 
 
 def test_the_step_time_cap_stays_out_of_a_small_embed(capped, browser):
-    ctx, page = open_page(browser, capped.url + "/embed?panels=timeline,kv", 640, 400)
-    try:
+    with page_at(browser, capped.url + "/embed?panels=timeline,kv", 640, 400) as page:
         page.wait_for_function("() => firstToken.state.finishedCount >= 5", timeout=20_000)
         assert_readable(page, "cap-embed-640x400", timeline_min=150)
         assert not page.is_visible("#step-cap")
-    finally:
-        ctx.close()
