@@ -118,9 +118,10 @@ function drawRoofline(ev) {
                hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
   }
   Plotly.react($("m-roof"), data, Object.assign({}, LAYOUT, {
-    legend: Object.assign({}, LAYOUT.legend, {font: {size: 11}}),
-    xaxis: axis("tokens computed by the forward (log)", {type: "log"}),
-    yaxis: axis("ms per forward (log)", {type: "log"})}), CONFIG);
+    // the legend where no forward can be: many tokens in little time, under the compute roof
+    legend: Object.assign({}, LAYOUT.legend, {x: 1, xanchor: "right", y: 0, yanchor: "bottom", font: {size: 11}}),
+    xaxis: axis("tokens computed by the forward (log)", {type: "log", dtick: 1}),
+    yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
   $("m-roof-note").textContent = roofNote(dec, pre, R);
 }
 
