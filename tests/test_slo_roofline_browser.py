@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import page_module
+from helpers import ARTIFACTS, page_module
 from test_layout_browser import assert_readable, open_page
 
 
@@ -219,6 +219,8 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
             assert got["figs"]["goodput"] == f"{met / span:.2f}/s", (side, got["figs"])
             assert got["figs"]["SLO met"] == f"{met} of 12 ({round(100 * met / 12)}%)", (side, got["figs"])
         assert "Both judged against TTFT ≤ 1.50 s and ≤ 100 ms per later token" in page.text_content("#c-status")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "compare-goodput-1366x768.png"))
 
 
 @pytest.fixture
