@@ -13,7 +13,7 @@ import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
 import {percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
-import {$, fmtS, toast} from "ft/util";
+import {$, fmtBytes, fmtS, toast} from "ft/util";
 
 let s;   // the page state, from init (its connectT tells history sent on connect from news)
 let result = null, drawn = null;
@@ -110,17 +110,18 @@ function drawRoofline(ev) {
   const xs = dec.map((p) => p.batch).concat(pre.map((p) => p.tokens));
   if (R && xs.length) {
     const x0 = 1, x1 = Math.max(...xs) * 1.5;
-    data.push({type: "scatter", mode: "lines", name: `memory roof: weights ÷ ${R.gbs.toFixed(1)} GB/s (estimate)`,
+    data.push({type: "scatter", mode: "lines", name: "memory roof (estimate)",
                x: [x0, x1], y: [R.memoryS * 1000, R.memoryS * 1000], line: {color: P.accent, width: 2, dash: "dash"},
                hovertemplate: `memory roof (estimate): %{y:.1f} ms<extra></extra>`});
-    data.push({type: "scatter", mode: "lines", name: `compute roof: 2 flops × weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (estimate)`,
+    data.push({type: "scatter", mode: "lines", name: "compute roof (estimate)",
                x: [x0, x1], y: [R.computeS(x0) * 1000, R.computeS(x1) * 1000], line: {color: P.bad, width: 2, dash: "dot"},
                hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
   }
   Plotly.react($("m-roof"), data, Object.assign({}, LAYOUT, {
-    // the legend where no forward can be: many tokens in little time, under the compute roof
-    legend: Object.assign({}, LAYOUT.legend, {x: 1, xanchor: "right", y: 0, yanchor: "bottom", font: {size: 11}}),
-    xaxis: axis("tokens computed by the forward (log)", {type: "log", dtick: 1}),
+    // the legend in a row under the chart, clear of the points on a narrow screen
+    legend: Object.assign({}, LAYOUT.legend, {orientation: "h", x: 0, y: -0.3, yanchor: "top", font: {size: 12}}),
+    margin: Object.assign({}, LAYOUT.margin, {b: 40}),
+    xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
     yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
   $("m-roof-note").textContent = roofNote(dec, pre, R);
 }
@@ -129,16 +130,18 @@ function drawRoofline(ev) {
 function roofNote(dec, pre, R) {
   if (!R) return "No roofline: this server did not send its measured rates.";
   const parts = [];
-  for (const [name, pts] of [["decode", dec], ["prefill", pre]]) {
+  let over = false;
+  for (const [name, pts] of [["Decode", dec], ["Prefill", pre]]) {
     const k = medianRatio(pts);
     if (k === null) continue;
-    parts.push(k > 2 ? `${name}: measured ${k.toFixed(1)}× the roofline (median) — overhead the roofline does not model ` +
-                       "(Python, kernel launches, gathering paged KV blocks, kernels below peak)"
-               : k < 0.5 ? `${name}: measured ${(1 / k).toFixed(1)}× under the roofline (median) — the estimated rates are off here`
-               : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it`);
+    over = over || k > 2;
+    parts.push(k > 2 ? `${name}: measured ${k.toFixed(1)}× the roofline (median): overhead the roofline does not model.`
+               : k < 0.5 ? `${name}: measured ${(1 / k).toFixed(1)}× under the roofline (median): the estimated rates are off here.`
+               : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
   }
-  return `Roofs from rates measured at start (estimates): ${R.gbs.toFixed(1)} GB/s read, ${R.gflops.toFixed(0)} Gflop/s matmul. ` +
-    (parts.length ? parts.join("; ") + "." : "");
+  return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
+    ` Roofs, estimates: memory = ${fmtBytes(R.weightBytes)} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
+    `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
 }
 
 function show(on) { $("sheet-measure").hidden = !on; }
