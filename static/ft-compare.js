@@ -7,7 +7,8 @@
 // its own state, times from its first arrival) with their TTFT p50 and total tokens/s, and
 // checks the prompts' first tokens to say whether they matched, and that both runs began with an
 // empty prefix cache (their `reset` events say so). Each run is drawn while it records, with
-// its progress; Cancel stops the comparison and resets the engine.
+// its progress; Cancel stops the comparison and resets the engine. A run gives up only after two
+// minutes without a forward, so a slow machine's long run is waited for.
 import {send} from "ft/connection";
 import {sloCounts} from "ft/figures";
 import {createState, ingest, percentile} from "ft/state";
@@ -37,14 +38,28 @@ export const COMPARISONS = {
 };
 const TIME_KEYS = ["t", "start", "end", "sampled"];
 
-const until = (pred, ms) => new Promise((resolve, reject) => {
-  const end = performance.now() + ms;
+// Resolves when pred() holds; gives up after `ms` without it, counted again from each time
+// moved() says the run made progress (a slow machine's run is slow, not stuck).
+const until = (pred, ms, moved = () => false) => new Promise((resolve, reject) => {
+  let end = performance.now() + ms;
   const timer = setInterval(() => {
+    if (moved()) end = performance.now() + ms;
     if (cancelled) { clearInterval(timer); reject(new Error("cancelled")); }
     else if (pred()) { clearInterval(timer); resolve(); }
-    else if (performance.now() > end) { clearInterval(timer); reject(new Error("timed out")); }
+    else if (performance.now() > end) { clearInterval(timer); reject(new Error(`timed out: no forward for ${ms / 1000} s`)); }
   }, 100);
 });
+
+// A function that says whether the recording has more forwards than when it last asked.
+function progress() {
+  let seen = 0;
+  return () => {
+    const n = recording ? recording.forwards : 0;
+    const moved = n !== seen;
+    seen = n;
+    return moved;
+  };
+}
 
 // An event with its times counted from the run's start, so both runs share one axis.
 function shifted(ev, t0) {
@@ -80,7 +95,7 @@ async function runSide(cmp, side) {
     const p = partial[side];
     status(`running ${side.toUpperCase()}: ${cmp[side][0]} — ${p.done} of ${n} requests done, ${fmtS(Math.max(0, p.elapsed))}…`);
     return count("request") >= n && count("finished", "rejected") >= n;
-  }, 240000);
+  }, 120000, progress());
   const run = replayRun(cmp, side, recording);
   recording = null;
   return run;
@@ -186,8 +201,11 @@ export function onEvent(ev) {
   if (awaiting && ev.type === "reset") pending = {reset: ev};
   else if (awaiting && ev.type === "preset") {
     awaiting = false;
-    recording = {events: [], requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
-  } else if (recording) recording.events.push(ev);
+    recording = {events: [], forwards: 0, requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
+  } else if (recording) {
+    recording.events.push(ev);
+    if (ev.type === "step") recording.forwards++;
+  }
 }
 
 export function update() {
