@@ -187,6 +187,21 @@ PRESETS = {p.name: p for p in (
            "the first requests' 'load' stage against the later request's TTFT",
            {"prompt_tokens": 64, "max_new_tokens": 24},
            (Action(0, 2), Action(0, 0, reload=True), Action(4.0, 1, seed=1))),
+    # Judged by goodput: short chats stream while two long documents arrive, under objectives
+    # the preset sets. The compare sheet runs it under prefill-first and under chunked prefill;
+    # which objective each request missed is the lesson, whichever schedule comes out ahead.
+    Preset("goodput", "Judged by goodput",
+           "Six short chats are streaming when two 1024-token documents arrive, then four more chats. "
+           "Every request is judged against two objectives: first token within 1.5 s, later tokens "
+           "within 100 ms each on average; goodput counts the requests per second that met both. "
+           "Computing a document whole stops every stream (their time per token misses); chunking it "
+           "keeps them streaming, and the document's own first token comes later (its TTFT may miss). "
+           "Compare the two schedules by goodput and by which objective each request missed.",
+           "goodput and SLO met, with the objective each request missed",
+           {"schedule": "mixed", "max_batched_tokens": 64, "prompt_tokens": 32, "max_new_tokens": 24,
+            "slo_ttft_ms": 1500, "slo_tpot_ms": 100},
+           (Action(0, 6), Action(1.0, 1, prompt_tokens=1024, seed=1), Action(2.0, 1, prompt_tokens=1024, seed=2),
+            Action(2.5, 4, seed=3))),
 )}
 
 

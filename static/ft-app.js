@@ -102,7 +102,9 @@ function refresh() {
 
 // For tests, benchmarks and the console.
 // layout(): what the canvases wrote and where (the layout tests read it; text on a canvas has no DOM box).
-const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : []});
+// sloMarks: each finished request's met/missed mark on the timeline, as drawn.
+const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : [],
+                       sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
                                    select, refresh, layout}, replay.api);
 controls.wire();

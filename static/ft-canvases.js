@@ -5,7 +5,8 @@
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {prefillTime} from "ft/state";
-import {drawKV, drawQueue, drawTimeline, hitTimeline} from "ft/timeline";
+import {rooflineText, sloText} from "ft/targets";
+import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
 import {$, fmtBytes, fmtS} from "ft/util";
 
 // From init: the page state, the shared time window (span, right edge, paused), the UI state
@@ -36,14 +37,27 @@ function describeReq(r) {
   }
   if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
   lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
+  const slo = sloText(r);
+  if (slo) lines.push(slo);
   return lines;
 }
 
+// A forward: what it computed, its measured time, and the roofline's estimate beside it.
 function stepText(st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
-  if (st.kind === "decode") return `decode step ${took} · batch of ${n}`;
-  if (st.kind === "prefill") return `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}`;
-  return `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
+  const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
+    st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
+    `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
+  const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
+  return roof ? `${what}\n${roof}` : what;
+}
+
+// The lane of forwards: the one under the pointer, and the step-time target's cap while it is on.
+function laneText(st) {
+  const lines = [stepText(st)];
+  const cap = s.last && s.last.prefill_cap, target = s.settings.max_step_ms;
+  if (target) lines.push(`step-time target ${target} ms: a mixed step now takes at most ${cap ?? "— (not known yet)"} prompt tokens`);
+  return lines;
 }
 
 // The last item of a time-ordered list at or before t (by `key`), or null.
@@ -56,6 +70,8 @@ function lastAtOrBefore(list, key, t) {
 // Each returns the tooltip's lines for the pointer at (h.x, h.y) on its canvas, or null.
 const HOVER = {
   timeline(s, layouts, h) {
+    const st = hitStep(layouts.timeline, s, h.x, h.y);
+    if (st) return laneText(st);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
     const lines = describeReq(hit.req);

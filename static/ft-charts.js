@@ -4,7 +4,8 @@
 // Colours come from the palette in ft.css (ft-palette.js). Plotly is the global that
 // plotly.min.js (a classic script, loaded before the modules where the page has charts) defines.
 import {STAGES, alpha, palette as P, stageColor} from "ft/palette";
-import {stepMedians} from "ft/state";
+import {percentile, stepMedians} from "ft/state";
+import {rooflineGap} from "ft/targets";
 import {$, fmtBytes} from "ft/util";
 
 let s;   // the page state, from init
@@ -35,14 +36,38 @@ function medians(pts) {
 const jitter = (p) => p.batch + ((p.ms * 7919) % 1 - 0.5) * 0.3;   // deterministic spread so dots don't stack
 
 // Dots and their median line, for the steps with the KV cache on, then (if any) off.
+// A decode step's hover: measured, and the roofline's estimate beside it (step.predicted_s).
+const stepHover = (pts) => ({customdata: pts.map((p) => [p.batch, p.predMs === null ? "—" : `${p.predMs.toFixed(1)} ms`,
+                                                         p.bound || "", p.predMs ? rooflineGap(p.ms, p.predMs) || "" : ""]),
+  hovertemplate: "batch %{customdata[0]}: measured %{y:.1f} ms<br>roofline estimate %{customdata[1]} (%{customdata[2]}-bound)" +
+                 "<br>%{customdata[3]}<extra></extra>"});
+
+// The median roofline estimate per batch size (an estimate, drawn thin and labelled so).
+function predictedMedians(pts) {
+  const by = new Map();
+  for (const p of pts) if (p.predMs !== null) { if (!by.has(p.batch)) by.set(p.batch, []); by.get(p.batch).push(p.predMs); }
+  const x = [...by.keys()].sort((a, b) => a - b);
+  return {x, y: x.map((b) => percentile(by.get(b), 50))};
+}
+
+// The median of measured ÷ estimated over the decode steps: how far above the roofline they run.
+export function rooflineRatio(pts) {
+  return percentile(pts.filter((p) => p.predMs).map((p) => p.ms / p.predMs), 50);
+}
+
 function stepTraces(points) {
   const on = points.filter((p) => p.kv), off = points.filter((p) => !p.kv);
   const data = [
-    {type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
-     marker: {color: alpha(P.decode, 0.45), size: 5}, hoverinfo: "skip"},
+    Object.assign({type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
+                   marker: {color: alpha(P.decode, 0.45), size: 5}}, stepHover(on)),
     Object.assign({type: "scatter", mode: "lines+markers", name: "median", line: {color: P.decode, width: 3},
                    hovertemplate: "batch %{x}: median %{y:.1f} ms<extra></extra>"}, medians(on)),
   ];
+  const pred = predictedMedians(on);
+  if (pred.x.length) {
+    data.push(Object.assign({type: "scatter", mode: "lines", name: "roofline (estimate)", line: {color: P.text2, width: 1.5, dash: "dot"},
+                             hovertemplate: "batch %{x}: roofline estimate %{y:.1f} ms<extra></extra>"}, pred));
+  }
   if (off.length) {
     data.push({type: "scattergl", mode: "markers", name: "KV cache off", x: off.map(jitter), y: off.map((p) => p.ms),
                marker: {color: alpha(P.bad, 0.5), size: 5}, hoverinfo: "skip"});
@@ -123,7 +148,9 @@ function byLength(div) {
 function drawSteps(div) {
   if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div); return; }
   $("steps-title").textContent = "Decode step time vs batch size";
-  $("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)`;
+  const k = rooflineRatio(s.points.filter((p) => p.kv));
+  $("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)` +
+    (k !== null && k > 2 ? ` · measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model` : "");
   // The floor inside the scale: plotly's autorange ignores shapes.
   const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
   const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;

@@ -7,8 +7,10 @@
 // its own state, times from its first arrival) with their TTFT p50 and total tokens/s, and
 // checks the prompts' first tokens to say whether they matched, and that both runs began with an
 // empty prefix cache (their `reset` events say so). Each run is drawn while it records, with
-// its progress; Cancel stops the comparison and resets the engine.
+// its progress; Cancel stops the comparison and resets the engine. A run gives up only after two
+// minutes without a forward, so a slow machine's long run is waited for.
 import {send} from "ft/connection";
+import {sloCounts} from "ft/figures";
 import {createState, ingest, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
 import {drawTimeline} from "ft/timeline";
@@ -31,17 +33,33 @@ export const COMPARISONS = {
              a: ["static batching", {schedule: "static"}], b: ["continuous batching", {schedule: "mixed"}]},
   chunked: {title: "prefill-first vs chunked prefill", base: "chunked-prefill",
             a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
+  goodput: {title: "goodput: prefill-first vs chunked prefill", base: "goodput",
+            a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
 };
 const TIME_KEYS = ["t", "start", "end", "sampled"];
 
-const until = (pred, ms) => new Promise((resolve, reject) => {
-  const end = performance.now() + ms;
+// Resolves when pred() holds; gives up after `ms` without it, counted again from each time
+// moved() says the run made progress (a slow machine's run is slow, not stuck).
+const until = (pred, ms, moved = () => false) => new Promise((resolve, reject) => {
+  let end = performance.now() + ms;
   const timer = setInterval(() => {
+    if (moved()) end = performance.now() + ms;
     if (cancelled) { clearInterval(timer); reject(new Error("cancelled")); }
     else if (pred()) { clearInterval(timer); resolve(); }
-    else if (performance.now() > end) { clearInterval(timer); reject(new Error("timed out")); }
+    else if (performance.now() > end) { clearInterval(timer); reject(new Error(`timed out: no forward for ${ms / 1000} s`)); }
   }, 100);
 });
+
+// A function that says whether the recording has more forwards than when it last asked.
+function progress() {
+  let seen = 0;
+  return () => {
+    const n = recording ? recording.forwards : 0;
+    const moved = n !== seen;
+    seen = n;
+    return moved;
+  };
+}
 
 // An event with its times counted from the run's start, so both runs share one axis.
 function shifted(ev, t0) {
@@ -77,20 +95,34 @@ async function runSide(cmp, side) {
     const p = partial[side];
     status(`running ${side.toUpperCase()}: ${cmp[side][0]} — ${p.done} of ${n} requests done, ${fmtS(Math.max(0, p.elapsed))}…`);
     return count("request") >= n && count("finished", "rejected") >= n;
-  }, 240000);
+  }, 120000, progress());
   const run = replayRun(cmp, side, recording);
   recording = null;
   return run;
 }
 
-// TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50.
+// TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50,
+// and against the objectives (finished.slo): goodput (requests that met both ÷ that same span),
+// attainment (met ÷ judged) and how many missed each objective.
 export function figures(rs) {
   const done = [...rs.reqs.values()].filter((r) => r.ttft !== null && r.end !== null);
   if (!done.length) return null;
   const span = Math.max(...done.map((r) => r.end)) - Math.min(...done.map((r) => r.arrival));
   const out = done.reduce((a, r) => a + (r.outputTokens || 0), 0);
+  const slo = sloCounts(done);
   return {n: done.length, ttft: percentile(done.map((r) => r.ttft), 50), tps: out / span, span,
-          tpot: percentile(done.filter((r) => r.tpot).map((r) => r.tpot), 50)};
+          tpot: percentile(done.filter((r) => r.tpot).map((r) => r.tpot), 50), slo,
+          goodput: slo.judged ? slo.met / span : null, attainment: slo.judged ? slo.met / slo.judged : null};
+}
+
+// "3 of 12 met both · missed: TTFT 2, per-token 7"
+function sloFig(f) {
+  if (!f.slo.judged) return fig("SLO met", "—");
+  const miss = [f.slo.ttft ? `TTFT ${f.slo.ttft}` : "", f.slo.tpot ? `per-token ${f.slo.tpot}` : ""].filter(Boolean);
+  const d = fig("SLO met", `${f.slo.met} of ${f.slo.judged} (${Math.round(f.attainment * 100)}%)`);
+  d.title = miss.length ? `missed: ${miss.join(", ")}` : "every judged request met both objectives";
+  if (miss.length) d.append(el("span", "miss", `missed ${miss.join(" · ")}`));
+  return d;
 }
 
 export async function run() {
@@ -111,6 +143,9 @@ export async function run() {
     status(!cold ? "Done, but a run did not start from an empty prefix cache: its prefill may be cached. Compare with care." :
            same ? `Done. The same ${n} prompts both times (checked by their first tokens), both from an empty prefix cache; only ${Object.keys(cmp.a[1]).join(", ")} differs.`
                 : "Done, but the two runs' prompts differ (checked by their first tokens): compare with care.");
+    const st = b.settings;
+    if (st.slo_ttft_ms) status(`${$("c-status").textContent} Both judged against TTFT ≤ ${fmtS(st.slo_ttft_ms / 1000)} ` +
+                               `and ≤ ${fmtS(st.slo_tpot_ms / 1000)} per later token (✓/✗ after each request).`);
     $("sheet-compare").dataset.same = String(same);
     $("sheet-compare").dataset.cold = String(cold);
   } catch (e) {
@@ -139,6 +174,7 @@ function draw() {
     if (!r) { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); continue; }
     $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}` + (runs ? "" : ` (${r.done} of ${r.requests} done)`);
     $(`c-${side}-figs`).replaceChildren(...(f ? [
+      fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
     drawTimeline(canvas, r.s, view, span, {selected: null, grow: false});
@@ -147,6 +183,7 @@ function draw() {
 
 function fig(k, v) {
   const d = el("div", "fig");
+  d.dataset.k = k;
   d.append(el("span", "k", k), el("span", "v", v));
   return d;
 }
@@ -164,8 +201,11 @@ export function onEvent(ev) {
   if (awaiting && ev.type === "reset") pending = {reset: ev};
   else if (awaiting && ev.type === "preset") {
     awaiting = false;
-    recording = {events: [], requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
-  } else if (recording) recording.events.push(ev);
+    recording = {events: [], forwards: 0, requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
+  } else if (recording) {
+    recording.events.push(ev);
+    if (ev.type === "step") recording.forwards++;
+  }
 }
 
 export function update() {

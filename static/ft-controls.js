@@ -20,9 +20,11 @@ const LABELS = {
   slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
   kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
   prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
+  max_step_ms: ["Step-time target", "ms"],
+  slo_ttft_ms: ["TTFT objective (SLO)", "ms"], slo_tpot_ms: ["Per-token objective (SLO)", "ms/token"],
 };
-const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "slots",
-               "cache_tokens", "kv_cache", "prefix_caching", "temperature", "top_p"];
+const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "max_step_ms", "slots",
+               "cache_tokens", "kv_cache", "prefix_caching", "slo_ttft_ms", "slo_tpot_ms", "temperature", "top_p"];
 
 // The value beside a control's name (a choice group shows its value by the pressed option).
 function valueText(name, v) {
@@ -30,6 +32,7 @@ function valueText(name, v) {
   if (kind === "bool") return v ? "on" : "off";
   if (kind === "choice") return "";
   if (name === "cache_tokens" && s.hello) return `${v} tok · ${fmtBytes(v * s.hello.kv_bytes_per_token)}`;
+  if (name === "max_step_ms" && v === 0) return "off";
   return String(v);
 }
 
@@ -117,6 +120,7 @@ function applySettings() {
       else if (input.type === "range") input.value = v;
       else for (const option of input.querySelectorAll("input")) option.checked = option.value === v;
       input.closest(".ctl").querySelector("output").textContent = valueText(name, v);
+      if (name === "max_step_ms") input.closest(".ctl").querySelector(".ctl-unit").textContent = v ? "ms" : "(0 = off)";
     }
   }
   const btn = $("btn-load");

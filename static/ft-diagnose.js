@@ -6,6 +6,7 @@
 // names the largest, and says so with the numbers, as a hypothesis. The panel shows it.
 import {selectedReq} from "ft/panels";
 import {prefillTime, running, stepMedians} from "ft/state";
+import {missed} from "ft/targets";
 import {$, el, fmtS} from "ft/util";
 
 const sum = (xs) => xs.reduce((a, b) => a + b, 0);
@@ -158,7 +159,25 @@ export function diagnose(r, s) {
   if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
   d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});
   delete d.extra;
+  sloVerdict(d, r);
   return d;
+}
+
+// The request against its service-level objectives (finished.slo): a miss leads the text and
+// names the objective and both numbers; a met one is said at the end.
+function sloVerdict(d, r) {
+  const o = r.slo, miss = missed(o);
+  if (!o) return;
+  d.slo = miss;
+  if (!miss.length) {
+    d.text += ` It met both service-level objectives (TTFT ≤ ${fmtS(o.ttft_target_s)}, ≤ ${fmtS(o.tpot_target_s)} per later token).`;
+    return;
+  }
+  const bits = [];
+  if (!o.ttft_met) bits.push(`its TTFT was ${fmtS(r.ttft)} against a ${fmtS(o.ttft_target_s)} target`);
+  if (!o.tpot_met) bits.push(`its later tokens took ${fmtS(r.tpot)} each against a ${fmtS(o.tpot_target_s)} target`);
+  d.text = `It missed its service-level objective${miss.length > 1 ? "s" : ""} (${miss.join(" and ")}): ${bits.join(", and ")}, ` +
+    `so it does not count towards goodput. ${d.text}`;
 }
 
 const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
@@ -181,6 +200,7 @@ export function update() {
   if (d === drawn) return;
   drawn = d;
   box.dataset.cause = d ? d.cause : "";
+  box.dataset.slo = d && d.slo ? (d.slo.length ? d.slo.join(",") : "met") : "";
   if (!d) { box.replaceChildren(); return; }
   const parts = Object.entries(d.numbers).filter(([n, v]) => n in NAMES && typeof v === "number" && v > 0);
   const line = el("div", "why-parts", parts.map(([n, v]) => `${NAMES[n]} ${fmtS(v)}`).join(" · "));

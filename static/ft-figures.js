@@ -92,7 +92,26 @@ const proof = {
   "continuous-batching"(s, t0) { return batchFigure(s, t0); },
   "chunked-prefill"(s, t0) { return stallFigure(s, t0); },
   "prefill-first"(s, t0) { return stallFigure(s, t0); },
+  goodput(s, t0) {
+    const L = s.last, j = sloCounts(finishedSince(s, t0));
+    if (!L || !j.judged) return null;
+    return `goodput ${typeof L.goodput === "number" ? L.goodput.toFixed(2) : "—"} req/s · ${j.met} of ${j.judged} met both · ` +
+      `missed TTFT ${j.ttft} · missed per-token ${j.tpot}`;
+  },
 };
+
+// Finished requests against their objectives (finished.slo): judged, met both, missed each.
+export function sloCounts(done) {
+  const out = {judged: 0, met: 0, ttft: 0, tpot: 0};
+  for (const r of done) {
+    if (!r.slo) continue;
+    out.judged++;
+    if (r.slo.met) out.met++;
+    if (!r.slo.ttft_met) out.ttft++;
+    if (!r.slo.tpot_met) out.tpot++;
+  }
+  return out;
+}
 
 function batchFigure(s, t0) {
   const L = s.last, p = ttftParts(s, t0);

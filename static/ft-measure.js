@@ -3,12 +3,17 @@
 // cache on vs off, and publishes the result in a `measure` event (docs/protocol.md). Every
 // page announces the pause while it runs and then draws: step time against batch size per
 // context length with the memory-bandwidth floor (an estimate, labelled so), tokens/s per
-// request and in total, and step time against sequence length with the cache on and off.
+// request and in total, step time against sequence length with the cache on and off, and the
+// roofline: every decode and prefill point's step time against the tokens its forward
+// computed, on log-log axes under the two roofs (weights ÷ bandwidth, flat; flops ÷ peak matmul
+// rate, rising), which are estimates and say so, with the gap between measured and estimated
+// named when it is large.
 // (Plotly: the global that plotly.min.js, a classic script before the modules, defines.)
 import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
 import {percentile} from "ft/state";
-import {$, fmtS, toast} from "ft/util";
+import {rooflineGap} from "ft/targets";
+import {$, fmtBytes, fmtS, toast} from "ft/util";
 
 let s;   // the page state, from init (its connectT tells history sent on connect from news)
 let result = null, drawn = null;
@@ -73,6 +78,72 @@ function drawKV(ev) {
     xaxis: axis("sequence length, tokens"), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
 
+// The roofs from hello: the memory roof, every weight read once at the measured bandwidth
+// (flat: a forward cannot be faster, however few its tokens), and the compute roof, two flops
+// per linear weight per token at the measured matmul rate (rising). Both estimates; null in
+// observe mode or before hello.
+export function roofs(hello) {
+  const R = hello && hello.roofline, bw = hello && hello.bandwidth;
+  if (!R || !bw || typeof bw.weight_bytes !== "number") return null;
+  return {memoryS: bw.weight_bytes / (R.gbs * 1e9), computeS: (n) => (2 * R.linear_params * n) / (R.peak_gflops * 1e9),
+          gbs: R.gbs, gflops: R.peak_gflops, weightBytes: bw.weight_bytes, linear: R.linear_params};
+}
+
+// The median of measured ÷ estimated over points, or null.
+const medianRatio = (pts) => percentile(pts.filter((p) => typeof p.predicted_s === "number" && p.predicted_s > 0)
+  .map((p) => p.step_s / p.predicted_s), 50);
+
+function drawRoofline(ev) {
+  const dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
+  const pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
+  const point = (p, n, what) => `${what}<br>measured ${fmtS(p.step_s)} · roofline estimate ${fmtS(p.predicted_s)} (${p.bound}-bound)` +
+    (rooflineGap(p.step_s, p.predicted_s) ? `<br>${rooflineGap(p.step_s, p.predicted_s)}` : "");
+  const data = [
+    {type: "scatter", mode: "markers", name: "decode (measured)", x: dec.map((p) => p.batch), y: dec.map((p) => p.step_s * 1000),
+     marker: {color: P.decode, size: 9}, text: dec.map((p) => point(p, p.batch, `decode: batch ${p.batch}, context ${p.context}`)),
+     hovertemplate: "%{text}<extra></extra>"},
+    {type: "scatter", mode: "lines+markers", name: "prefill (measured)", x: pre.map((p) => p.tokens), y: pre.map((p) => p.step_s * 1000),
+     marker: {color: P.prefill, size: 9}, line: {color: P.prefill, width: 2},
+     text: pre.map((p) => point(p, p.tokens, `prefill: one ${p.tokens}-token prompt`)), hovertemplate: "%{text}<extra></extra>"},
+  ];
+  const R = roofs(s.hello);
+  const xs = dec.map((p) => p.batch).concat(pre.map((p) => p.tokens));
+  if (R && xs.length) {
+    const x0 = 1, x1 = Math.max(...xs) * 1.5;
+    data.push({type: "scatter", mode: "lines", name: "memory roof (estimate)",
+               x: [x0, x1], y: [R.memoryS * 1000, R.memoryS * 1000], line: {color: P.accent, width: 2, dash: "dash"},
+               hovertemplate: `memory roof (estimate): %{y:.1f} ms<extra></extra>`});
+    data.push({type: "scatter", mode: "lines", name: "compute roof (estimate)",
+               x: [x0, x1], y: [R.computeS(x0) * 1000, R.computeS(x1) * 1000], line: {color: P.bad, width: 2, dash: "dot"},
+               hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
+  }
+  Plotly.react($("m-roof"), data, Object.assign({}, LAYOUT, {
+    // the legend in a row under the chart, clear of the points on a narrow screen
+    legend: Object.assign({}, LAYOUT.legend, {orientation: "h", x: 0, y: -0.3, yanchor: "top", font: {size: 12}}),
+    margin: Object.assign({}, LAYOUT.margin, {b: 40}),
+    xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
+    yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
+  $("m-roof-note").textContent = roofNote(dec, pre, R);
+}
+
+// The gap between what was measured and what the roofline estimates, said plainly.
+function roofNote(dec, pre, R) {
+  if (!R) return "No roofline: this server did not send its measured rates.";
+  const parts = [];
+  let over = false;
+  for (const [name, pts] of [["Decode", dec], ["Prefill", pre]]) {
+    const k = medianRatio(pts);
+    if (k === null) continue;
+    over = over || k > 2;
+    parts.push(k > 2 ? `${name}: measured ${k.toFixed(1)}× the roofline (median): overhead the roofline does not model.`
+               : k < 0.5 ? `${name}: measured ${(1 / k).toFixed(1)}× under the roofline (median): the estimated rates are off here.`
+               : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
+  }
+  return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
+    ` Roofs, estimates: memory = ${fmtBytes(R.weightBytes)} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
+    `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
+}
+
 function show(on) { $("sheet-measure").hidden = !on; }
 
 export function onEvent(ev) {
@@ -92,7 +163,7 @@ export function onEvent(ev) {
     result = ev;
     status.dataset.status = "done";
     status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine; serving resumed. ` +
-      "Every point is a timed step; the dashed floor is an estimate (weight bytes ÷ measured bandwidth).";
+      "Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; flops ÷ measured matmul rate).";
   } else {
     status.dataset.status = "error";
     status.textContent = `The measurement failed: ${ev.message}`;
@@ -103,8 +174,8 @@ export function onEvent(ev) {
 export function update() {
   if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
   drawn = result;
-  drawSteps(result); drawRates(result); drawKV(result);
-  for (const id of ["m-steps", "m-rates", "m-kv"]) $(id).classList.toggle("partial", result.status === "running");
+  drawSteps(result); drawRates(result); drawKV(result); drawRoofline(result);
+  for (const id of ["m-steps", "m-rates", "m-kv", "m-roof"]) $(id).classList.toggle("partial", result.status === "running");
 }
 
 export function init(deps) {

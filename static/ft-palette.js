@@ -3,7 +3,8 @@
 // is first imported: module scripts run after the stylesheets before them have loaded.
 
 const NAMES = ["bg", "panel2", "text", "text2", "muted", "accent", "bad", "overlay", "queue", "tokenize",
-               "prefill", "first", "delivery", "other", "decode", "decode-alt", "tick", "api"];
+               "prefill", "first", "delivery", "other", "decode", "decode-alt", "tick", "api",
+               "slo-met", "slo-missed"];
 
 export const palette = {};
 const css = getComputedStyle(document.documentElement);

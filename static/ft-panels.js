@@ -7,6 +7,7 @@ import {clock, send, setConn} from "ft/connection";
 import {STAGES, reqColor} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {percentile, prefillTime, running} from "ft/state";
+import {sloText} from "ft/targets";
 import {apply as applyPreset} from "ft/teach";
 import {$, el, fmtBytes, fmtS} from "ft/util";
 
@@ -61,9 +62,18 @@ function accountingBars(r) {
   return out;
 }
 
+// Met or missed against the service-level objectives, with the numbers (finished.slo).
+function sloLine(r) {
+  const text = sloText(r);
+  if (!text) return [];
+  const line = el("div", "slo-line", text);
+  line.dataset.met = String(r.slo.met);
+  return [line];
+}
+
 function accounting(r) {
   if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
-  if (r.stages) return accountingBars(r);
+  if (r.stages) return sloLine(r).concat(accountingBars(r));
   const bits = [];
   if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
   if (r.prefills.length) bits.push(`prefill ${fmtS(prefillTime(r))}`);
@@ -106,8 +116,36 @@ function headline() {
   $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
   $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
     `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
+  goodput(L);
   const recent = s.delivery.slice(-300);
   $("h-delivery").textContent = clock.offset === null ? "syncing" : fmtS(percentile(recent, 50));
+}
+
+// Goodput (requests/s that met both objectives, last 30 s) and the share of judged requests
+// that met them, as the last stats event says; the objectives in the tooltip.
+function goodput(L) {
+  const g = L ? L.goodput : null, a = L ? L.slo_attainment : null, st = s.settings;
+  $("h-goodput").textContent = typeof g === "number" ? `${g.toFixed(g >= 10 ? 1 : 2)}/s` : "—";
+  $("h-slo").textContent = typeof a === "number" ? `${Math.round(a * 100)}%` : "—";
+  $("h-slo").dataset.low = String(typeof a === "number" && a < 0.9);
+  const targets = st.slo_ttft_ms ? `TTFT ≤ ${st.slo_ttft_ms} ms and ≤ ${st.slo_tpot_ms} ms per later token` : "both objectives";
+  const since = L && L.slo_judged ? ` · since the last reset ${L.slo_met} of ${L.slo_judged} met` : "";
+  $("h-goodput-fig").title = `goodput: finished requests per second that met ${targets}, over the last 30 s; ` +
+    `SLO met: the share of the requests finished in those 30 s that met them (engine)${since}`;
+}
+
+// The step-time target, where the forwards are drawn: how many prompt tokens a mixed step may
+// take now (stats.prefill_cap), and the trade it makes.
+function capNote() {
+  const box = $("step-cap"), target = s.settings.max_step_ms;
+  if (!box) return;
+  box.hidden = !target;
+  if (!target) return;
+  const cap = s.last ? s.last.prefill_cap : null;
+  box.textContent = `Step-time target ${target} ms: ` +
+    (cap === null || cap === undefined ? "the prompt-token cap is not known yet (fitted from the forwards measured lately)"
+                                       : `a mixed step takes at most ${cap} prompt tokens beside the streams`) +
+    " — streams stay steady; a long prompt takes more steps, so its own first token comes later.";
 }
 
 function footer() {
@@ -274,6 +312,7 @@ export function update() {
     setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
   }
   footer();
+  capNote();
   if (!ui.dirtyDom) return;
   ui.dirtyDom = false;
   // The parts the page has (an /embed shows those its `panels` parameter asked for).

@@ -21,7 +21,7 @@ export function createState() {
     hello: null, settings: {}, limits: {}, loading: null,
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                  //   decodeTokens, kv, cacheTokens, stack}; "release" points end a request's share
+                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound}; "release" points end a request's share
     stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
     filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
     blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
@@ -59,6 +59,7 @@ function req(s, id, t) {
          finalCached: null, finalPreemptions: null,   // as `finished` said
          tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
          stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
+         slo: null,      // finished.slo: {ttft_met, tpot_met, met, ttft_target_s, tpot_target_s}, or null
          pageFirstDelivery: null};
     s.reqs.set(id, r);
     s.order.push(id);
@@ -139,7 +140,8 @@ const ON = {
       // (cache on), or what each recomputed (cache off: `tokens` counts whole sequences then)
       const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
       s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
-                     len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0});
+                     len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0,
+                     predMs: typeof ev.predicted_s === "number" ? ev.predicted_s * 1000 : null, bound: ev.bound ?? null});
       trim(s.points, KEEP_POINTS);
     }
     // What each running request holds in the KV cache right after this forward (nothing
@@ -149,7 +151,8 @@ const ON = {
     s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
                   decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
                   prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
-                  kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : []});
+                  kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
+                  predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null});
     trim(s.steps, KEEP_STEPS);
     blocksInUse(s, ev.end, ev.cache_blocks_used);
   },
@@ -169,7 +172,7 @@ const ON = {
     const r = req(s, ev.id, ev.t);
     Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
                       tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
-                      finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions});
+                      finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions, slo: ev.slo ?? null});
     if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
     release(s, r, ev.t);
     if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;

@@ -16,6 +16,7 @@ const C = {
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
   preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
+  sloMet: P.sloMet, sloMissed: P.sloMissed, sloBacking: alpha(P.panel2, 0.85),
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -192,6 +193,32 @@ function drawOutcomes(ctx, f, g, view) {
   ctx.fillStyle = C.firstSample;
   for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
   for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
+  drawSlo(ctx, f, g, inView);
+}
+
+// Each judged request's service-level verdict (finished.slo) just after its end: a quiet tick
+// when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
+// "✗ both"); the hover read-out and the request panel give the numbers.
+function drawSlo(ctx, f, g, inView) {
+  const {reqs, barY, barH, rowH} = g;
+  g.sloMarks = [];
+  const px = Math.max(10, Math.min(14, Math.floor(rowH - 3)));
+  ctx.font = `600 ${px}px system-ui, sans-serif`;
+  ctx.textAlign = "left"; ctx.textBaseline = "middle";
+  for (const r of reqs) {
+    if (!r.slo || !inView(r.end)) continue;
+    const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
+    const text = r.slo.met ? "✓" : `✗ ${which}`;
+    // just after the request's end; a request that ended at the right edge gets its mark
+    // inside the plot, on a backing of the strip's colour so the bars under it do not muddle it
+    const tw = ctx.measureText(text).width, y = barY(r) + barH / 2;
+    const x = Math.min(f.x(r.end) + 3, f.gutter + f.pw + 8 - tw);
+    ctx.fillStyle = C.sloBacking;
+    ctx.fillRect(x - 2, y - px / 2 - 1, tw + 4, px + 2);
+    ctx.fillStyle = r.slo.met ? C.sloMet : C.sloMissed;
+    ctx.fillText(text, x, y);
+    g.sloMarks.push({id: r.id, met: r.slo.met, text, x, y, px});
+  }
 }
 
 // A preemption: a line through the row under a flag pointing down (not a bar like the first
@@ -289,7 +316,7 @@ export function drawTimeline(canvas, s, view, now, opts) {
   drawDecodeSteps(ctx, f, s.steps, i0, g);
   drawOutcomes(ctx, f, g, view);
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time
@@ -306,6 +333,17 @@ export function hitTimeline(layout, s, x, y) {
     if (st.kind !== "release" && st.start <= t && t <= st.end && st.ids.includes(r.id)) step = st;
   }
   return {req: r, t, step};
+}
+
+// The forward under x in the lane across the timeline's top (y above the rows), or null.
+export function hitStep(layout, s, x, y) {
+  if (y >= layout.top || y < 0) return null;
+  const t = layout.f.t(x);
+  for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
+    const st = s.steps[k];
+    if (st.kind !== "release" && st.start <= t && t <= st.end) return st;
+  }
+  return null;
 }
 
 // The strips under the timeline share its time axis, size and background.

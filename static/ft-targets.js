@@ -1,0 +1,49 @@
+// First Token: what the engine measured against two yardsticks, in words, one way for every
+// view. The service-level objectives (`finished.slo`: a completed request's TTFT and time per
+// later token against the `slo_ttft_ms` and `slo_tpot_ms` settings in force when it finished)
+// and the roofline (`step.predicted_s`, `measure` points: the slower of a forward's bytes at
+// the measured bandwidth and its flops at the measured matmul rate, an estimate). Pure
+// functions of events; the hover read-outs, request panel, diagnosis, measure sheet and
+// comparison read them.
+import {fmtS} from "ft/util";
+
+// The targets a request missed, by name ([] when it met both; null when it was not judged).
+export function missed(slo) {
+  if (!slo) return null;
+  const out = [];
+  if (!slo.ttft_met) out.push("TTFT");
+  if (!slo.tpot_met) out.push("per-token");
+  return out;
+}
+
+// "TTFT 2.41 s > 2.00 s target" / "TTFT 420 ms ≤ 2.00 s": one objective, measured against its target.
+function against(name, v, target, met) {
+  if (v === null || v === undefined) return `${name} — (one token: met)`;
+  return `${name} ${fmtS(v)} ${met ? "≤" : ">"} ${fmtS(target)}${met ? "" : " target"}`;
+}
+
+// One line for a finished request: met or missed, which objective, by how much; null if not judged.
+export function sloText(r) {
+  const o = r.slo;
+  if (!o) return null;
+  const parts = [against("TTFT", r.ttft, o.ttft_target_s, o.ttft_met),
+                 against("per later token", r.tpot, o.tpot_target_s, o.tpot_met)];
+  if (o.met) return `SLO met: ${parts.join(" · ")}`;
+  return `SLO missed (${missed(o).join(" and ")}): ${parts.join(" · ")}`;
+}
+
+// Measured against the roofline's estimate, in words when they differ by more than 2×.
+export function rooflineGap(measuredS, predictedS) {
+  if (typeof measuredS !== "number" || typeof predictedS !== "number" || predictedS <= 0) return null;
+  const k = measuredS / predictedS;
+  if (k > 2) return `measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model`;
+  if (k < 0.5) return `measured ${(1 / k).toFixed(1)}× under the roofline: the estimate's rates are off for this forward`;
+  return null;
+}
+
+// A forward's measured time beside the roofline's estimate, and the gap when it is large.
+export function rooflineText(measuredS, predictedS, bound) {
+  if (typeof predictedS !== "number") return null;
+  const gap = rooflineGap(measuredS, predictedS);
+  return `roofline estimate ${fmtS(predictedS)} (${bound}-bound) vs measured ${fmtS(measuredS)}` + (gap ? `\n  ${gap}` : "");
+}
