@@ -1,0 +1,190 @@
+"""Observe mode's page in real Chromium: a First Token (`python app.py --observe URL`) watching
+a second First Token (the in-process app on the tiny model), and a recorded trace of one
+watching a real llama.cpp server (tests/data/traces/observe-llamacpp.json, written by
+`python -m bench.observe_llamacpp --trace`). Everything asserted is compared with the events
+the page received (`firstToken.state`), not with numbers written here."""
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import ARTIFACTS, start_app
+
+LLAMACPP_TRACE = Path(__file__).parent / "data" / "traces" / "observe-llamacpp.json"
+GAUGE_NAMES = ("batch_size", "prefix_hit_rate", "spec_accept_rate", "spec_accept_length")
+ENGINE_WORDS = ("measured by the server", "engine time", "engine's", "queued ", "in the queue")
+
+
+@pytest.fixture
+def observer(live):
+    app = start_app("--observe", live.url + "/v1")
+    yield app
+    app.stop()
+
+
+def open_page(browser, url, width=1366, height=768):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.errors = []
+    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(url)
+    return page
+
+
+# Everything the checks read, at one moment, after every view drew from the same state.
+READ = """() => {
+  firstToken.refresh();
+  const s = firstToken.state, L = s.last, fig = (id) => document.getElementById(id).parentElement;
+  const by = (id) => { const t = fig(id).querySelector('.by'); return t && !t.hidden ? t.textContent : null; };
+  return {model: document.getElementById('model').textContent, hello: s.hello,
+          last: L && {running: L.running, queue: L.queue, server: L.server, measured_by: L.measured_by},
+          running: document.getElementById('h-running').textContent, waiting: document.getElementById('h-waiting').textContent,
+          tags: {ttft: by('h-ttft50'), itl: by('h-itl50'), tps: by('h-tps'), running: by('h-running'),
+                 waiting: by('h-waiting'), in_flight: by('h-policy')},
+          lanes: firstToken.layout().server.map((l) => l.id),
+          strip: !document.getElementById('server-strip').hidden,
+          legend: [document.getElementById('legend-observe').hidden, document.getElementById('legend-engine').hidden],
+          gauges: [...document.querySelectorAll('#server-gauges .sg')].map((g) => ({name: g.dataset.name,
+                     exposed: g.dataset.exposed, text: g.textContent})),
+          scrape: document.getElementById('server-scrape').textContent,
+          accounting: document.getElementById('d-accounting').textContent, why: document.getElementById('d-why').textContent,
+          sched: document.getElementById('d-sched').textContent, title: document.getElementById('d-title').textContent};
+}"""
+
+
+def check_picture(v):
+    """The checks every observe-mode picture passes, against the state's own events."""
+    h, L = v["hello"], v["last"]
+    srv = L["server"] or {}
+    title, version = srv.get("title") or h["server"]["title"], srv.get("version") or h["server"]["version"]
+    assert v["model"].startswith(f"observing {title}" + (f" {version}" if version else "")), v["model"]
+    assert h["model"].split("/")[-1] in v["model"]
+    # RUNNING and WAITING are the server's figures from the last stats event, and say so.
+    assert v["running"] == str(L["running"]) and v["waiting"] == str(L["queue"]), (v["running"], v["waiting"], L)
+    assert L["measured_by"]["running"] == "server" and L["measured_by"]["ttft"] == "client"
+    assert "server" in v["tags"]["running"] and " s ago" in v["tags"]["running"]
+    assert "server" in v["tags"]["waiting"]
+    assert v["tags"]["ttft"] == v["tags"]["itl"] == v["tags"]["tps"] == v["tags"]["in_flight"] == "this client"
+    if srv.get("slots"):
+        assert f"of {len(srv['slots'])} slots" in v["tags"]["running"]
+    # The server strip: its lanes, and every gauge it does not expose said to be so.
+    assert v["strip"] and v["legend"] == [False, True]
+    assert v["lanes"][:4] == ["queue", "kv", "prompt", "generated"]
+    exposed = set(h["server"]["exposed"]["gauges"])
+    for g in v["gauges"]:
+        if g["name"] in GAUGE_NAMES:
+            assert g["exposed"] == str(g["name"] in exposed).lower(), g
+            assert ("not exposed by this server" in g["text"]) == (g["name"] not in exposed), g
+    assert any(g["exposed"] == "false" for g in v["gauges"]), "every gauge exposed: nothing to grey here"
+    assert v["scrape"].startswith(f"scraped every {srv['every_s']} s · last ")
+    # The request panel speaks only of what this client measured.
+    text = v["accounting"] + v["why"] + v["sched"]
+    assert "this client" in text
+    assert not [w for w in ENGINE_WORDS if w in text], text
+
+
+def waiting_pixels(page):
+    """For each request in view with time before its first chunk: the timeline's colour in the
+    middle of that wait (device pixels of the canvas), with the queue colour for comparison."""
+    return page.evaluate("""() => {
+      firstToken.view.paused = true; firstToken.refresh();
+      const s = firstToken.state, lay = firstToken.ui.layouts.timeline, f = lay.f;
+      const c = document.getElementById('timeline'), ctx = c.getContext('2d'), dpr = c.width / c.clientWidth;
+      const out = [];
+      lay.lanes.forEach((lane, i) => {
+        for (const r of lane.reqs) {
+          const until = r.first ?? r.end; if (until === null || r.rejected) continue;
+          const x0 = Math.max(f.gutter, f.x(r.arrival)), x1 = Math.min(f.gutter + f.pw, f.x(until));
+          if (x1 - x0 < 4) continue;
+          const x = (x0 + x1) / 2, y = lay.top + i * lay.rowH + lay.rowH / 2;
+          out.push({id: r.id, rgb: Array.from(ctx.getImageData(Math.round(x * dpr), Math.round(y * dpr), 1, 1).data.slice(0, 3))});
+        }
+      });
+      const q = getComputedStyle(document.documentElement).getPropertyValue('--c-queue').trim();
+      firstToken.view.paused = false;
+      return {out, queue: [1, 3, 5].map((i) => parseInt(q.slice(i, i + 2), 16))};
+    }""")
+
+
+def test_observe_page_draws_the_server_and_who_measured_what(observer, browser):
+    page = open_page(browser, observer.url + "/")
+    try:
+        page.wait_for_function("() => window.firstToken && firstToken.state.hello && firstToken.state.hello.server "
+                               "&& firstToken.state.last && firstToken.state.last.server", timeout=30_000)
+        page.evaluate("firstToken.send({type: 'set', settings: {max_new_tokens: 64, prompt_tokens: 64}})")
+        page.wait_for_function("() => firstToken.state.settings.max_new_tokens === 64", timeout=10_000)
+        page.evaluate("firstToken.send({type: 'burst', n: 8})")
+        busy = []   # RUNNING/WAITING read while the server's stats say it is busy
+        page.wait_for_function("() => firstToken.state.order.length >= 8", timeout=30_000)
+        for _ in range(100):
+            v = page.evaluate(READ)
+            assert v["running"] == str(v["last"]["running"]) and v["waiting"] == str(v["last"]["queue"])
+            if v["last"]["running"]:
+                busy.append(v)
+            if page.evaluate("[...firstToken.state.reqs.values()].every((r) => r.end !== null)"):
+                break
+            page.wait_for_timeout(100)
+        assert busy, "the server's stats never showed a request running"
+        pixels = waiting_pixels(page)
+        # a scrape after the last finish: the server idle again
+        page.wait_for_function("() => { const s = firstToken.state, L = s.last, end = Math.max(...[...s.reqs.values()]"
+                               ".map((r) => r.end)); return L && L.server && L.server.scraped_t > end && L.running === 0; }",
+                               timeout=30_000)
+        v = page.evaluate(READ)
+        assert v["hello"]["server"]["kind"] == "first-token"
+        check_picture(v)
+        assert "waiting for its first chunk" in v["why"] or "streaming its" in v["why"]
+        # Time before the first chunk is drawn as a client-side wait, never in the queue's colour.
+        assert pixels["out"], "no request waited long enough to be seen"
+        for p in pixels["out"]:
+            assert max(abs(a - b) for a, b in zip(p["rgb"], pixels["queue"])) > 40, p
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "observe-first-token.png"))
+        assert page.errors == []
+    finally:
+        page.close()
+
+
+def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser):
+    trace = json.loads(LLAMACPP_TRACE.read_text())
+    assert trace[0]["mode"] == "observe" and trace[0]["server"]["kind"] == "llamacpp"
+    page = open_page(browser, live.url + "/")
+    try:
+        page.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+        page.evaluate("t => { firstToken.replay.load(t, 'observe-llamacpp.json'); firstToken.replay.pause(); }", trace)
+        # At the moment the server's stats said most was running and waiting at once.
+        stats = [e for e in trace if e["type"] == "stats" and e["server"]]
+        busiest = max(stats, key=lambda e: (e["running"] or 0, e["queue"] or 0))
+        assert busiest["running"] and busiest["queue"], "the recording never had a queue"
+        page.evaluate("t => firstToken.replay.seek(t)", busiest["t"] + 0.01)
+        v = page.evaluate(READ)
+        assert v["last"]["running"] == busiest["running"] and v["last"]["queue"] == busiest["queue"]
+        check_picture(v)
+        assert v["model"].startswith("observing llama.cpp server ")
+        n = len(busiest["server"]["slots"])
+        assert v["lanes"][4:] == [f"slot{i}" for i in range(n)]
+        # llama.cpp's batch size is a mean since it started: the note says so beside the number.
+        (batch,) = [g for g in v["gauges"] if g["name"] == "batch_size"]
+        assert trace[0]["server"]["exposed"]["notes"]["batch_size"] in batch["text"]
+        # A slot's strip holds the request the server's /slots said it held.
+        ours = [row for row in busiest["server"]["slots"] if row["request"]]
+        assert ours
+        page.evaluate("""([slot, t]) => {
+          const lay = firstToken.ui.layouts.server, lane = lay.lanes.find((l) => l.id === 'slot' + slot);
+          const c = document.getElementById('server'), box = c.getBoundingClientRect();
+          c.dispatchEvent(new MouseEvent('mousemove', {clientX: box.left + lay.f.x(t) + 1,
+                                                       clientY: box.top + lane.y + lane.h / 2, bubbles: true}));
+        }""", [ours[0]["id"], busiest["server"]["scraped_t"]])
+        page.wait_for_function("() => !document.getElementById('tip').hidden", timeout=5_000)
+        tip = page.evaluate("document.getElementById('tip').textContent")
+        assert f"slot {ours[0]['id']}: {ours[0]['request']}" in tip and "decoded" in tip and "remaining" in tip
+        # the requests not yet answered wait for their first chunk: not drawn as queue
+        pixels = waiting_pixels(page)
+        assert pixels["out"]
+        for p in pixels["out"]:
+            assert max(abs(a - b) for a, b in zip(p["rgb"], pixels["queue"])) > 40, p
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "observe-llamacpp-replay.png"))
+        assert page.errors == []
+    finally:
+        page.close()
