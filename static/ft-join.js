@@ -1,8 +1,9 @@
 // First Token: the students' page (/join, classroom mode). Join with a name (and the code when
 // the presenter set one), then send one prompt at a time: the answer streams back as
 // server-sent events over a POST (server/classroom.py) and the page shows two sets of
-// figures side by side, labelled: the engine's own measurements (its `finished` event) and
-// what this phone measured (from pressing Send, so the network is included).
+// figures side by side, labelled: the engine's own measurements (its `finished` event; on an
+// observed server, the classroom app's, as a client of that server) and what this phone
+// measured (from pressing Send, so the network is included).
 import {$, fmtS} from "ft/util";
 
 const codeRequired = document.body.dataset.codeRequired === "true";

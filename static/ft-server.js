@@ -384,7 +384,7 @@ export function clientWaits(ctx, f, g, now) {
 
 // The timeline's hover read-out for a request in observe mode.
 export function describeClient(r) {
-  const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens${r.source === "observe" && r.outputTokens === null ? " (estimated)" : ""} → max ${r.maxNew ?? "?"} new`];
+  const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens${r.source === "observe" ? " (estimated)" : ""} → max ${r.maxNew ?? "?"} new`];
   if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
   if (r.inSlot !== null) lines.push(`in a server slot from +${fmtS(r.inSlot - r.arrival)} (server, ±0.5 s)`);
   if (r.first !== null) lines.push(`first chunk after ${fmtS(r.first - r.arrival)} (this client)`);

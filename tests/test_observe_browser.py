@@ -188,3 +188,38 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         assert page.errors == []
     finally:
         page.close()
+
+
+def test_a_students_phone_on_an_observed_server_says_the_classroom_app_measured(live, browser):
+    """On an observed server the phone's first row of figures is this app's, as a client of that
+    server (`measured_by: "client"`): labelled so, never as the engine's."""
+    from server.classroom import Classroom
+    from test_observe import observing
+    app = observing(live.url, classroom=Classroom(join_code="owl"))
+    ctx = browser.new_context(viewport={"width": 390, "height": 844})
+    page = ctx.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    sub = app.observer.events.subscribe(replay=False)
+    try:
+        page.goto(app.url + "/join?code=owl")
+        page.fill("#name", "Ada")
+        page.click("#join-form button")
+        page.wait_for_selector("#ask-form:not([hidden])")
+        page.fill("#prompt", "What is a token?")
+        page.click("#btn-ask")
+        page.wait_for_function("document.getElementById('f-ttft-engine').textContent !== '—'", timeout=30_000)
+        events = sub.get(timeout=1)
+        (fin,) = [e for e in events if e["type"] == "finished"]
+        assert fin["client_side"]
+        assert page.text_content("#f-by") == "classroom app"
+        note = page.text_content("#f-note")
+        assert "measured by the classroom app" in note and "measured by the server" not in note
+        assert "engine" not in note
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "join-observe-390x844.png"))
+        assert errors == []
+    finally:
+        ctx.close()
+        app.stop()
+        app.observer.shutdown()
