@@ -230,9 +230,9 @@ function gutterText(ctx, f, y, text, compact, baseline = "top") {
 }
 
 // A lane whose figure the server does not expose: greyed, and saying so.
-function greyed(ctx, f, l, what, compact) {
+function greyed(ctx, f, l, what, compact, why = NOT_EXPOSED) {
   ctx.fillStyle = hatch(ctx); ctx.fillRect(f.gutter, l.y, f.pw, l.h);
-  laneLabel(ctx, f, l, `${what}: ${NOT_EXPOSED}`, compact);
+  laneLabel(ctx, f, l, `${what}: ${why}`, compact);
 }
 
 // Stretches with no readable /metrics: hatched across every lane.
@@ -281,8 +281,7 @@ function drawQueueLane(ctx, f, l, pts, end, compact) {
 function drawKvLane(ctx, f, l, pts, end, compact) {
   if (!exposedOf("gauges").has("kv_usage")) { greyed(ctx, f, l, "KV usage", compact); return; }
   if (!s.scrapes.some((p) => p.server && p.server.gauges.kv_usage !== null)) {   // a name this server's build dropped
-    greyed(ctx, f, l, "KV usage", compact);
-    laneLabel(ctx, f, l, "KV usage: none in this server's /metrics so far (its build does not report it)", compact);
+    greyed(ctx, f, l, "KV usage", compact, "none in this server's /metrics so far (its build does not report it)");
     return;
   }
   const base = l.y + l.h, y = (v) => base - v * (l.h - 2);
