@@ -223,3 +223,56 @@ def test_a_students_phone_on_an_observed_server_says_the_classroom_app_measured(
         ctx.close()
         app.stop()
         app.observer.shutdown()
+
+
+def test_a_server_gone_unreadable_is_a_gap_and_an_old_scrape_is_stale(live, browser):
+    """The recorded llama.cpp trace with its /metrics made unreadable (`stats.server: null`, as
+    observe mode sends it then) for its last seconds, and one stretch before that where the same
+    scrape kept being repeated with a growing age: the page says "not readable" and draws a gap,
+    and marks the repeated scrape stale once it is older than twice its period."""
+    trace = json.loads(LLAMACPP_TRACE.read_text())
+    stats = [e for e in trace if e["type"] == "stats" and e["server"]]
+    cut = stats[len(stats) * 3 // 4]["t"]
+    held = stats[len(stats) // 2]
+    stale_at = None
+    for e in trace:
+        if e["type"] != "stats":
+            continue
+        if e["t"] >= cut:
+            e.update(server=None, running=None, queue=None, cache_usage=None)
+        elif held["t"] < e["t"] < held["t"] + 2:
+            e["server"] = dict(held["server"], age_s=held["server"]["age_s"] + e["t"] - held["t"])
+            e.update(running=held["running"], queue=held["queue"])
+            if stale_at is None and e["server"]["age_s"] > 2 * e["server"]["period_s"]:
+                stale_at = e["t"]
+    assert stale_at is not None
+    page = open_page(browser, live.url + "/")
+    try:
+        page.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+        page.evaluate("t => { firstToken.replay.load(t, 'unreadable.json'); firstToken.replay.pause(); }", trace)
+        page.evaluate("t => firstToken.replay.seek(t)", stale_at + 0.01)
+        v = page.evaluate(READ)
+        assert v["scrape"].endswith(" · stale") and page.evaluate(
+            "document.getElementById('server-scrape').dataset.stale") == "true"
+        page.evaluate("t => firstToken.replay.seek(t)", trace[-1]["t"])
+        v = page.evaluate(READ)
+        assert v["last"]["server"] is None
+        assert v["scrape"].startswith("its /metrics is not readable since ")
+        assert v["running"] == v["waiting"] == "—" and "not readable" in v["tags"]["running"]
+        gaps = page.evaluate("firstToken.state.scrapes.filter((p) => !p.server).map((p) => p.t)")
+        # (the recording's own first stats came before the observer's first scrape: a gap too)
+        assert gaps[-1] == pytest.approx(min(e["t"] for e in trace if e["type"] == "stats" and e["t"] >= cut))
+        # the gap is hatched across the lanes: many of the running lane's pixels there are not the background
+        assert 0.08 < page.evaluate("""([t0, t1]) => {
+          firstToken.view.paused = true; firstToken.view.right = t1; firstToken.refresh();
+          const lay = firstToken.ui.layouts.server, f = lay.f, lane = lay.lanes[0];
+          const c = document.getElementById('server'), ctx = c.getContext('2d'), dpr = c.width / c.clientWidth;
+          const px = [];
+          for (let x = f.x(t0) + 2; x < f.x(t1) - 2; x += 1) px.push(ctx.getImageData(Math.round(x * dpr), Math.round((lane.y + lane.h / 2 + 4) * dpr), 1, 1).data.slice(0, 3).join());
+          const bg = getComputedStyle(document.documentElement).getPropertyValue('--c-panel2').trim();
+          const bgRgb = [1, 3, 5].map((i) => parseInt(bg.slice(i, i + 2), 16)).join();
+          return px.filter((p) => p !== bgRgb).length / px.length;   // hatch lines every few pixels, not a grid line's one
+        }""", [gaps[-1], trace[-1]["t"]])
+        assert page.errors == []
+    finally:
+        page.close()
