@@ -103,7 +103,7 @@ function headline(on) {
   $("h-waiting").textContent = L && L.queue !== null ? String(L.queue) : "—";
   $("h-policy").textContent = L && L.in_flight !== null ? String(L.in_flight) : "—";
   if (n) byTag($("h-running").parentElement).textContent = `of ${n} slots · ${tag("running")}`;
-  const missing = (g) => v && v.profile && v.gauges[g] === null ? NOT_EXPOSED : null;
+  const missing = (g) => (v && !v.profile ? "server: no names First Token knows" : v && v.gauges[g] === null ? NOT_EXPOSED : null);
   for (const [id, g] of [["h-running", "running"], ["h-waiting", "waiting"]]) {
     if (missing(g)) byTag($(id).parentElement).textContent = missing(g);
   }

@@ -276,3 +276,33 @@ def test_a_server_gone_unreadable_is_a_gap_and_an_old_scrape_is_stale(live, brow
         assert page.errors == []
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("metrics, says", [((404, b"not here"), "its /metrics is not readable"),
+                                           ((200, b"# an exporter of something else\nsome_other_total 3\n"),
+                                            "its /metrics has no names First Token knows")])
+def test_a_server_not_recognised_is_named_by_its_address_and_says_why(browser, metrics, says):
+    from helpers import loopback_http
+
+    def get(handler):
+        if handler.path == "/v1/models":
+            return 200, b'{"data": [{"id": "some/model"}]}'
+        return metrics if handler.path == "/metrics" else (404, b"{}")
+    httpd = loopback_http(get, lambda h: (500, b"{}"))
+    app = start_app("--observe", httpd.url + "/v1")
+    page = open_page(browser, app.url + "/")
+    try:
+        page.wait_for_function("() => window.firstToken && firstToken.state.last", timeout=30_000)
+        v = page.evaluate(READ)
+        assert v["hello"]["server"] is None
+        assert v["model"] == f"observing {httpd.url}/v1 · model · {says}"
+        assert v["running"] == v["waiting"] == "—"
+        assert v["tags"]["ttft"] == "this client"
+        assert v["tags"]["running"] == ("server: /metrics not readable" if metrics[0] == 404 else "server: no names First Token knows")
+        # nothing is drawn as if the server had said it: every gauge greyed
+        assert v["gauges"] and all(g["exposed"] == "false" and "not exposed by this server" in g["text"] for g in v["gauges"])
+        assert page.errors == []
+    finally:
+        page.close()
+        app.stop()
+        httpd.shutdown()
