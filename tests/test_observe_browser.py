@@ -106,17 +106,30 @@ def waiting_pixels(page):
     }""")
 
 
+def not_queue(pixels):
+    """No wait before a first chunk drawn in the queue's colour (and some wait was seen)."""
+    assert pixels["out"], "no request waited long enough to be seen"
+    for p in pixels["out"]:
+        assert max(abs(a - b) for a, b in zip(p["rgb"], pixels["queue"])) > 40, p
+
+
+def shot(page, name):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+    assert page.errors == []
+
+
 def test_observe_page_draws_the_server_and_who_measured_what(observer, browser):
     page = open_page(browser, observer.url + "/")
     try:
         page.wait_for_function("() => window.firstToken && firstToken.state.hello && firstToken.state.hello.server "
                                "&& firstToken.state.last && firstToken.state.last.server", timeout=30_000)
-        page.evaluate("firstToken.send({type: 'set', settings: {max_new_tokens: 64, prompt_tokens: 64}})")
-        page.wait_for_function("() => firstToken.state.settings.max_new_tokens === 64", timeout=10_000)
-        page.evaluate("firstToken.send({type: 'burst', n: 8})")
+        page.evaluate("firstToken.send({type: 'set', settings: {max_new_tokens: 200, prompt_tokens: 32}})")
+        page.wait_for_function("() => firstToken.state.settings.max_new_tokens === 200", timeout=10_000)
+        page.evaluate("firstToken.send({type: 'burst', n: 16})")
         busy = []   # RUNNING/WAITING read while the server's stats say it is busy
-        page.wait_for_function("() => firstToken.state.order.length >= 8", timeout=30_000)
-        for _ in range(100):
+        page.wait_for_function("() => firstToken.state.order.length >= 16", timeout=30_000)
+        for _ in range(300):
             v = page.evaluate(READ)
             assert v["running"] == str(v["last"]["running"]) and v["waiting"] == str(v["last"]["queue"])
             if v["last"]["running"]:
@@ -135,12 +148,8 @@ def test_observe_page_draws_the_server_and_who_measured_what(observer, browser):
         check_picture(v)
         assert "waiting for its first chunk" in v["why"] or "streaming its" in v["why"]
         # Time before the first chunk is drawn as a client-side wait, never in the queue's colour.
-        assert pixels["out"], "no request waited long enough to be seen"
-        for p in pixels["out"]:
-            assert max(abs(a - b) for a, b in zip(p["rgb"], pixels["queue"])) > 40, p
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "observe-first-token.png"))
-        assert page.errors == []
+        not_queue(pixels)
+        shot(page, "observe-first-token.png")
     finally:
         page.close()
 
@@ -179,13 +188,8 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         tip = page.evaluate("document.getElementById('tip').textContent")
         assert f"slot {ours[0]['id']}: {ours[0]['request']}" in tip and "decoded" in tip and "remaining" in tip
         # the requests not yet answered wait for their first chunk: not drawn as queue
-        pixels = waiting_pixels(page)
-        assert pixels["out"]
-        for p in pixels["out"]:
-            assert max(abs(a - b) for a, b in zip(p["rgb"], pixels["queue"])) > 40, p
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "observe-llamacpp-replay.png"))
-        assert page.errors == []
+        not_queue(waiting_pixels(page))
+        shot(page, "observe-llamacpp-replay.png")
     finally:
         page.close()
 
