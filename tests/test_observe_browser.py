@@ -138,6 +138,7 @@ def test_observe_page_draws_the_server_and_who_measured_what(observer, browser):
                 break
             page.wait_for_timeout(100)
         assert busy, "the server's stats never showed a request running"
+        check_picture(busy[-1])   # mid-run too: the same picture while the server is busy
         pixels = waiting_pixels(page)
         # a scrape after the last finish: the server idle again
         page.wait_for_function("() => { const s = firstToken.state, L = s.last, end = Math.max(...[...s.reqs.values()]"
