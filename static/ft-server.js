@@ -77,6 +77,7 @@ export function tag(name) {
 const FIGS = {"h-ttft50": "ttft", "h-ttft99": "ttft", "h-itl50": "itl", "h-itl99": "itl", "h-tps": "tokens_per_s",
               "h-running": "running", "h-waiting": "queue", "h-policy": "in_flight", "h-delivery": null};
 const saved = {};   // the engine page's labels, put back when a trace from an engine is loaded
+let labelled = false;   // whether this page's headline carries observe mode's labels now
 
 function byTag(fig) {
   let t = fig.querySelector(".by");
@@ -85,6 +86,8 @@ function byTag(fig) {
 }
 
 function headline(on) {
+  if (!on && !labelled) return;   // an engine's page: the panels' own labels, untouched
+  labelled = on;
   for (const id of Object.keys(FIGS)) {
     const v = $(id);
     if (!v) continue;

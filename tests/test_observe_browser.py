@@ -191,6 +191,16 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         # the requests not yet answered wait for their first chunk: not drawn as queue
         not_queue(waiting_pixels(page))
         shot(page, "observe-llamacpp-replay.png")
+        # An engine's trace after it: the engine's page again, none of observe mode's labels left.
+        engine = json.loads((Path(__file__).parents[1] / "examples" / "queueing.json").read_text())
+        page.evaluate("t => { firstToken.replay.load(t, 'queueing.json'); firstToken.refresh(); }", engine)
+        back = page.evaluate("""() => ({tps: document.getElementById('h-tps').previousElementSibling.textContent,
+          tags: [...document.querySelectorAll('.fig .by')].filter((t) => !t.hidden).length,
+          strip: document.getElementById('server-strip').hidden, legend: document.getElementById('legend-engine').hidden,
+          observing: document.body.classList.contains('observing'), model: document.getElementById('model').textContent})""")
+        assert back == {"tps": "tokens/s", "tags": 0, "strip": True, "legend": False, "observing": False,
+                        "model": back["model"]} and not back["model"].startswith("observing")
+        assert page.errors == []
     finally:
         page.close()
 
