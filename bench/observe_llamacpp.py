@@ -1,6 +1,6 @@
 """Observe a real llama.cpp server built here, and check the picture against the server.
 
-    python -m bench.observe_llamacpp [--capture] [--shot PATH] [--out PATH]
+    python -m bench.observe_llamacpp [--capture] [--shot PATH] [--out PATH] [--trace PATH]
 
 Starts `llama-server` (bench/reference.py; built once) on 127.0.0.1 with `--metrics --slots
 -np 4 -t 1`, then First Token in observe mode on it (`python app.py --observe URL`), sends a
@@ -10,7 +10,9 @@ and meanwhile reads the server's `/metrics` and `/slots` itself every 0.2 s. For
 server reported in the direct read nearest to the observer's own scrape (`--out`, JSON),
 with the time between the two reads. `--shot` saves a Chromium screenshot (1366x768) of the
 observer's page while the server is busy; `--capture` writes the texts read directly
-(/metrics twice, /slots, /props) into tests/data/metrics/ as llamacpp-capture-*.
+(/metrics twice, /slots, /props) into tests/data/metrics/ as llamacpp-capture-*; `--trace`
+writes the observer's events as a trace (`[hello, ...events]`, docs/protocol.md) that the
+page replays.
 """
 import argparse
 import json
@@ -60,6 +62,7 @@ def main(argv=None):
     ap.add_argument("--capture", action="store_true", help="write the texts read into tests/data/metrics/")
     ap.add_argument("--shot", default=str(ROOT / "test-artifacts" / "observe-llamacpp.png"))
     ap.add_argument("--out", default=str(ROOT / "test-artifacts" / "observe-llamacpp.json"))
+    ap.add_argument("--trace", help="write the observer's events here as a trace (hello first)")
     a = ap.parse_args(argv)
     binary = reference.build()
     port = free_port()
@@ -89,7 +92,7 @@ def main(argv=None):
         reader.start()
         from simple_websocket import Client
         conn = Client.connect(app.ws_url)
-        (hello, *_) = json.loads(conn.receive(timeout=10))
+        (hello, *history) = json.loads(conn.receive(timeout=10))
         conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": MAX_NEW, "prompt_tokens": 64}}))
         time.sleep(0.5)
         shot = {}
@@ -160,6 +163,10 @@ def main(argv=None):
                "ttft_s": sorted(round(f["ttft"], 3) for f in finished if f["ttft"] is not None),
                "rows": rows}
     Path(a.out).write_text(json.dumps(summary, indent=1))
+    if a.trace:
+        trace = [hello] + [e for e in history + events if e["type"] != "sync"]
+        Path(a.trace).write_text(json.dumps(trace, separators=(",", ":")))
+        print(f"wrote {a.trace}: {len(trace)} events")
     matched = sum(r["observer"] == r["server"] for r in rows)
     print(f"{len(rows)} stats events with server figures; gauges equal to the nearest direct read in {matched}")
     print(f"wrote {a.out}, {a.shot}")

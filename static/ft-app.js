@@ -20,6 +20,7 @@ import * as measure from "ft/measure";
 import * as panels from "ft/panels";
 import * as present from "ft/present";
 import * as replay from "ft/replay";
+import * as server from "ft/server";
 import {createState, ingest} from "ft/state";
 import * as teach from "ft/teach";
 import * as tour from "ft/tour";
@@ -41,6 +42,7 @@ panels.init({s, ui, perf, select});
 charts.init({s});
 canvases.init({s, view, ui, select, engineNow});
 replay.init({s, ui, show});
+server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
 classroom.init({embed});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
@@ -90,21 +92,22 @@ function loop(ts) {
   const t0 = performance.now();
   canvases.draw();
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
-  if (ts - lastDom >= 250) { lastDom = ts; panels.update(); teach.update(); }
+  if (ts - lastDom >= 250) { lastDom = ts; panels.update(); server.update(); teach.update(); }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
   requestAnimationFrame(loop);
 }
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); teach.update(); charts.update();
+  canvases.draw(); panels.update(); server.update(); teach.update(); charts.update();
 }
 
 // For tests, benchmarks and the console.
 // layout(): what the canvases wrote and where (the layout tests read it; text on a canvas has no DOM box).
-// sloMarks: each finished request's met/missed mark on the timeline, as drawn.
+// sloMarks: each finished request's met/missed mark on the timeline, as drawn; server: observe mode's lanes.
 const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : [],
-                       sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : []});
+                       sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
+                       server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
                                    select, refresh, layout}, replay.api);
 controls.wire();

@@ -4,6 +4,7 @@
 // the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
+import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
@@ -74,7 +75,7 @@ const HOVER = {
     if (st) return laneText(st);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
-    const lines = describeReq(hit.req);
+    const lines = observing(s) ? describeClient(hit.req) : describeReq(hit.req);
     if (hit.step) lines.push(stepText(hit.step));
     return lines;
   },
@@ -96,6 +97,7 @@ const HOVER = {
     const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
     return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
   },
+  server(s, layouts, h) { return hitServer(layouts.server, h.x, h.y); },   // observe mode (ft-server.js)
   queue(s, layouts, h) {
     const f = layouts.queue && layouts.queue.f;
     const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
@@ -181,11 +183,12 @@ export function draw() {
   const now = engineNow();
   if (!view.paused) view.right = now + view.span * 0.03;
   view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
-  ui.layouts.timeline = drawTimeline($("timeline"), s, view, now, {selected: ui.selected});
+  ui.layouts.timeline = drawTimeline($("timeline"), s, view, now, {selected: ui.selected, clientWaits});
   // The strips the page has (an /embed shows those its `panels` parameter asked for).
   if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);
   if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);
   if ($("blocks")) ui.layouts.blocks = drawBlocks($("blocks"), s);
+  if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), view, now);
   if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
 }
 

@@ -5,6 +5,7 @@
 // blocks), prefill, decode, waiting behind other requests' prefill, preemption, delivery —
 // names the largest, and says so with the numbers, as a hypothesis. The panel shows it.
 import {selectedReq} from "ft/panels";
+import {diagnoseClient, observing} from "ft/server";
 import {prefillTime, running, stepMedians} from "ft/state";
 import {missed} from "ft/targets";
 import {$, el, fmtS} from "ft/util";
@@ -149,6 +150,7 @@ function inFlight(r, s) {
 export function diagnose(r, s) {
   if (!r) return null;
   if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
+  if (observing(s)) return diagnoseClient(r);   // observe mode: no engine stages, only what a client sees
   if (!r.stages) return inFlight(r, s);
   if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
   const p = finishedParts(r, s), total = r.e2e;
@@ -181,7 +183,8 @@ function sloVerdict(d, r) {
 }
 
 const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
-               preempted: "preemption", delivery: "delivery", other: "other"};
+               preempted: "preemption", delivery: "delivery", other: "other",
+               first_chunk: "waiting for the first chunk (client)", streaming: "streaming (client)"};
 
 // The selected request's diagnosis, computed again only when the request or the engine
 // second changes: the panel and the tour's last step both read it on the 4 Hz tick.

@@ -1,8 +1,9 @@
 // First Token: the students' page (/join, classroom mode). Join with a name (and the code when
 // the presenter set one), then send one prompt at a time: the answer streams back as
 // server-sent events over a POST (server/classroom.py) and the page shows two sets of
-// figures side by side, labelled: the engine's own measurements (its `finished` event) and
-// what this phone measured (from pressing Send, so the network is included).
+// figures side by side, labelled: the engine's own measurements (its `finished` event; on an
+// observed server, the classroom app's, as a client of that server) and what this phone
+// measured (from pressing Send, so the network is included).
 import {$, fmtS} from "ft/util";
 
 const codeRequired = document.body.dataset.codeRequired === "true";
@@ -65,13 +66,23 @@ function phoneFigures() {
   if (a.length >= 2) $("f-tps-phone").textContent = perS(a.length - 1, (a[a.length - 1] - a[0]) / 1000);
 }
 
+// Who measured the first row: the engine itself, or (observe mode, `measured_by: "client"`) the
+// classroom app as a client of the server it watches, which cannot see inside that server.
 function engineFigures(ev) {
+  const client = ev.measured_by === "client";
+  const head = $("f-by");
+  head.textContent = client ? "classroom app" : "engine";
+  head.title = client ? "measured by the classroom app, a client of the observed server: sending your prompt to the " +
+    "first chunk of text read back, and 1 / mean time per later token" : head.dataset.engineTitle;
   $("f-ttft-engine").textContent = fmtS(ev.ttft);
   $("f-tps-engine").textContent = ev.tpot ? perS(1, ev.tpot) : "—";
-  $("f-note").textContent = `${ev.output_tokens} tokens (${ev.reason}); prompt ${ev.prompt_tokens} tokens. ` +
-    "engine: measured by the server, from your request's arrival to its first token, then 1 / time per " +
-    "output token. this phone: measured here from pressing Send (network included), then tokens per " +
-    "second as they arrived.";
+  $("f-note").textContent = `${ev.output_tokens ?? "?"} tokens (${ev.reason}); prompt ${ev.prompt_tokens ?? "?"} tokens. ` +
+    (client ? "classroom app: measured by the classroom app as a client of the server it watches, from sending your " +
+              "prompt there to the first chunk of text it read back, then 1 / time per output token; what happened " +
+              "inside that server is not measured. "
+            : "engine: measured by the server, from your request's arrival to its first token, then 1 / time per " +
+              "output token. ") +
+    "this phone: measured here from pressing Send (network included), then tokens per second as they arrived.";
 }
 
 function onEvent(ev) {

@@ -8,6 +8,7 @@ import {STAGES, reqColor} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {percentile, prefillTime, running} from "ft/state";
 import {sloText} from "ft/targets";
+import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
 import {apply as applyPreset} from "ft/teach";
 import {$, el, fmtBytes, fmtS} from "ft/util";
 
@@ -72,6 +73,7 @@ function sloLine(r) {
 }
 
 function accounting(r) {
+  if (observing(s)) return clientAccounting(r);   // measured by this client, never "by the server"
   if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
   if (r.stages) return sloLine(r).concat(accountingBars(r));
   const bits = [];
@@ -95,6 +97,7 @@ function promptChips(r) {
 }
 
 export function showModel(h) {
+  if (observing(s)) { $("model").textContent = modelLine(); return; }
   $("model").textContent = `${h.model} · ${h.device} · ${h.dtype} · ${(h.params / 1e6).toFixed(0)} M params · ` +
     `${h.layers} layers · ${h.max_slots} slots`;
 }
@@ -242,6 +245,7 @@ const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.
 // Where the request stands with the scheduler: its place in the queue and why, the prompt
 // tokens the prefix cache supplied, and its preemptions (each from an event).
 function schedNote(r) {
+  if (observing(s)) return clientNote(r);
   const L = s.last, a = r.admits[0], lines = [];
   if (L && r.end === null && (!a || requeued(r))) {
     const pos = s.waiting.indexOf(r.id);
@@ -270,7 +274,7 @@ function detail() {
     $("d-sched").textContent = "";
     return;
   }
-  const state = r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
+  const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
     r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
   $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
   $("d-sched").textContent = schedNote(r);

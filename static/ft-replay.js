@@ -173,7 +173,11 @@ function describe(trace, name) {
   const h = trace[0];
   const date = typeof h.server_time === "number" ? new Date(h.server_time * 1000).toISOString().slice(0, 10) : "?";
   $("rp-title").textContent = `Replay${name ? `: ${name}` : ""}`;
-  $("rp-credit").textContent = `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
+  const srv = h.mode === "observe" ? h.server || (trace.find((ev) => ev.type === "stats" && ev.server && ev.server.title) || {}).server : null;
+  $("rp-credit").textContent = h.mode === "observe"
+    ? `Recorded by First Token observing ${srv ? `${srv.title}${srv.version ? ` ${srv.version}` : ""}` : h.target} ` +
+      `(${String(h.model ?? "?").split("/").pop()}) from the client's side, ${date}`
+    : `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
   const preset = trace.find((ev) => ev.type === "preset");
   $("rp-preset").hidden = !preset;
   if (preset) $("rp-preset-title").textContent = preset.title || preset.name;   // its explanation: the lesson banner

@@ -26,6 +26,7 @@ export function createState() {
     filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
     blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
     stats: [], last: null,        // stats samples; the latest stats event
+    scrapes: [],                  // observe mode: the server's scrapes, {t: scraped_t, at, server}; {t, server: null} while unreadable
     slots: [], waiting: [],
     points: [],                   // decode steps: {batch, ms, kv}
     delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
@@ -41,6 +42,7 @@ export function createState() {
 
 function clearRun(s) {
   s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = []; s.blockUse = [];
+  s.scrapes = [];
   s.stepPrefills = new Set();
   s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
   s.finishedCount = 0; s.epoch++;
@@ -60,7 +62,9 @@ function req(s, id, t) {
          tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
          stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
          slo: null,      // finished.slo: {ttft_met, tpot_met, met, ttft_target_s, tpot_target_s}, or null
-         pageFirstDelivery: null};
+         pageFirstDelivery: null,
+         clientSide: false, gaps: null,   // observe mode: measured by this client (finished.client_side, .gaps)
+         inSlot: null};                   // observe mode: the first scrape that showed it in a server slot
     s.reqs.set(id, r);
     s.order.push(id);
     evict(s);
@@ -99,7 +103,8 @@ const ON = {
     Object.assign(r, {source: ev.source, label: ev.label ?? null,
                       promptTokens: ev.prompt_tokens, maxNew: ev.max_new_tokens,
                       preview: ev.preview, arrival: ev.t, partial: false});
-    if (r.end === null && !r.admits.length && !s.waiting.includes(ev.id)) s.waiting.push(ev.id);   // waits from arrival
+    // waits from arrival (observe mode: the server's queue is not the client's to know)
+    if (r.end === null && !r.admits.length && !s.waiting.includes(ev.id) && s.hello?.mode !== "observe") s.waiting.push(ev.id);
   },
   tokenized(s, ev) {
     const r = req(s, ev.id, ev.start);
@@ -172,7 +177,8 @@ const ON = {
     const r = req(s, ev.id, ev.t);
     Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
                       tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
-                      finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions, slo: ev.slo ?? null});
+                      finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions, slo: ev.slo ?? null,
+                      clientSide: !!ev.client_side, gaps: ev.gaps ?? null});
     if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
     release(s, r, ev.t);
     if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
@@ -188,6 +194,7 @@ const ON = {
   },
   stats(s, ev) {
     s.last = ev;
+    if (s.hello && s.hello.mode === "observe") scraped(s, ev);
     s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocks: ev.cache_blocks, tps: ev.tokens_per_s});
     trim(s.stats, KEEP_STATS);
     if (ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
@@ -224,6 +231,23 @@ function release(s, r, t) {
                 cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
                 stack: prev.kv ? Array.from(s.filled) : []});
   trim(s.steps, KEEP_STEPS);
+}
+
+// Observe mode: each of the server's scrapes once, at the time it was taken (`scraped_t`, not
+// the event's), or a gap from this event on while its /metrics is not readable; and the first
+// scrape that showed each of our requests in a server slot (llama.cpp's /slots).
+function scraped(s, ev) {
+  const v = ev.server, prev = s.scrapes[s.scrapes.length - 1];
+  if (!v) {
+    if (!prev || prev.server) s.scrapes.push({t: ev.t, at: ev.t, server: null});
+  } else if (!prev || prev.t < v.scraped_t) {
+    s.scrapes.push({t: v.scraped_t, at: ev.t, server: v});
+    for (const slot of v.slots || []) {
+      const r = slot.request && s.reqs.get(slot.request);
+      if (r && r.inSlot === null && r.end === null) r.inSlot = v.scraped_t;
+    }
+  }
+  trim(s.scrapes, KEEP_STATS);
 }
 
 // Whether a known request is waiting now: not ended, and never admitted or preempted since.

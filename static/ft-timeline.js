@@ -44,7 +44,7 @@ function niceStep(span, px, minPx) {
 // Geometry shared by the strips: left gutter for labels, plot width, x(t).
 // The gutter is the timeline's (view.gutter: wide enough for its row names, set as it draws),
 // so the strips under it keep the same time axis.
-function frame(w, view, compact) {
+export function frame(w, view, compact) {
   const gutter = view.gutter || (compact ? 46 : 78);
   const pw = Math.max(10, w - gutter - 10);
   const left = view.right - view.span;
@@ -53,7 +53,7 @@ function frame(w, view, compact) {
           t: (x) => left + ((x - gutter) / pw) * view.span};
 }
 
-function timeAxis(ctx, f, top, bottom, font, labels) {
+export function timeAxis(ctx, f, top, bottom, font, labels) {
   const step = niceStep(f.right - f.left, f.pw, 90);
   ctx.strokeStyle = C.grid; ctx.lineWidth = 1;
   ctx.fillStyle = C.muted; ctx.font = font; ctx.textAlign = "center"; ctx.textBaseline = "top";
@@ -72,7 +72,7 @@ function firstFrom(list, t, key) {
   return lo;
 }
 
-function rect(ctx, f, a, b, y, h) {
+export function rect(ctx, f, a, b, y, h) {
   const x0 = Math.max(f.gutter, f.x(a)), x1 = Math.min(f.gutter + f.pw, f.x(b));
   if (x1 > x0) ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
 }
@@ -145,7 +145,8 @@ function drawStages(ctx, f, g, now) {
   const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
   const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
   pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
-  pass(C.queue, (r, y) => {
+  if (g.clientWaits) g.clientWaits(ctx, f, g, now);   // observe mode: no queue a client can see (ft-server.js)
+  else pass(C.queue, (r, y) => {
     if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
   });
   pass(C.prefillWait, (r, y) => { if (r.prefills.length) span(r.prefills[0].start, endOr(r.first, r), y); });
@@ -235,7 +236,7 @@ function preemptMark(ctx, x, y, h) {
 // `text` cut to `width` pixels with an ellipsis (a classroom student's name in the gutter),
 // remembered: the labels are drawn every frame and measuring them again each time is waste.
 const fitted = new Map();
-function fitText(ctx, text, width) {
+export function fitText(ctx, text, width) {
   const key = `${ctx.font}|${width}|${text}`;
   let out = fitted.get(key);
   if (out === undefined) {
@@ -299,6 +300,7 @@ export function drawTimeline(canvas, s, view, now, opts) {
   const top = lane.y + lane.h + 3, plotH = h - axisH - top;
   ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
   const g = layoutRows(s, f, now, top, plotH, compact);
+  if (opts.clientWaits && s.hello && s.hello.mode === "observe") g.clientWaits = opts.clientWaits;
   // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
   const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
   if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
@@ -387,7 +389,7 @@ const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.rig
 const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
 
 // A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
-function stepPath(ctx, f, pts, yOf, xEnd) {
+export function stepPath(ctx, f, pts, yOf, xEnd) {
   let prev = null;
   for (const p of pts) {
     const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
