@@ -386,7 +386,7 @@ class Observer:
         if chunks:
             ev.ttft = ttft = chunks[0] - sent
             ev.gaps = [b - a for a, b in zip(chunks, chunks[1:])]
-            ev.stages = {"tokenize": None, "queue": None, "prefill": None, "first_sample": None,
+            ev.stages = {"tokenize": None, "load": None, "queue": None, "prefill": None, "first_sample": None,
                          "delivery": None, "other": ttft}
             later = (len(chunks) if output is None else output) - 1   # per chunk without usage
             if later > 0:

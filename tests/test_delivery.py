@@ -40,6 +40,16 @@ def test_the_proxy_holds_until_its_interval_its_size_or_the_end():
     assert d.take(2.0) == ["z"]
 
 
+def set_and_wait(live, changes):
+    """Change settings and wait until the engine thread has applied them (a streaming request
+    reads them when it starts)."""
+    live.driver.update_settings(changes)
+    deadline = time.monotonic() + 10
+    while any(live.driver.settings[k] != v for k, v in changes.items()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def slow_forwards(live, seconds=0.01):
     """Each forward of the tiny model takes `seconds` more, so tokens come at a steady known pace."""
     forward = live.driver.engine.runner.forward
@@ -69,7 +79,7 @@ def engine_tokens(sub, timeout=30):
 
 def test_a_buffering_proxy_clumps_what_the_client_receives_while_the_engine_stays_steady(live):
     slow_forwards(live)
-    live.driver.update_settings({"buffer_ms": 200})
+    set_and_wait(live, {"buffer_ms": 200})
     sub = live.driver.events.subscribe(replay=False)
     sent, arrivals = stream_chunks(live.url, 80)
     tokens, _ = engine_tokens(sub)
@@ -83,7 +93,7 @@ def test_a_buffering_proxy_clumps_what_the_client_receives_while_the_engine_stay
 
 
 def test_injected_latency_lengthens_the_clients_ttft_but_not_the_engines(live):
-    live.driver.update_settings({"net_latency_ms": 400})
+    set_and_wait(live, {"net_latency_ms": 400})
     sub = live.driver.events.subscribe(replay=False)
     sent, arrivals = stream_chunks(live.url, 4)
     _, fin = engine_tokens(sub)
@@ -95,8 +105,7 @@ def test_a_page_receives_events_late_by_the_injected_latency(live):
     conn = Client.connect(live.ws_url)
     try:
         conn.receive(timeout=5)                       # hello (and history) at once
-        live.driver.update_settings({"net_latency_ms": 500})
-        time.sleep(0.05)
+        set_and_wait(live, {"net_latency_ms": 500})
         asked = time.monotonic()
         conn.send(json.dumps({"type": "submit", "prompt": "Liberty", "max_new_tokens": 2}))
         first = None
