@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from engine.request import GenerateRequest
 from helpers import ARTIFACTS, page_module
 from test_layout_browser import assert_readable, open_page
 
@@ -69,11 +70,11 @@ def test_slo_marks_headline_panel_and_diagnosis_follow_the_events(live, browser)
         # generous objectives: these meet both; then objectives a queue must miss: 8 requests of
         # 48 tokens on 4 slots, the last four waiting for the first four to finish
         for _ in range(3):
-            live.driver.submit(prompt="We hold these truths", max_new_tokens=4)
+            live.driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=4))
         met = finished_events(sub, 3)
         live.driver.update_settings({"slo_ttft_ms": 50, "slo_tpot_ms": 5})
         for _ in range(8):
-            live.driver.submit(prompt="We hold these truths to be self-evident", max_new_tokens=48)
+            live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=48))
         judged = met + finished_events(sub, 8)
         slo = {ev["id"]: ev["slo"] for ev in judged}
         assert all(slo[ev["id"]]["met"] for ev in met), met
@@ -130,7 +131,7 @@ def test_slo_marks_headline_panel_and_diagnosis_follow_the_events(live, browser)
 
 def test_every_forward_hover_gives_its_roofline_estimate(live, browser):
     with page_at(browser, live.url + "/") as page:
-        live.driver.submit(prompt="We hold these truths to be self-evident", max_new_tokens=24)
+        live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=24))
         page.wait_for_function("() => firstToken.state.finishedCount >= 1", timeout=20_000)
         # zoomed in on the last decode step (a few ms on the tiny model): a fifth of the plot wide
         page.evaluate("""() => { const st = firstToken.state.steps.filter(s => s.kind === 'decode').at(-1), d = st.end - st.start;
@@ -231,8 +232,8 @@ def capped(live):
     live.driver.update_settings({"max_step_ms": 40, "max_batched_tokens": 64})
     sub = live.driver.events.subscribe(replay=False)
     for _ in range(4):
-        live.driver.submit(prompt="We hold these truths to be self-evident", max_new_tokens=48)
-    live.driver.submit(prompt=" ".join(["We hold these truths to be self-evident"] * 8), max_new_tokens=8)
+        live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=48))
+    live.driver.submit(GenerateRequest(prompt=" ".join(["We hold these truths to be self-evident"] * 8), max_new_tokens=8))
     assert all(ev["reason"] == "length" for ev in finished_events(sub, 5))
     sub.close()
     return live
