@@ -90,8 +90,16 @@ class ApplyPreset:
 @dataclass(frozen=True)
 class ReloadModel:
     def run(self, driver):
+        """A failed load changes nothing (the running model stays) and is said, not fatal."""
         from . import reload   # here: it imports torch, which observe mode never loads
-        return reload.run(driver.engine, driver.loader)
+        if driver.loader is None:
+            return [Error(t=driver.clock.now(), message="the reload was skipped: this engine's model was not "
+                                                        "loaded from disk", fatal=False)]
+        try:
+            return reload.run(driver.engine, driver.loader)
+        except Exception as e:  # noqa: BLE001 -- the old model is still in place; say why and carry on
+            return [Error(t=driver.clock.now(), message=f"the reload failed ({type(e).__name__}: {e}); "
+                                                        "the running model stays", fatal=False)]
 
 
 @dataclass(frozen=True)

@@ -84,3 +84,20 @@ def test_metrics_report_the_last_load():
     m.on_event(ev.ModelLoad(t=5.0, start=2.0, end=5.0, seconds=3.0, from_cache=True, reason="reload"))
     value = lambda name: m.registry.get_sample_value(name, {"model_name": "m"})  # noqa: E731
     assert value("first_token:model_load_seconds") == 3.0 and value("first_token:model_loads_total") == 1
+
+
+def test_a_reload_that_cannot_happen_or_fails_is_said_and_serving_carries_on(tiny):
+    def broken():
+        raise OSError("the disk cache is gone")
+    for loader, said in ((None, "not loaded from disk"), (broken, "the disk cache is gone")):
+        d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=512, max_context=256)), loader=loader).start()
+        try:
+            sub = d.events.subscribe(replay=False)
+            d.apply_preset("cold-start")
+            events = collect(sub, lambda evs: len(finished(evs)) >= 3)
+            errors = [e for e in events if e["type"] == "error"]
+            assert len(errors) == 1 and said in errors[0]["message"] and not errors[0]["fatal"]
+            assert not [e for e in events if e["type"] == "model_load"] and d.failure is None
+            assert all(e["reason"] == "length" or e["reason"] == "stop" for e in finished(events).values())
+        finally:
+            d.shutdown()
