@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 5   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 6   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -59,6 +59,13 @@ class PresetInfo(TypedDict):
     watch: str
     settings: dict[str, Any]
     actions: list[dict[str, Any]]
+
+
+class Speculated(TypedDict):
+    """One request's speculative decoding in one step: guesses verified, and how many the model
+    accepted (a run from the first; its own token follows them)."""
+    proposed: int
+    accepted: int
 
 
 class DecodePoint(TypedDict):
@@ -220,6 +227,7 @@ class Step(Event):
     cache_tokens: int
     cache_blocks_used: int
     per_request: dict[str, int]
+    spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
 
 
 @dataclass(slots=True)
@@ -232,6 +240,9 @@ class Token(Event):
     first: bool
     sampled: float | None
     sample_s: float | None
+    # speculative decoding: "accepted" (a guess the model agreed with), "corrected" (its own token
+    # where it rejected one), "bonus" (its token after accepting all); None: a plain decode
+    spec: Literal["accepted", "corrected", "bonus"] | None = None
 
 
 @dataclass(slots=True)
@@ -253,6 +264,9 @@ class Finished(Event):
     chunks: int | None = None        # observe mode: streamed chunks that carried text
     gaps: list[float] | None = None  # observe mode: every gap between chunks
     error: str | None = None         # what went wrong, when reason is "error"
+    spec_drafts: int | None = None        # steps in which it verified guesses (vLLM's num_drafts)
+    spec_draft_tokens: int | None = None  # guesses verified
+    spec_accepted_tokens: int | None = None   # ... of which accepted
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ and why it can never run on this engine (a `rejected` reason and code).
 import itertools
 import queue
 
+from . import speculate
 from .events import Request, Tokenized
 from .sequence import SamplingParams, Sequence
 from .settings import SettingError, check_text, coerce
@@ -29,18 +30,19 @@ class Intake:
 
     def new_sequence(self, prompt=None, messages=None, source="api", max_new_tokens=None, temperature=None,
                      top_p=None, seed=None, stop=(), chat=None, stream=False, prompt_tokens=None,
-                     ignore_eos=False, min_tokens=0, label=None):
+                     ignore_eos=False, min_tokens=0, label=None, speculative_config=None):
         """A validated, tokenized request, not yet known to the engine (hand it to `Engine.add`).
 
         `prompt_tokens` cuts the prompt to that many tokens (the load generator's exact length);
-        `label` names who asked (the `request` event carries it). Raises SettingError for
-        invalid parameters."""
+        `label` names who asked (the `request` event carries it); `speculative_config` is its own
+        speculation (`speculate.request_override`). Raises SettingError for invalid parameters."""
         arrival = self.clock.now()
         if label is not None and (not isinstance(label, str) or not label or len(label) > MAX_LABEL_CHARS):
             raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
         if label is not None:
             check_text("label", label)
         params = self._params(max_new_tokens, temperature, top_p, seed, stop, ignore_eos, min_tokens)
+        params.speculation, params.spec_tokens = speculate.request_override(speculative_config)
         text, ids = self._tokenize(prompt, messages, chat)
         if prompt_tokens is not None:
             ids = ids[:prompt_tokens]

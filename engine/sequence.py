@@ -18,6 +18,8 @@ class SamplingParams:
     stop: tuple = ()          # stop strings (the API's `stop`)
     ignore_eos: bool = False  # keep going past end-of-sequence (load tools fix output lengths)
     min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
+    speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
+    spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
 
 
 @dataclass
@@ -43,6 +45,10 @@ class Sequence:
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
+    # --- speculative decoding (engine/speculate.py), vLLM's counts
+    spec_drafts: int = 0            # steps in which it verified guesses
+    spec_draft_tokens: int = 0      # guesses verified
+    spec_accepted: int = 0          # ... of which accepted
     # --- measured times (engine clock)
     arrival: float = 0.0
     tokenize_end: float = 0.0

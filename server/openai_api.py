@@ -90,7 +90,7 @@ def parse_request(kind, body, model_name):
     submit = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
-                  min_tokens=_or(body.get("min_tokens"), 0))
+                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"))
     if kind == "chat":
         submit["messages"] = _messages(body.get("messages"))
     else:
