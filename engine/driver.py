@@ -24,6 +24,7 @@ import traceback
 from .backend import RequestHandle
 from .broadcast import Broadcaster
 from .events import Error, Rejected
+from .loadgen import TASKS
 from . import presets
 from .settings import SettingError, coerce, validate
 from .timing import STATS_EVERY_S
@@ -107,12 +108,13 @@ class EngineDriver:
         self._put_or_refuse(("set", changes))
         return changes
 
-    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None):
-        """`n` load-generator requests now; with a `seed`, the same prompts every time."""
+    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None, task=None):
+        """`n` load-generator requests now; with a `seed`, the same prompts every time; with a
+        `task` (loadgen.TASKS), chat requests asking for it on each prompt."""
         n = coerce("n", "int", n, 1, 64)
         rng = None if seed is None else random.Random(coerce("seed", "int", seed, 0, 2**63 - 1))
         for _ in range(n):
-            self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens)
+            self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens, task)
 
     def reset(self):
         self._command("reset", None)
@@ -221,7 +223,7 @@ class EngineDriver:
         for a in due:
             new = a.max_new_tokens or self.settings["max_new_tokens"]
             n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
-            self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new)
+            self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)
 
     def _wait_s(self):
         """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""
@@ -265,8 +267,11 @@ class EngineDriver:
                 with self._lock:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
-    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None):
+    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None, task=None):
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
-        self.submit(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens)
+        if task:    # the window inside a chat message asking for the task (so more than n tokens)
+            self.submit(prompt=TASKS[task].format(text=text), chat=True, source="load", max_new_tokens=max_new_tokens)
+        else:
+            self.submit(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens)

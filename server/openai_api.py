@@ -14,7 +14,9 @@ max_tokens there means the engine's `max_new_tokens` setting (the page's slider)
 vLLM's extensions that load generators use to fix output lengths are accepted: `ignore_eos`
 (keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
-reports the prompt tokens found in the prefix cache, as OpenAI's API does.
+reports the prompt tokens found in the prefix cache, as OpenAI's API does. A request may set
+its own speculative decoding with `speculative_config` (vLLM's field names, which vLLM takes
+per engine only): `{"method": "off" | "ngram" | "suffix", "num_speculative_tokens": 1-8}`.
 
 No request outlives its client or its deadline: `outputs` cancels the request in the engine
 when the deadline (`--request-timeout`) passes (504, or an error chunk once streaming), when
