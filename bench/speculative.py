@@ -94,10 +94,12 @@ def main(argv=None):
                     help="requests per run at 1 and at 8 in flight")
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="the app's model threads (1: on a shared 2-core machine, two contending threads stall)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-speculative.json"))
     args = ap.parse_args(argv)
     rounds_n, (n_one, n_many) = (1, (2, 8)) if args.quick else (args.rounds, args.requests)
-    app = App()
+    app = App("--threads", str(args.threads))
     from transformers import AutoTokenizer
     from engine import model
     tok = AutoTokenizer.from_pretrained(model._gguf_cache_dir(model.default_model_path()))
@@ -117,7 +119,7 @@ def main(argv=None):
         events.close()
         app.stop()
     result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": args.quick,
-              "rounds": rounds_n, "spec_tokens": args.spec_tokens, "max_tokens": args.max_tokens,
+              "rounds": rounds_n, "spec_tokens": args.spec_tokens, "max_tokens": args.max_tokens, "threads": args.threads,
               "requests": {"1": n_one, "8": n_many}, "results": summarise(rounds),
               "raw": {f"{w}@{n}": r for (w, n), r in rounds.items()}}
     write_results(result, report(result), args.out)
