@@ -221,10 +221,15 @@ def main(argv=None):
     finally:
         events.close()
         app.stop()
-    print(report(result))
-    with open(args.out, "w") as f:
+    write_results(result, report(result), args.out)
+
+
+def write_results(result, text, path):
+    """Print a bench's report and write its figures (JSON) to `path`."""
+    print(text)
+    with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\nwritten: {args.out}")
+    print(f"\nwritten: {path}")
 
 
 def report(r):
