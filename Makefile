@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve soak gpu-check setup chromium schema clean-cache examples examples-record
+.PHONY: run test bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(STAMP)
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)
+
+# First Token against llama.cpp's llama-server on the same GGUF, same client, interleaved
+# (builds llama-server once from the llama-cpp-python sdist: ~25 min on 2 cores, then cached).
+bench-reference: $(STAMP)
+	$(BIN)/python -m bench.serve --reference $(ARGS)
 
 # The real app under load for ten minutes: memory at start and end, requests served, errors
 # (not part of `make test`; ARGS="--minutes 2" for a shorter run).

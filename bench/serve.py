@@ -89,17 +89,16 @@ class Events:
         self.conn.close()
 
 
-def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
+def client_load(url, model, batch, max_tokens, in_flight=None, rate=None):
     """Closed loop (`in_flight` requests at a time until every prompt has been sent), or open
-    loop (each request sent at its Poisson arrival time at `rate` per second, whatever is running)."""
+    loop (each request sent at its Poisson arrival time at `rate` per second, whatever is running).
+    Any OpenAI-compatible server: (each request's `stream` result, wall seconds)."""
     results, lock, todo = [], threading.Lock(), list(enumerate(batch))
-    events.take()
-    before = engine_thread(app)
     t0 = time.perf_counter()
 
     def one(i, text):
         n = max_tokens[i] if isinstance(max_tokens, list) else max_tokens
-        results.append(stream(app.url, app.health["model"], text, n))
+        results.append(stream(url, model, text, n))
 
     def worker():
         while True:
@@ -122,7 +121,15 @@ def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
             t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    return results, time.perf_counter() - t0
+
+
+def run_load(app, events, batch, max_tokens, in_flight=None, rate=None):
+    """`client_load` against the app, with the engine's own view: its forwards (websocket events)
+    and its engine thread's time between forwards (/healthz)."""
+    events.take()
+    before = engine_thread(app)
+    results, wall = client_load(app.url, app.health["model"], batch, max_tokens, in_flight, rate)
     time.sleep(0.3)             # the last events reach the websocket
     out = summarise(results, events.take(), wall)
     after = engine_thread(app)
@@ -139,19 +146,26 @@ def engine_thread(app):
     return body["engine_thread"]
 
 
+def summarise_client(results, wall):
+    """What a load tool reports: output tokens/s, TTFT and each request's mean inter-token latency."""
+    itl = [(t[-1] - t[0]) / (len(t) - 1) for _, _, t, _ in results if len(t) > 1]
+    ttft = [t[0] - sent for _, sent, t, _ in results if t]
+    out_tokens = sum(u["completion_tokens"] for *_, u in results)
+    return {"requests": len(results), "wall_s": wall, "output_tokens": out_tokens, "tokens_per_s": out_tokens / wall,
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99), "itl": itl}
+
+
 def summarise(results, evs, wall):
     steps = [e for e in evs if e["type"] == "step"]
     forwards = [e["end"] - e["start"] for e in steps]
     # engine-thread time from one forward's end to the next one's start: sampling, detokenising,
     # events, scheduling (and waiting for work, when there is none)
     between = [b["start"] - a["end"] for a, b in zip(steps, steps[1:])]
-    itl = [(t[-1] - t[0]) / (len(t) - 1) for _, _, t, _ in results if len(t) > 1]
-    ttft = [t[0] - sent for _, sent, t, _ in results if t]
-    out_tokens = sum(u["completion_tokens"] for *_, u in results)
+    client = summarise_client(results, wall)
+    itl = client.pop("itl")
     median_forward = statistics.median(forwards) if forwards else None
-    return {"requests": len(results), "wall_s": wall, "output_tokens": out_tokens, "tokens_per_s": out_tokens / wall,
-            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
+    return {**client,
             "median_forward_s": median_forward, "busy": sum(forwards) / wall if forwards else None,
             "between_p50_s": percentile(between, 50), "between_p99_s": percentile(between, 99),
             "stall_factor": statistics.mean(itl) / median_forward if itl and median_forward else None,
@@ -185,8 +199,15 @@ def prefix_run(app, events, system, questions, caching):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke check, ~3 min)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results-serve.json"))
+    ap.add_argument("--out", default=None, help="JSON results (default bench/results-serve.json, "
+                                                "or bench/results-reference.json with --reference)")
+    ap.add_argument("--reference", action="store_true",
+                    help="against llama.cpp's llama-server on the same GGUF (built once; bench/vs_reference.py)")
+    ap.add_argument("--threads", type=int, default=2, help="--reference: threads for each server")
+    ap.add_argument("--rounds", type=int, default=2, help="--reference: interleaved rounds (figures are medians)")
     args = ap.parse_args(argv)
+    if args.reference:
+        return _reference(args)
     n_l1, n_cont = (8, 8) if args.quick else (32, 16)
     app = App()
     from transformers import AutoTokenizer
@@ -221,7 +242,18 @@ def main(argv=None):
     finally:
         events.close()
         app.stop()
-    write_results(result, report(result), args.out)
+    write_results(result, report(result), args.out or str(ROOT / "bench" / "results-serve.json"))
+
+
+def _reference(args):
+    from bench import vs_reference
+
+    def load(url, model, batch, new, in_flight):
+        out = summarise_client(*client_load(url, model, batch, new, in_flight))
+        out.pop("itl")
+        return out
+    result = vs_reference.run(args, load)
+    write_results(result, vs_reference.report(result), args.out or str(ROOT / "bench" / "results-reference.json"))
 
 
 def write_results(result, text, path):
