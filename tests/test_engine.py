@@ -96,7 +96,7 @@ def test_step_returns_typed_events_that_serialise(engine):
     assert kinds[-1] == "Finished" and kinds.count("Token") == 3
     wire = run.finished(rid).to_dict()
     assert wire["type"] == "finished" and wire["id"] == rid and wire["output_tokens"] == 3
-    assert set(wire["stages"]) == {"tokenize", "queue", "prefill", "first_sample", "delivery", "other"}
+    assert set(wire["stages"]) == {"tokenize", "load", "queue", "prefill", "first_sample", "delivery", "other"}
 
 
 def test_batches_really_form(engine):
