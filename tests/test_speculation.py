@@ -2,6 +2,8 @@
 proposer, k, policy, preemption and prefix hits; rejected guesses give their KV back; the
 events count what was proposed and accepted; sampling stays exact (chi-square) and seeded
 requests reproduce with speculation on or off."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -303,7 +305,6 @@ def test_ngram_proposer_takes_the_most_recent_longest_match():
 
 
 def test_suffix_proposer_learns_from_earlier_requests_and_forgets_them():
-    from types import SimpleNamespace
     spec = speculate.Speculator()
     spec.configure("suffix", 4)
     params = SamplingParams()
@@ -351,3 +352,29 @@ def test_a_request_override_speculates_while_the_setting_is_off(tiny, engine):
     assert max(s["proposed"] for e in run.of(ev.Step) for s in (e.spec or {}).values()) <= 3
     assert run.tokens(on) == refs[PROMPTS[0]] and run.tokens(off) == refs[PROMPTS[1]]
     assert_clean(engine)
+
+
+def test_a_step_time_target_counts_guesses_as_decode_rows(tiny, engine):
+    """Under `max_step_ms` the scheduler asks the step-cost model for room beside this step's
+    decode rows, guesses included: the very count the step recorder reports to that model
+    (`step.decode_tokens`), so what it fits and what it is asked agree."""
+    asked = []
+    engine.scheduler.step_cost.prefill_tokens = lambda target_s, rows: asked.append(rows) or 16
+    engine.apply_settings(validate(engine.specs, {"speculation": "ngram", "spec_tokens": 4, "max_step_ms": 50}))
+    refs = {PROMPTS[0]: reference(tiny, PROMPTS[0], 24)}
+    engine.scheduler.speculator.propose = Oracle(engine, refs)
+    run = Run(engine)
+    rid = run.add(PROMPTS[0], max_new_tokens=24)
+    run.until_idle()
+    assert run.tokens(rid) == refs[PROMPTS[0]]
+    steps = run.of(ev.Step)
+    assert any(e.spec for e in steps)
+    assert asked == [e.decode_tokens for e in steps]
+    assert_clean(engine)
+
+
+def test_the_roofline_counts_logits_at_every_guess(engine):
+    roof = engine.roofline
+    with_guesses = SimpleNamespace(start=10, n=4, logits=True, draft=(1, 2, 3))
+    assert roof.predict_segments([with_guesses]) == roof.predict([(10, 4, 4)])
+    assert roof.cost([(10, 4, 4)])[0] - roof.cost([(10, 4, True)])[0] == 3 * 2 * roof.head_params
