@@ -35,10 +35,12 @@ schema: $(STAMP)
 	$(BIN)/python -m engine.schema
 
 # In-process figures (engine vs transformers, step tables, start-up), then the served app
-# under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching).
+# under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching),
+# then speculative decoding on and off through the same API (bench/speculative.py).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 	$(BIN)/python -m bench.serve $(ARGS)
+	$(BIN)/python -m bench.speculative $(ARGS)
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)

@@ -242,11 +242,7 @@ def main(argv=None):
     finally:
         events.close()
         app.stop()
-    print(report(result))
-    out = args.out or str(ROOT / "bench" / "results-serve.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"\nwritten: {out}")
+    write_results(result, report(result), args.out or str(ROOT / "bench" / "results-serve.json"))
 
 
 def _reference(args):
@@ -257,11 +253,15 @@ def _reference(args):
         out.pop("itl")
         return out
     result = vs_reference.run(args, load)
-    print(vs_reference.report(result))
-    out = args.out or str(ROOT / "bench" / "results-reference.json")
-    with open(out, "w") as f:
+    write_results(result, vs_reference.report(result), args.out or str(ROOT / "bench" / "results-reference.json"))
+
+
+def write_results(result, text, path):
+    """Print a bench's report and write its figures (JSON) to `path`."""
+    print(text)
+    with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\nwritten: {out}")
+    print(f"\nwritten: {path}")
 
 
 def report(r):

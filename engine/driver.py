@@ -25,6 +25,7 @@ import traceback
 
 from .broadcast import Broadcaster
 from .events import Error
+from .loadgen import TASKS
 from .request import GenerateRequest
 from . import presets
 from .settings import SettingError, coerce, validate
@@ -192,12 +193,13 @@ class EngineDriver:
         self._put_or_refuse(ChangeSettings(changes))
         return changes
 
-    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None):
-        """`n` load-generator requests now; with a `seed`, the same prompts every time."""
+    def burst(self, n, prompt_tokens=None, shared_prefix=0, seed=None, max_new_tokens=None, task=None):
+        """`n` load-generator requests now; with a `seed`, the same prompts every time; with a
+        `task` (loadgen.TASKS), chat requests asking for it on each prompt."""
         n = coerce("n", "int", n, 1, 64)
         rng = None if seed is None else random.Random(coerce("seed", "int", seed, 0, 2**63 - 1))
         for _ in range(n):
-            self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens)
+            self._submit_load(prompt_tokens, shared_prefix, rng, max_new_tokens, task)
 
     def reset(self):
         self._command(ResetEngine())
@@ -293,7 +295,7 @@ class EngineDriver:
                 continue
             new = a.max_new_tokens or self.settings["max_new_tokens"]
             n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
-            self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new)
+            self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)
 
     def _wait_s(self):
         """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""
@@ -337,8 +339,12 @@ class EngineDriver:
                 with self._lock:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
-    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None):
+    def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None, task=None):
         n = prompt_tokens or self.settings["prompt_tokens"]
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
-        self.submit(GenerateRequest(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens))
+        if task:    # the window inside a chat message asking for the task (so more than n tokens)
+            self.submit(GenerateRequest(prompt=TASKS[task].format(text=text), chat=True, source="load",
+                                        max_new_tokens=max_new_tokens))
+        else:
+            self.submit(GenerateRequest(prompt=text, source="load", prompt_tokens=n, max_new_tokens=max_new_tokens))

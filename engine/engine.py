@@ -9,11 +9,10 @@ or a test) calls `add`, `cancel`, `apply_settings`, `reset` and `step` in turn, 
 publishes what they return. Other threads may call only `new_sequence` (engine/intake.py:
 validation and the tokenize stage), which touches no engine state.
 
-An exception in a forward or in sampling fails the requests of that batch (reason
-"error") and the step carries on; any other exception escapes `step()` and the driver
-fails everything in flight.
+An exception in a forward or in sampling fails that batch's requests (reason "error") and the
+step carries on; any other exception escapes `step()` and the driver fails everything in flight.
 """
-from . import bandwidth, presets, sampler
+from . import bandwidth, presets, sampler, speculate
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
 from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
@@ -101,8 +100,7 @@ class Engine:
         if refusal:
             self._reject(seq, *refusal)
             return self._take()
-        if seq.params.seed is not None:
-            seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)
+        seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
         seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
         self._by_id[seq.id] = seq
         self.scheduler.waiting.append(seq)
@@ -137,8 +135,7 @@ class Engine:
         self.timing.reset()
         self.blocks.reset_counters()
         self.scheduler.reset_counters()
-        # Every block is free now: forget their prefixes too, as vLLM's reset_prefix_cache does, so
-        # a lesson run again (a preset resets first) starts from the same empty cache.
+        # every block is free: forget their prefixes too (vLLM's reset_prefix_cache); a lesson run again starts empty
         self.blocks.forget_hashes()
         self._emit(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
         return self._take()
@@ -198,36 +195,37 @@ class Engine:
         return logits
 
     def _postprocess(self, segments, logits):
-        """A token for each segment that wanted one, handed out; requests that stopped finish.
-        A request whose own sampling raised fails alone."""
-        seqs = [seg.seq for seg in segments if seg.logits]
-        if not seqs:
+        """Tokens for each segment that wanted them (a speculating one's guesses verified), handed
+        out; requests that stopped finish. A request whose own sampling raised fails alone."""
+        segs = [seg for seg in segments if seg.logits]
+        if not segs:
             return
         self.timing.sampling_started()
-        try:
-            ids, failed = sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs]), {}
-        except sampler.RowsFailed as e:     # some requests' sampling raised: they alone fail
-            ids, failed = e.tokens, e.failed
+        runs, failed = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
+                                      [g.draft for g in segs])
         self.timing.sampled()
-        # every token out before anyone finishes; a None token is a failed row's
-        delivered = [(seq, self._deliver(seq, tid)) for seq, tid in zip(seqs, ids) if tid is not None]
+        # every token out before anyone finishes; a None run is a failed request's
+        delivered = [(seg.seq, self._deliver_run(seg, run)) for seg, run in zip(segs, runs) if run is not None]
         for i, error in failed.items():
-            self._fail([seqs[i]], error, "sampling")
+            self._fail([segs[i].seq], error, "sampling")
         for seq, stop in delivered:
             if stop:
                 self._finish(seq, stop)
 
-    def _deliver(self, seq, tid):
+    def _deliver_run(self, seg, run):
+        """One request's tokens from this forward, in order; why the request ends, if one ends it."""
+        if seg.draft:       # the rejected guesses' positions are given back first
+            self.scheduler.accepted(seg, len(run) - 1)
+            self.timing.speculated(seg, len(run) - 1)
+        kinds = speculate.kinds(len(run), len(seg.draft))   # map is lazy: none delivered after a stop
+        return next(filter(None, map(self._deliver, [seg.seq] * len(run), run, kinds)), None)
+
+    def _deliver(self, seq, tid, spec=None):
         """Append the token and hand its `token` event out (to pages, and to the request's
-        client: its text under the stop rule, detok.StopStrings, with whatever was held back
-        when this token ends the request); return why it ends the request, if it does."""
-        seq.output_ids.append(tid)
-        text = seq.detok.add(tid)   # "" while a UTF-8 character is incomplete
-        client_text = seq.stops.feed(text)
-        stop = seq.stop_reason(tid in self.eos, seq.stops.found)
-        if stop:
-            client_text += seq.stops.flush()
-        seq.handle.put(self.timing.token(seq, tid, text, client_text))
+        client: its text under the stop rule, `Sequence.append`); return why it ends the
+        request, if it does."""
+        text, client_text, stop = seq.append(tid, tid in self.eos)
+        seq.handle.put(self.timing.token(seq, tid, text, client_text, spec))
         self.timing.delivered(seq)
         return stop
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 9   # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 10  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -60,6 +60,13 @@ class PresetInfo(TypedDict):
     watch: str
     settings: dict[str, Any]
     actions: list[dict[str, Any]]
+
+
+class Speculated(TypedDict):
+    """One request's speculative decoding in one step: guesses verified, and how many the model
+    accepted (a run from the first; its own token follows them)."""
+    proposed: int
+    accepted: int
 
 
 class DecodePoint(TypedDict):
@@ -254,6 +261,7 @@ class Step(Event):
     per_request: dict[str, int]
     predicted_s: float | None = None   # the roofline's estimate of this forward (engine/roofline.py)
     bound: Literal["memory", "compute"] | None = None   # the roof that bounds that estimate
+    spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
 
 
 @dataclass(slots=True)
@@ -270,6 +278,9 @@ class Token(Event):
     # `text` (held back as a possible start of one, cut at one, or released at the end); None:
     # `text` itself. `text` stays the token's own, so the page draws one chip per token.
     client_text: str | None = None
+    # speculative decoding: "accepted" (a guess the model agreed with), "corrected" (its own token
+    # where it rejected one), "bonus" (its token after accepting all); None: a plain decode
+    spec: Literal["accepted", "corrected", "bonus"] | None = None
 
     def client(self):
         """The text the request's client gets with this token (the API forwards it as it is)."""
@@ -296,6 +307,9 @@ class Finished(Event):
     gaps: list[float] | None = None  # observe mode: every gap between chunks
     error: str | None = None         # what went wrong, when reason is "error"
     slo: SLOMark | None = None       # engine mode, completed requests: met or missed the SLOs
+    spec_drafts: int | None = None        # steps in which it verified guesses (vLLM's num_drafts)
+    spec_draft_tokens: int | None = None  # guesses verified
+    spec_accepted_tokens: int | None = None   # ... of which accepted
 
 
 @dataclass(slots=True)

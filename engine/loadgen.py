@@ -8,6 +8,9 @@ from pathlib import Path
 import random
 
 CORPUS = Path(__file__).with_name("data") / "corpus.txt"
+# Tasks a load request may ask of its corpus window, as a chat message: `copy` has the model
+# repeat a given text, so its output is mostly in its prompt (speculative decoding's lesson).
+TASKS = {"copy": "Copy the following text exactly, word for word:\n\n{text}"}
 
 
 class LoadGenerator:

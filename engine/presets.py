@@ -31,11 +31,14 @@ class Action:
     seed: int = 0         # the burst's prompts: the same every time the preset runs
     max_new_tokens: int | None = None   # default: the preset's setting
     reload: bool = False  # instead of a burst: load the model again (a cold start, engine/reload.py)
+    task: str | None = None   # a chat request asking this of each prompt (loadgen.TASKS), e.g. "copy"
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
         if self.reload:
             out["reload"] = True
+        if self.task is not None:
+            out["task"] = self.task
         if self.prompt_tokens is not None:
             out["prompt_tokens"] = self.prompt_tokens
         if self.shared_prefix:
@@ -93,6 +96,9 @@ class Preset:
 # requests, so that the slots a static batch leaves idle show.
 BATCHING_WAVES = tuple(Action(at, 2, max_new_tokens=n, seed=i)
                        for i, (at, n) in enumerate([(0, 16), (0, 96), (2.0, 16), (2.0, 64), (4.0, 16), (4.0, 32)]))
+
+# The speculative-decoding pair: the same seeded copy tasks for one user and for eight.
+SPECULATIVE = {"speculation": "ngram", "spec_tokens": 4, "prompt_tokens": 96, "max_new_tokens": 96}
 
 PRESETS = {p.name: p for p in (
     Preset("idle", "One short prompt, idle server",
@@ -202,6 +208,18 @@ PRESETS = {p.name: p for p in (
             "slo_ttft_ms": 1500, "slo_tpot_ms": 100},
            (Action(0, 6), Action(1.0, 1, prompt_tokens=1024, seed=1), Action(2.0, 1, prompt_tokens=1024, seed=2),
             Action(2.5, 4, seed=3))),
+    Preset("speculative", "Speculative decoding: one user",
+           "One request asks the model to copy a paragraph, so most of what it writes is already in its "
+           "prompt. With speculation on (ngram), each step guesses the next few tokens by finding the "
+           "last few in the prompt, and one forward checks them all: a decode step reads the weights "
+           "once whatever it checks, so every accepted guess is a nearly free token.",
+           "tokens per step and tokens/s, speculation on vs off", SPECULATIVE, (Action(0, 1, task="copy", seed=3),)),
+    Preset("speculative-busy", "Speculative decoding: many users",
+           "Eight of the same kind of request at once. The batch already fills each step, so the guesses "
+           "are extra positions that every forward must compute, and the rejected ones are wasted work: "
+           "speculation gains little or loses here, while it won with one user.",
+           "total tokens/s, speculation on vs off, against one user's gain", SPECULATIVE,
+           (Action(0, 8, task="copy", seed=3),)),
 )}
 
 

@@ -15,7 +15,7 @@ from typing import get_args
 
 from .events import Finished, Rejected, Source
 from .sequence import SamplingParams
-from .settings import SettingError, check_text, coerce
+from .settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce
 
 MAX_PROMPT_CHARS = 200_000
 MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
@@ -41,6 +41,10 @@ class GenerateRequest:
     source: str = "api"                # page | load | api | join
     stream: bool = False               # the client reads its events from the handle `submit` returns
     prompt_tokens: int | None = None   # cut the prompt to this many tokens (the load generator's lengths)
+    # Its own speculative decoding, over the `speculation` / `spec_tokens` settings (vLLM's
+    # engine-level names, per request here): {"method": "off" | "ngram" | "suffix",
+    # "num_speculative_tokens": 1-8}, either or both; None: the settings'.
+    speculative_config: dict | None = None
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -62,6 +66,8 @@ class GenerateRequest:
         fix("min_tokens", coerce("min_tokens", "int", self.min_tokens, 0))
         if self.source not in SOURCES:
             raise SettingError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.speculative_config is not None:
+            fix("speculative_config", self._speculative(self.speculative_config))
         self._check_prompt()
 
     @staticmethod
@@ -72,6 +78,22 @@ class GenerateRequest:
         for s in stop:
             check_text("stop", s)
         return tuple(stop)
+
+    @staticmethod
+    def _speculative(config):
+        """`speculative_config` checked, its count normalised (a copy: the request is frozen)."""
+        field = "speculative_config"
+        if not isinstance(config, dict) or not config or set(config) - {"method", "num_speculative_tokens"}:
+            raise SettingError(field, "must be an object with `method` and/or `num_speculative_tokens`")
+        method, k = config.get("method"), config.get("num_speculative_tokens")
+        if method is not None and method not in SPECULATION:
+            raise SettingError(field, f"method must be one of {', '.join(SPECULATION)}, got {str(method)[:40]!r}")
+        if k is not None:
+            try:
+                k = coerce("num_speculative_tokens", "int", k, 1, MAX_SPEC_TOKENS)
+            except SettingError as e:
+                raise SettingError(field, str(e)) from None
+        return {"method": method, "num_speculative_tokens": k}
 
     def _check_prompt(self):
         """A prompt or messages, of the right shapes (their text is checked once templated, in
@@ -96,11 +118,13 @@ class GenerateRequest:
             raise SettingError("max_new_tokens", f"must be at most {max_context}, got {new}")
         if self.min_tokens > new:
             raise SettingError("min_tokens", f"must be at most max_new_tokens ({new})")
+        spec = self.speculative_config or {}
         return SamplingParams(
             max_new_tokens=new, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             temperature=settings["temperature"] if self.temperature is None else self.temperature,
-            top_p=settings["top_p"] if self.top_p is None else self.top_p)
+            top_p=settings["top_p"] if self.top_p is None else self.top_p,
+            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"))
 
 
 class RequestHandle:

@@ -82,9 +82,10 @@ class Roofline:
 
     def cost(self, parts):
         """(flops, bytes) of one forward over `parts`: (start, n, logits) per segment, n new
-        positions from `start` on, each query seeing every earlier position of its sequence."""
+        positions from `start` on, each query seeing every earlier position of its sequence;
+        `logits`: the rows of it that want logits (True: one)."""
         tokens = sum(n for _, n, _ in parts)
-        rows = sum(1 for _, _, logits in parts if logits)
+        rows = sum(int(logits) for _, _, logits in parts)
         pairs = sum(n * start + n * (n + 1) // 2 for start, n, _ in parts)   # query-key pairs
         flops = 2 * self.linear_params * tokens + 2 * self.head_params * rows + self.pair_flops * pairs
         kv_read = sum(start + n for start, n, _ in parts) * self.kv_bytes_per_token
@@ -98,5 +99,6 @@ class Roofline:
         return max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
 
     def predict_segments(self, segments):
-        """`predict` for runner Segments (engine/runner.py)."""
-        return self.predict([(s.start, s.n, s.logits) for s in segments])
+        """`predict` for runner Segments (engine/runner.py); a speculating one wants logits at
+        each guess too."""
+        return self.predict([(s.start, s.n, (1 + len(s.draft)) * s.logits) for s in segments])

@@ -42,6 +42,10 @@ class Segment:
     n: int
     cached: bool         # keys/values kept in its blocks (False: KV cache off, recompute)
     logits: bool         # logits wanted at its last position (it samples a token)
+    # Speculative decoding: the proposer's guesses of the tokens after its last one. They are
+    # the segment's last len(draft) positions (not yet the request's tokens), and logits are
+    # wanted at each of its last len(draft) + 1 positions, to verify them.
+    draft: tuple = ()
     # A decode step of its request (`Sequence.decoding`, the one definition): the step's
     # accounting, decode or prefill tokens, a `prefill` event or not. Fixed when the segment is made: the request's
     # `num_computed` moves on once the forward is done.
@@ -232,13 +236,14 @@ class Runner:
     @torch.inference_mode()
     def forward(self, segments):
         """One forward over every segment's tokens, packed; logits [k, vocab] at the last position
-        of each segment that wants them, in order. Decode rows must come first."""
+        of each segment that wants them (and at each guess of a speculating one), in order.
+        Decode rows must come first."""
         ids, pos, last = [], [], []
         for seg in segments:
-            ids += seg.seq.token_ids(seg.start, seg.n)
+            ids += seg.seq.token_ids(seg.start, seg.n - len(seg.draft)) + list(seg.draft)
             pos += range(seg.start, seg.start + seg.n)
             if seg.logits:
-                last.append(len(ids) - 1)
+                last += range(len(ids) - 1 - len(seg.draft), len(ids))
         w0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._forward(ids, pos, last, segments)

@@ -12,6 +12,18 @@ tokens: when the batched pass raises, the rows are sampled again one by one (see
 rewound first, so their draws are unchanged) and `RowsFailed` names the rows that still raise,
 carrying the others' tokens; the engine fails those requests alone. When every row fails on
 its own, the batched error is raised as before (the whole step is at fault).
+
+Speculative decoding (`verify`): a request that guessed its next d tokens gets d+1 rows of
+logits; row j is sampled exactly as a plain decode at that position would be (the same
+processed distribution p, the same race, a seeded request's j-th next row of draws). The
+guesses are accepted while each equals its row's token; the first row that disagrees gives
+the target's own token, and when all agree the last row gives one more. With the proposers'
+point-mass drafts this is the accept/resample rule of Leviathan et al. / Chen et al.: guess g
+is kept with probability p(g) (the race picks g with exactly that probability), and on a
+rejection the race's winner is distributed as p with g removed, renormalised. Each emitted
+token is therefore drawn from the target's distribution. A seeded request's generator is
+left as if it had drawn once per emitted token, so its output is the same token for token
+whether it speculated or not (and, greedy, it is the argmax at every position).
 """
 import torch
 
@@ -73,6 +85,56 @@ def sample(logits, params_list, generators):
         return tokens
 
 
+def _draw(generator, probs):
+    """A seeded row's uniforms for one position: one call per position, so that a request's
+    j-th token always uses its generator's j-th draw."""
+    return torch.rand(probs.shape[1], generator=generator, device=probs.device, dtype=probs.dtype)
+
+
+def verify(logits, params_list, generators, drafts):
+    """Each request's tokens from one forward: `logits` has len(draft) + 1 rows per request,
+    in order (one for a request without guesses). Returns (runs, failed): runs[i] is the
+    accepted guesses then the target's own token (None when its sampling raised), failed
+    {request: the exception}. Raises what `sample` raises when every row fails."""
+    rows_p, rows_g, owner = [], [], []
+    for i, (p, g, d) in enumerate(zip(params_list, generators, drafts)):
+        rows_p += [p] * (len(d) + 1)
+        rows_g += [g] * (len(d) + 1)
+        owner += [i] * (len(d) + 1)
+    states = [None if g is None or not d else g.get_state() for g, d in zip(generators, drafts)]
+    try:
+        winners, failed_rows = sample(logits, rows_p, rows_g), {}
+    except RowsFailed as e:
+        winners, failed_rows = e.tokens, e.failed
+    failed = {}
+    for row, error in failed_rows.items():
+        failed.setdefault(owner[row], error)
+    runs, r = [], 0
+    for i, d in enumerate(drafts):
+        mine, r = winners[r:r + len(d) + 1], r + len(d) + 1
+        if i in failed:
+            runs.append(None)
+            continue
+        run = [mine[0]]
+        for j, guess in enumerate(d):
+            if mine[j] != guess:
+                break
+            run.append(mine[j + 1])
+        runs.append(run)
+        if states[i] is not None and params_list[i].temperature > 0:
+            _rewind(generators[i], states[i], len(run), logits)
+    return runs, failed
+
+
+def _rewind(generator, state, n, logits):
+    """Leave a seeded generator as if it had drawn for `n` positions only (the rows after the
+    first rejected guess drew for positions that were never emitted)."""
+    generator.set_state(state)
+    probs = logits[:1]
+    for _ in range(n):
+        _draw(generator, probs)
+
+
 def _sample_batch(logits, params_list, generators):
     """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax."""
     out = torch.argmax(logits, dim=-1)
@@ -90,8 +152,7 @@ def _sample_batch(logits, params_list, generators):
             uniform[shared] = torch.rand((len(shared), probs.shape[1]), device=logits.device, dtype=probs.dtype)
         for j, i in enumerate(hot):
             if generators[i] is not None:
-                uniform[j] = torch.rand(probs.shape[1], generator=generators[i], device=logits.device,
-                                        dtype=probs.dtype)
+                uniform[j] = _draw(generators[i], probs)
         race = uniform.clamp_(min=torch.finfo(probs.dtype).tiny).log_().neg_()   # Exp(1) draws
         out[rows] = torch.argmax(probs / race, dim=-1)
     return out.tolist()

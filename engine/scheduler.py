@@ -21,6 +21,15 @@ recomputed (vLLM V1's recompute preemption). With prefix caching on, an admitted
 first takes the cached blocks that match its prompt and computes only the rest.
 Requests with the KV cache on and off never share a step; after the setting flips, new
 admissions wait for the running ones to drain.
+
+Speculative decoding (the `speculation` setting): a decoding request's segment also carries
+the proposer's guesses (engine/speculate.py), charged to the step's token budget like any
+token (vLLM V1), never taking the one token each later decode of the step is owed, and only
+as many as free blocks hold without preempting anyone. After verification (`accepted`) its
+block table is cut back to the positions that hold accepted tokens: blocks emptied are freed.
+Prefix hashes only ever name prompt blocks, so no guess is ever findable. Under a step-time
+target the guesses count as decode rows (the step recorder measures them so): they leave
+less room for prompt work, and are never cut for it.
 """
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +37,7 @@ from dataclasses import dataclass, field
 from .kv_cache import block_hashes
 from .runner import Segment
 from .settings import Policy
+from .speculate import Speculator
 from .stepcost import StepCost
 
 
@@ -56,10 +66,13 @@ class Scheduler:
         self.max_step_s = None          # live: the step-time target (None: off)
         self.step_cost = StepCost()     # fed every forward's time by the step recorder
         self.prefill_cap = None         # prompt tokens the target allowed in the last mixed step
+        self.speculator = Speculator()
 
     def reset_counters(self):
-        """Zero the preemption count (the engine's reset)."""
+        """Zero the preemption count and forget the earlier outputs the suffix proposer learnt
+        from (the engine's reset: a lesson run again starts from the same state)."""
         self.preemptions = 0
+        self.speculator.forget()
 
     def apply(self, settings):
         """Take the live settings that shape its steps (the engine's `apply_settings`), and the
@@ -72,6 +85,7 @@ class Scheduler:
             self.blocks.forget_hashes()
         self.prefix_caching = s["prefix_caching"]
         self.blocks.block_budget = s["cache_tokens"] // self.blocks.block_size
+        self.speculator.configure(s["speculation"], s["spec_tokens"])
 
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):
@@ -86,7 +100,8 @@ class Scheduler:
         else:
             admit = self.policy is Policy.MIXED or not self.running
             budget = self._schedule_running(out, budget, only="decode")
-            budget = self._schedule_running(out, self._prefill_budget(budget, len(out.segments)), only="prefill")
+            decode_rows = sum(1 + len(s.draft) for s in out.segments)   # guesses cost as rows do
+            budget = self._schedule_running(out, self._prefill_budget(budget, decode_rows), only="prefill")
             if admit:
                 self._admit(out, budget, kv_cache_on, whole=False)
             self.budget_left = budget - sum(s.n for s in out.segments if s.seq in out.admitted)
@@ -105,6 +120,7 @@ class Scheduler:
     def _schedule_running(self, out, budget, only, whole=False):
         """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),
         oldest first, within the budget (`whole`: whole prompts); returns the budget left."""
+        owed = sum(1 for s in self.running if s.decoding and s.kv_cache) if only == "decode" else 0
         for seq in list(self.running):
             if seq not in self.running or (only == "decode") != seq.decoding:
                 continue
@@ -116,12 +132,24 @@ class Scheduler:
             n = remaining if whole else min(remaining, budget)
             if n <= 0:
                 continue
-            if not self._grow(seq, n, out):
+            owed -= 1 if only == "decode" else 0
+            draft = self._draft(seq, budget - n - owed) if only == "decode" else ()
+            if not self._grow(seq, n + len(draft), out):
                 continue                # it was preempted itself
-            out.segments.append(Segment(seq, seq.num_computed, n, cached=True,
-                                        logits=seq.num_computed + n == seq.num_tokens))
-            budget -= n
+            out.segments.append(Segment(seq, seq.num_computed, n + len(draft), cached=True,
+                                        logits=seq.num_computed + n == seq.num_tokens, draft=draft))
+            budget -= n + len(draft)
         return budget
+
+    def _draft(self, seq, budget):
+        """The proposer's guesses for a decoding request: within `budget` tokens, short of its
+        max_new_tokens (the step emits one more than it guesses), and held by free blocks."""
+        limit = min(budget, seq.params.max_new_tokens - len(seq.output_ids) - 1)
+        draft = self.speculator.propose(seq, limit) if limit > 0 else []
+        have = len(seq.block_table)
+        while draft and not self.blocks.can_allocate(self.blocks.blocks_for(seq.num_tokens + len(draft)) - have):
+            draft.pop()
+        return tuple(draft)
 
     def _grow(self, seq, n, out):
         """Blocks for `seq`'s next `n` tokens, preempting the newest running requests if needed."""
@@ -209,11 +237,20 @@ class Scheduler:
         seq = seg.seq
         if not seg.cached:
             return
-        before, seq.num_computed = seq.num_computed, seg.start + seg.n
+        before, seq.num_computed = seq.num_computed, seg.start + seg.n - len(seg.draft)   # guesses: `accepted`
         if self.prefix_caching:
             bs = self.blocks.block_size
             for i in range(before // bs, min(seq.num_computed, len(seq.prompt_ids)) // bs):
                 self.blocks.register(seq.block_table[i], seq.block_hashes[i])
+
+    def accepted(self, seg, n):
+        """`n` of the segment's guesses were accepted: their positions hold keys/values of the
+        request's tokens now; the rest are given back (blocks past the last such position freed)."""
+        seq = seg.seq
+        seq.num_computed += n
+        keep = self.blocks.blocks_for(seq.num_computed)
+        self.blocks.release(seq.block_table[keep:])
+        del seq.block_table[keep:]
 
     def preempt(self, seq):
         """Free the request's blocks and slot; it waits at the front of the queue to be recomputed."""
@@ -225,6 +262,7 @@ class Scheduler:
 
     def remove(self, seq):
         """The request is done (finished, cancelled, failed): free its slot and blocks."""
+        self.speculator.finished(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         elif seq in self.running:

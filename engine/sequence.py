@@ -17,6 +17,8 @@ class SamplingParams:
     stop: tuple = ()          # stop strings (the API's `stop`)
     ignore_eos: bool = False  # keep going past end-of-sequence (load tools fix output lengths)
     min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
+    speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
+    spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
 
 
 @dataclass
@@ -42,6 +44,10 @@ class Sequence:
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
+    # --- speculative decoding (engine/speculate.py), vLLM's counts
+    spec_drafts: int = 0            # steps in which it verified guesses
+    spec_draft_tokens: int = 0      # guesses verified
+    spec_accepted: int = 0          # ... of which accepted
     # --- measured times (engine clock)
     arrival: float = 0.0
     tokenize_end: float = 0.0
@@ -85,6 +91,18 @@ class Sequence:
         if not self.output_ids:
             return False
         return not self.kv_cache or self.num_tokens - self.num_computed == 1
+
+    def append(self, token_id, eos_seen):
+        """Append an output token: its own text, the text its client gets under the stop rule
+        (detok.StopStrings; with whatever was held back when this token ends the request), and
+        why it ends the request, or None."""
+        self.output_ids.append(token_id)
+        text = self.detok.add(token_id)   # "" while a UTF-8 character is incomplete
+        client_text = self.stops.feed(text)
+        stop = self.stop_reason(eos_seen, self.stops.found)
+        if stop:
+            client_text += self.stops.flush()
+        return text, client_text, stop
 
     def stop_reason(self, eos_seen, stop_string_seen):
         """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of

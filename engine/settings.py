@@ -17,6 +17,8 @@ class Policy(str, Enum):
 
 
 POLICIES = tuple(p.value for p in Policy)
+SPECULATION = ("off", "ngram", "suffix")   # engine/speculate.py's proposers
+MAX_SPEC_TOKENS = 8
 
 
 class SettingError(ValueError):
@@ -123,6 +125,11 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context):
                     "cost stays under it; streams steady, prompts take more steps"),
         Setting("prefix_caching", "bool", True,
                 doc="reuse the KV blocks of a prompt prefix seen before (full blocks, chained hashes)"),
+        Setting("speculation", "choice", "off", choices=SPECULATION,
+                doc="speculative decoding: guess each decoding request's next tokens and verify them in "
+                    "its step (ngram: prompt lookup; suffix: this and earlier requests' text)"),
+        Setting("spec_tokens", "int", 4, 1, MAX_SPEC_TOKENS, 1,
+                doc="guesses per request per step (vLLM's num_speculative_tokens); each costs a token of the budget"),
         Setting("buffer_ms", "int", 0, 0, 5000, 50,
                 doc="a buffering proxy between the server and every client: flushes every N ms (0 = off)"),
         Setting("buffer_bytes", "int", 0, 0, 65536, 64,

@@ -34,6 +34,7 @@ class StepRecorder:
         # step is sampled at once, so each has the step's sampling times
         self._forward_start = self._forward_end = 0.0
         self._sampling = self._sampled = self._sample_s = 0.0
+        self._step = None   # this step's `step` event (speculation's counts are filled in after sampling)
 
     def reset(self):
         """Start the rolling stats afresh (the engine's reset)."""
@@ -111,7 +112,7 @@ class StepRecorder:
         for seg in segments:
             seq = seg.seq
             if seg.decode:
-                decode_tokens += 1 if seg.cached else seg.n
+                decode_tokens += seg.n      # its one token (its guesses too; KV cache off: all of them)
                 continue
             prefill_tokens += seg.n
             if seq.first_delivered is None:       # the shared forward is each one's prefill time
@@ -122,12 +123,23 @@ class StepRecorder:
         self.scheduler.step_cost.observe(decode_tokens, prefill_tokens, t1 - t0)
         kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
         predicted_s, bound = self.roofline.predict_segments(segments) if self.roofline else (None, None)
-        self._emit(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
-                        predicted_s=predicted_s, bound=bound,
-                        tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
-                        decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
-                        cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
-                        per_request={g.seq.id: g.start + g.n for g in segments}))
+        spec = {g.seq.id: {"proposed": len(g.draft), "accepted": 0} for g in segments if g.draft}
+        self._step = Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
+                          predicted_s=predicted_s, bound=bound,
+                          tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
+                          decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
+                          cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
+                          per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None)
+        self._emit(self._step)
+
+    def speculated(self, seg, accepted):
+        """`accepted` of the segment's guesses were kept: its counts, and the step event's (still
+        in the engine's hands until the step returns, so it goes out complete)."""
+        seq = seg.seq
+        seq.spec_drafts += 1
+        seq.spec_draft_tokens += len(seg.draft)
+        seq.spec_accepted += accepted
+        self._step.spec[seq.id]["accepted"] = accepted
 
     def _charge_later(self, segments, forward_s, prefill_tokens):
         """Charge this forward to every running request past its first token: to `decode` or
@@ -154,14 +166,15 @@ class StepRecorder:
         self._sampled = self.clock.now()
         self._sample_s = self._sampled - self._sampling
 
-    def token(self, seq, token_id, text, client_text):
+    def token(self, seq, token_id, text, client_text, spec=None):
         """The `token` event for the token just appended to `seq.output_ids`, as it is handed out
         (emitted, and returned for the request's client); `client_text` is carried only where
-        stop strings made it differ from the token's text."""
+        stop strings made it differ from the token's text; `spec`: what speculative decoding
+        made of it (`speculate.kinds`)."""
         index = len(seq.output_ids) - 1
         ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
                    first=index == 0, sampled=self._sampled, sample_s=self._sample_s,
-                   client_text=None if client_text == text else client_text)
+                   client_text=None if client_text == text else client_text, spec=spec)
         self._emit(ev)
         return ev
 
@@ -176,8 +189,11 @@ class StepRecorder:
             if seq.recovering_since is not None:
                 seq.later_preempted_s += self._sampling - seq.recovering_since
                 seq.recovering_since = None
-            seq.later_sample_s += self._sample_s
-            seq.later_delivery_s += delivered - self._sampled
+            # a later token of the same forward (speculation) shares its sampling; its delivery
+            # starts when the previous one's ended
+            again = seq.last_delivered >= self._sampled
+            seq.later_sample_s += 0.0 if again else self._sample_s
+            seq.later_delivery_s += delivered - (seq.last_delivered if again else self._sampled)
             self.stats.gap(delivered - seq.last_delivered)
         seq.last_delivered = delivered
         self.stats.token(delivered)
@@ -188,7 +204,8 @@ class StepRecorder:
         now = self.clock.now()
         ev = Finished(t=now, id=seq.id, reason=reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
                       output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error,
-                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions)
+                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions, spec_drafts=seq.spec_drafts,
+                      spec_draft_tokens=seq.spec_draft_tokens, spec_accepted_tokens=seq.spec_accepted)
         if seq.first_delivered is not None:
             ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
             self.stats.finished += 1

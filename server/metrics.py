@@ -21,6 +21,13 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
+    vllm:spec_decode_num_drafts_total   speculative decoding: requests' steps that verified guesses (step.spec)
+    vllm:spec_decode_num_draft_tokens_total     guesses verified
+    vllm:spec_decode_num_accepted_tokens_total  ... of which accepted
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position}  accepted guesses at draft
+                                        position 0, 1, ... (a run from 0: position i counts steps
+                                        that accepted more than i). Acceptance rate = accepted /
+                                        draft tokens; mean acceptance length = 1 + accepted / drafts.
     first_token_info{protocol}          always 1: says this is First Token (observe mode's profiles
                                         tell it from vLLM by this series; server/profiles.py)
 
@@ -37,6 +44,7 @@ from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine import events as ev_types
+from engine.settings import MAX_SPEC_TOKENS
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -86,6 +94,18 @@ class EngineMetrics:
         success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
                           registry=self.registry)
         self.success = {r: success.labels(finished_reason=r, **label) for r in sorted(set(FINISHED_REASON.values()))}
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens")
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position",
+                          ["model_name", "position"], registry=self.registry)
+        self.spec_per_pos = [per_pos.labels(position=str(i), **label) for i in range(MAX_SPEC_TOKENS)]
+        self._first_token_metrics(label, gauge, counter)
+        self._waiting, self._running = set(), set()
+        self._last_token = {}   # request id -> time of its latest token
+
+    def _first_token_metrics(self, label, gauge, counter):
+        """First Token's own series (vLLM has no such metrics), and its `first_token_info`."""
         slo = Counter("first_token:slo_requests", "Completed requests judged against the SLOs",
                       ["model_name", "slo"], registry=self.registry)
         self.slo = {True: slo.labels(slo="met", **label), False: slo.labels(slo="missed", **label)}
@@ -97,8 +117,6 @@ class EngineMetrics:
         Gauge("first_token_info", "This server is First Token; the label is its wire protocol version",
               ["model_name", "protocol"], registry=self.registry).labels(
                   protocol=str(ev_types.PROTOCOL), **label).set(1)
-        self._waiting, self._running = set(), set()
-        self._last_token = {}   # request id -> time of its latest token
 
     @classmethod
     def attach(cls, backend):
@@ -122,6 +140,8 @@ class EngineMetrics:
             if isinstance(ev, ev_types.Stats):
                 self.goodput.set(ev.goodput or 0.0)
                 self.attainment.set(float("nan") if ev.slo_attainment is None else ev.slo_attainment)
+            elif ev.spec:
+                self._speculated(ev.spec.values())
         elif isinstance(ev, ev_types.ModelLoad):
             self.load_s.set(ev.seconds)
             self.loads.inc()
@@ -150,6 +170,14 @@ class EngineMetrics:
             return
         self.waiting.set(len(self._waiting))
         self.running.set(len(self._running))
+
+    def _speculated(self, counts):
+        for c in counts:
+            self.spec_drafts.inc()
+            self.spec_draft_tokens.inc(c["proposed"])
+            self.spec_accepted.inc(c["accepted"])
+            for pos in range(c["accepted"]):
+                self.spec_per_pos[pos].inc()
 
     def _finished(self, ev):
         self.success[FINISHED_REASON.get(ev.reason, "error")].inc()

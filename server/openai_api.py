@@ -15,7 +15,9 @@ max_tokens there means the engine's `max_new_tokens` setting (the page's slider)
 vLLM's extensions that load generators use to fix output lengths are accepted: `ignore_eos`
 (keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
-reports the prompt tokens found in the prefix cache, as OpenAI's API does.
+reports the prompt tokens found in the prefix cache, as OpenAI's API does. A request may set
+its own speculative decoding with `speculative_config` (vLLM's field names, which vLLM takes
+per engine only): `{"method": "off" | "ngram" | "suffix", "num_speculative_tokens": 1-8}`.
 
 Stop strings: the engine applies OpenAI's rule (engine/detok.py, `StopStrings`: the text ends
 just before the first stop string, a possible start of one held back until decided), and each
@@ -97,7 +99,7 @@ def parse_request(kind, body, model_name):
     fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
-                  min_tokens=_or(body.get("min_tokens"), 0))
+                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"))
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:

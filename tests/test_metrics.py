@@ -99,6 +99,18 @@ def test_gauges_follow_request_lifecycle_events():
                        decode_tokens=1, kv_cache=True, cache_tokens=6, cache_blocks_used=4, per_request={"a": 6}))
     assert (value("vllm:num_requests_waiting"), value("vllm:num_requests_running")) == (1, 1)
     assert value("vllm:kv_cache_usage_perc") == 0.4
+    assert value("vllm:spec_decode_num_drafts_total") == 0
+    m.on_event(ev.Step(t=0.25, kind="decode", start=0.2, end=0.25, ids=["a"], tokens=5, prefill_tokens=0,
+                       decode_tokens=5, kv_cache=True, cache_tokens=9, cache_blocks_used=4, per_request={"a": 10},
+                       spec={"a": {"proposed": 4, "accepted": 2}}))
+    m.on_event(ev.Step(t=0.3, kind="decode", start=0.25, end=0.3, ids=["a"], tokens=4, prefill_tokens=0,
+                       decode_tokens=4, kv_cache=True, cache_tokens=10, cache_blocks_used=4, per_request={"a": 13},
+                       spec={"a": {"proposed": 3, "accepted": 0}}))
+    assert value("vllm:spec_decode_num_drafts_total") == 2
+    assert value("vllm:spec_decode_num_draft_tokens_total") == 7
+    assert value("vllm:spec_decode_num_accepted_tokens_total") == 2
+    per_pos = [value("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)]
+    assert per_pos == [1, 1, 0]
     m.on_event(ev.Rejected(t=0.2, id="b", reason="queue full", code="queue_full"))
     m.on_event(ev.Finished(t=0.3, id="a", reason="cancelled", source="api", prompt_tokens=5, output_tokens=0,
                            e2e=0.3))

@@ -152,6 +152,8 @@ def test_bad_requests_get_openai_shaped_errors(live, model):
         (chat, {"model": model, "messages": user, "stream_options": {"include_usage": True}}, 400,
          "stream_options", None),
         (chat, {"model": model, "messages": user, "n": 2}, 400, "n", None),
+        (chat, {"model": model, "messages": user, "speculative_config": {"method": "eagle"}}, 400,
+         "speculative_config", None),
         (chat, {"model": model, "messages": user, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
         (chat, {"messages": user}, 400, "model", None),
         (chat, {"model": "gpt-9", "messages": user}, 404, "model", "model_not_found"),

@@ -208,3 +208,27 @@ def test_a_preset_applied_twice_tells_the_same_story(driver):
     assert cached[0] == cached[1] and cached[0][0] == 0 and len(cached[0]) == 12
     prompts = [[t["ids"] for t in of(events, "tokenized")] for events in runs]
     assert prompts[0] == prompts[1]   # the same seeded prompts: a warm cache would have hit them
+
+
+def test_speculative_presets_send_the_same_copy_task_and_compare_on_vs_off(driver):
+    """`speculative` (one user) and `speculative-busy` (eight) ask the model to copy the same
+    seeded paragraphs as chat requests; with speculation on the steps carry guesses, off they
+    do not, and the outputs are the same either way (greedy)."""
+    sub = driver.events.subscribe(replay=False)
+    outputs = {}
+    for name, n in (("speculative", 1), ("speculative-busy", 8)):
+        for spec in ("ngram", "off"):
+            sub.get(0)
+            driver.apply_preset(name, {"speculation": spec, "max_new_tokens": 24})
+            events = collect(sub, lambda ev: len(of(ev, "finished")) >= n, 120)
+            requests = of(events, "request")
+            assert len(requests) == n and all("Copy the following text exactly" in r["preview"] for r in requests)
+            steps = of(events, "step")
+            assert any(s["spec"] for s in steps) == (spec == "ngram")
+            tokens = {}
+            for t in of(events, "token"):
+                tokens.setdefault(t["id"], []).append(t["token_id"])
+            outputs[name, spec] = [tokens[r["id"]] for r in requests]
+    assert outputs["speculative", "ngram"] == outputs["speculative", "off"]
+    assert outputs["speculative-busy", "ngram"] == outputs["speculative-busy", "off"]
+    assert outputs["speculative", "off"][0] == outputs["speculative-busy", "off"][0]   # the same first prompt

@@ -28,6 +28,10 @@ BAD = [  # (fields, the field named)
     (dict(prompt="hi", label="x" * (MAX_LABEL_CHARS + 1)), "label"), (dict(prompt="hi", label="a\ud800"), "label"),
     (dict(prompt="hi", source="web"), "source"), (dict(prompt="hi", stream="no"), "stream"),
     (dict(prompt="hi", prompt_tokens=0), "prompt_tokens"),
+    (dict(prompt="hi", speculative_config={}), "speculative_config"),
+    (dict(prompt="hi", speculative_config={"method": "eagle"}), "speculative_config"),
+    (dict(prompt="hi", speculative_config={"num_speculative_tokens": 9}), "speculative_config"),
+    (dict(prompt="hi", speculative_config={"method": "ngram", "draft_model": "x"}), "speculative_config"),
 ]
 
 
@@ -42,6 +46,8 @@ def test_values_are_normalised():
     r = GenerateRequest(prompt="hi", max_new_tokens=8.0, temperature=1, stop=["a", "b"], seed=3.0)
     assert (r.max_new_tokens, r.temperature, r.stop, r.seed) == (8, 1.0, ("a", "b"), 3)
     assert type(r.max_new_tokens) is int and type(r.temperature) is float
+    r = GenerateRequest(prompt="hi", speculative_config={"num_speculative_tokens": 3.0})
+    assert r.speculative_config == {"method": None, "num_speculative_tokens": 3}
 
 
 @pytest.fixture
