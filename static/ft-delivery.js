@@ -206,11 +206,11 @@ export function diagnoseDelivery(r, s) {
   const here = ttftHere(r), way = wayOut(s.settings), c = clumps(r);
   if (here === null) return null;
   const lag = here - r.ttft;
-  const bunched = c && c.clumps <= Math.max(2, c.tokens / 2) && c.arrivalGap !== null && c.arrivalGap > 2 * c.engineGap;
+  const bunched = c && c.clumps <= Math.max(2, c.tokens / 2) && (c.arrivalGap === null || c.arrivalGap > 2 * c.engineGap);
   if (bunched && (!way || way.buffered)) {
     return {cause: "buffering", numbers: {ttft: r.ttft, ttftHere: here, delivery: lag},
       text: `Buffering: the engine made its ${c.tokens} tokens steadily (${fmtS(c.engineGap)} apart) but they ` +
-        `arrived here in ${c.clumps} clumps, ${fmtS(c.arrivalGap)} apart — a buffering proxy holds tokens and lets them ` +
+        `arrived here in ${c.clumps === 1 ? "one clump" : `${c.clumps} clumps, ${fmtS(c.arrivalGap)} apart`} — a buffering proxy holds tokens and lets them ` +
         `go together (engine TTFT ${fmtS(r.ttft)}, here ${fmtS(here)}). Turning response buffering off ` +
         "(nginx: proxy_buffering off) would let each token through as it is made."};
   }
