@@ -206,7 +206,11 @@ export function diagnoseDelivery(r, s) {
   const here = ttftHere(r), way = wayOut(s.settings), c = clumps(r);
   if (here === null) return null;
   const lag = here - r.ttft;
-  const bunched = c && c.clumps <= Math.max(2, c.tokens / 2) && (c.arrivalGap === null || c.arrivalGap > 2 * c.engineGap);
+  // Clumped: a few arrival moments for many tokens, a tenth of a second or more apart and well
+  // apart from the engine's steps (the page's own frames group events for a few ms), or all at
+  // once while the settings say a proxy buffers.
+  const bunched = c && c.clumps <= Math.max(2, c.tokens / 2) && (c.arrivalGap === null ? !!(way && way.buffered)
+    : c.arrivalGap >= 0.1 && c.arrivalGap > 2 * c.engineGap);
   if (bunched && (!way || way.buffered)) {
     return {cause: "buffering", numbers: {ttft: r.ttft, ttftHere: here, delivery: lag},
       text: `Buffering: the engine made its ${c.tokens} tokens steadily (${fmtS(c.engineGap)} apart) but they ` +
