@@ -173,7 +173,8 @@ export const proof = {
     if (!done.length) return null;
     const here = percentile(done.map(ttftHere), 50), eng = percentile(done.map((r) => r.ttft), 50);
     return `TTFT here ${fmtS(here)} vs the engine's ${fmtS(eng)}: +${fmtS(here - eng)} on the way ` +
-      `(${s.settings.net_latency_ms || 0} ms of it injected network delay)`;
+      `(injected network delay: ${s.settings.net_latency_ms || 0} ms` +
+      `${s.settings.net_jitter_ms ? ` + up to ${s.settings.net_jitter_ms} ms jitter` : ""})`;
   },
   "cold-start"(s, t0) {
     const l = s.loads[s.loads.length - 1];
