@@ -99,7 +99,7 @@ function drawStages(div) {
   }
   done.reverse();
   const y = done.map((r) => r.id);
-  const data = STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => r.stages[k] * 1000),
+  const data = STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => (r.stages[k] || 0) * 1000),
     marker: {color: stageColor(k)}, hovertemplate: `%{y} ${name}: %{x:.1f} ms<extra></extra>`}));
   // Rows named as the timeline names them: a classroom student's name, else the request id.
   // (a student who asked twice: both rows, told apart by request id).

@@ -21,10 +21,16 @@ const LABELS = {
   kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
   prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
   max_step_ms: ["Step-time target", "ms"],
+  speculation: ["Speculative decoding", "guesses checked in one forward"], spec_tokens: ["Guesses per step", "tokens"],
   slo_ttft_ms: ["TTFT objective (SLO)", "ms"], slo_tpot_ms: ["Per-token objective (SLO)", "ms/token"],
+  buffer_ms: ["Proxy buffer: flush every", "ms · 0 = off"], buffer_bytes: ["Proxy buffer: or at", "bytes · 0 = off"],
+  net_latency_ms: ["Network delay (injected)", "ms"], net_jitter_ms: ["Network jitter (injected)", "+0…N ms"],
 };
 const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "max_step_ms", "slots",
-               "cache_tokens", "kv_cache", "prefix_caching", "slo_ttft_ms", "slo_tpot_ms", "temperature", "top_p"];
+               "cache_tokens", "kv_cache", "prefix_caching", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
+               "temperature", "top_p"];
+// The way out (server/delivery.py): after the engine's own settings, under their own heading.
+const BETWEEN = ["buffer_ms", "buffer_bytes", "net_latency_ms", "net_jitter_ms"];
 
 // The value beside a control's name (a choice group shows its value by the pressed option).
 function valueText(name, v) {
@@ -106,8 +112,16 @@ function buildControls() {
   if (built === key) { applySettings(); return; }
   built = key;
   const names = ORDER.filter((n) => n in s.limits).concat(
-    Object.keys(s.limits).filter((n) => !ORDER.includes(n) && n !== "load"));
-  $("settings").replaceChildren(...names.map((name) => controlRow(name, s.limits[name])));
+    Object.keys(s.limits).filter((n) => !ORDER.includes(n) && !BETWEEN.includes(n) && n !== "load"));
+  const between = BETWEEN.filter((n) => n in s.limits);
+  const rows = names.map((name) => controlRow(name, s.limits[name]));
+  if (between.length) {
+    const head = el("h3", "ctl-group", "Between the server and you");
+    head.title = "what lies on the way out, after the engine has timed everything: a buffering proxy (real) " +
+      "and a network delay (injected); the engine's own times do not change";
+    rows.push(head, ...between.map((name) => controlRow(name, s.limits[name])));
+  }
+  $("settings").replaceChildren(...rows);
   applySettings();
 }
 
@@ -167,6 +181,7 @@ export function wire() {
   $("btn-load").addEventListener("click", () => send({type: "load", on: !s.settings.load}));
   $("btn-burst").addEventListener("click", () => send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
   $("btn-reset").addEventListener("click", () => confirmReset("Reset") && send({type: "reset"}));
+  $("btn-reload").addEventListener("click", reloadModel);
   const form = $("prompt-form"), box = $("prompt");
   form.addEventListener("submit", (e) => {
     e.preventDefault();
@@ -177,6 +192,15 @@ export function wire() {
   box.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); form.requestSubmit(); }
   });
+}
+
+// A cold start on demand: the model loaded again from its on-disk cache (a `reload` message);
+// requests running or waiting meanwhile wait for it, so ask first when there are any.
+function reloadModel() {
+  const busy = [...s.reqs.values()].filter((r) => r.end === null).length;
+  if (busy && !window.confirm(`${busy} request${busy > 1 ? "s are" : " is"} running or waiting: reloading the model ` +
+                              "makes them wait until it has loaded. Reload?")) return;
+  send({type: "reload"});
 }
 
 // The first hello applies the page's URL, except on a classroom viewer's page: its URL

@@ -4,6 +4,7 @@
 // and preemptions) into the parts a person can act on — queueing (for a slot or for KV-cache
 // blocks), prefill, decode, waiting behind other requests' prefill, preemption, delivery —
 // names the largest, and says so with the numbers, as a hypothesis. The panel shows it.
+import {diagnoseDelivery} from "ft/delivery";
 import {selectedReq} from "ft/panels";
 import {diagnoseClient, observing} from "ft/server";
 import {prefillTime, running, stepMedians} from "ft/state";
@@ -72,7 +73,7 @@ function finishedParts(r, s) {
   let excess = mixed > 0 ? mixedExcess(r, s) : 0;
   excess = excess === null ? 0 : Math.min(excess, mixed);
   const p = {
-    queue: st.queue, prefill: st.prefill + st.tokenize,
+    load: st.load || 0, queue: st.queue, prefill: st.prefill + st.tokenize,
     decode: per("decode") + (mixed - excess) + per("sample") + st.first_sample,
     stalled: per("stalled") + excess, preempted: per("preempted"),
     delivery: st.delivery + per("delivery"),
@@ -156,7 +157,10 @@ export function diagnose(r, s) {
   const p = finishedParts(r, s), total = r.e2e;
   let cause = "other";
   for (const k in p) if (p[k] > p[cause]) cause = k;
-  const d = causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
+  // A cold start, or a first token late here (network, buffering): told apart from queueing and
+  // prefill by the model_load and the page's own arrivals (ft-delivery.js).
+  const way = diagnoseDelivery(r, s);
+  const d = way ? {cause: way.cause, text: way.text, extra: way.numbers} : causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
   const rest = Object.entries(p).filter(([k, v]) => k !== cause && v >= 0.1 * total).sort((a, b) => b[1] - a[1]);
   if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
   d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});
@@ -182,7 +186,7 @@ function sloVerdict(d, r) {
     `so it does not count towards goodput. ${d.text}`;
 }
 
-const NAMES = {queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
+const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
                preempted: "preemption", delivery: "delivery", other: "other",
                first_chunk: "waiting for the first chunk (client)", streaming: "streaming (client)"};
 

@@ -3,6 +3,7 @@
 // (`preset.watch`); proof[name](s, t0) measures that number over what happened since the
 // preset was applied at engine time t0, or says what it still waits for. The tour and the
 // presenter read the same functions, so a figure is computed one way everywhere.
+import {proof as wayOutProof} from "ft/delivery";
 import {percentile, running} from "ft/state";
 import {fmtS} from "ft/util";
 
@@ -131,7 +132,7 @@ function stallFigure(s, t0) {
 
 // The live figure for a preset, or a line saying what it waits for.
 export function proofText(name, s, t0) {
-  const f = proof[name];
+  const f = proof[name] || wayOutProof[name];   // the way out's and the cold start's: ft-delivery.js
   if (!f) return "";
   return f(s, t0) || WAIT;
 }

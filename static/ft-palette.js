@@ -3,7 +3,7 @@
 // is first imported: module scripts run after the stylesheets before them have loaded.
 
 const NAMES = ["bg", "panel2", "text", "text2", "muted", "accent", "bad", "overlay", "queue", "tokenize",
-               "prefill", "first", "delivery", "other", "decode", "decode-alt", "tick", "api",
+               "prefill", "first", "delivery", "other", "load", "decode", "decode-alt", "tick", "api",
                "slo-met", "slo-missed"];
 
 export const palette = {};
@@ -22,8 +22,9 @@ export function alpha(hex, a) {
 palette.grid = alpha(palette.overlay, 0.07);   // grid lines, canvases and charts alike
 
 // The TTFT stages as `finished.stages` names them, with their labels; a stage's colour is
-// --c-<key> (first_sample: --c-first), in the accounting bar and the stages chart alike.
-export const STAGES = [["queue", "queue"], ["tokenize", "tokenise"], ["prefill", "prefill"],
+// --c-<key> (first_sample: --c-first), in the accounting bar and the stages chart alike; `load`
+// (a cold start: the wait for the model, protocol 9) first, as it comes first.
+export const STAGES = [["load", "model load"], ["queue", "queue"], ["tokenize", "tokenise"], ["prefill", "prefill"],
                        ["first_sample", "first sample"], ["delivery", "delivery (server)"], ["other", "other"]];
 export const stageColor = (key) => palette[key === "first_sample" ? "first" : key];
 

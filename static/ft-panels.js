@@ -4,6 +4,7 @@
 // later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
 import {clock, send, setConn} from "ft/connection";
+import {ttftHere, wayOut} from "ft/delivery";
 import {STAGES, reqColor} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {percentile, prefillTime, running} from "ft/state";
@@ -51,10 +52,13 @@ function stackedBar(parts, total, label) {
 // A finished request's accounting: TTFT by stage, then the mean later token by part.
 function accountingBars(r) {
   const out = [];
-  const here = r.pageFirstDelivery;
-  out.push(stackedBar(STAGES.map(([k, name]) => ({cls: k, name, v: r.stages[k]})),
-                      `= TTFT ${fmtS(r.ttft)} measured by the server` +
-                      (here !== null ? ` · + ${fmtS(here)} to reach this page` : ""), "time to first token"));
+  const here = ttftHere(r), way = wayOut(s.settings);
+  const stages = STAGES.filter(([k]) => k !== "load" || r.stages.load > 0);   // a cold start's wait, when there was one
+  out.push(stackedBar(stages.map(([k, name]) => ({cls: k, name, v: r.stages[k] || 0})),
+                      `= TTFT ${fmtS(r.ttft)} measured by the engine` +
+                      (here !== null ? ` · TTFT here ${fmtS(here)} as this page saw it (+${fmtS(here - r.ttft)}` +
+                        `${way && way.injected ? ", with injected network delay" : ""}${way && way.buffered ? ", through a buffering proxy" : ""})` : ""),
+                      "time to first token"));
   if (r.later) {
     const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
     lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});

@@ -30,6 +30,7 @@ export function createState() {
     slots: [], waiting: [],
     points: [],                   // decode steps: {batch, ms, kv}
     delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
+    loads: [],                    // model_load events: {start, end, seconds, fromCache, reason}
     errors: [],
     dropped: 0, events: 0, frames: 0, bytes: 0, finishedCount: 0,
     stepSeq: 0,                   // forwards numbered as they arrive (alternate band shading)
@@ -45,7 +46,7 @@ function clearRun(s) {
   s.scrapes = [];
   s.stepPrefills = new Set();
   s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
-  s.finishedCount = 0; s.epoch++;
+  s.finishedCount = 0; s.loads = []; s.epoch++;
 }
 
 function req(s, id, t) {
@@ -63,6 +64,7 @@ function req(s, id, t) {
          stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
          slo: null,      // finished.slo: {ttft_met, tpot_met, met, ttft_target_s, tpot_target_s}, or null
          pageFirstDelivery: null,
+         arrivals: [],   // per token (as r.tokens): its frame's arrival here on the engine clock, null if unknown
          clientSide: false, gaps: null,   // observe mode: measured by this client (finished.client_side, .gaps)
          inSlot: null};                   // observe mode: the first scrape that showed it in a server slot
     s.reqs.set(id, r);
@@ -97,6 +99,10 @@ const ON = {
   settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
   reset(s) { clearRun(s); },
   dropped(s, ev) { s.dropped += ev.count; },
+  model_load(s, ev) {
+    s.loads.push({start: ev.start, end: ev.end, seconds: ev.seconds, fromCache: ev.from_cache, reason: ev.reason});
+    trim(s.loads, 20);
+  },
   error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
   request(s, ev) {
     const r = req(s, ev.id, ev.t);
@@ -166,7 +172,9 @@ const ON = {
     r.tokens.push(ev.t);
     r.text.push(ev.text);
     if (ev.first) r.first = ev.t;
-    if (at !== null && s.connectT !== null && ev.t >= s.connectT) {
+    const live = at !== null && at !== undefined && s.connectT !== null && ev.t >= s.connectT;
+    r.arrivals.push(live ? at : null);   // page-side only: never part of a saved trace
+    if (live) {
       const d = at - ev.t;
       s.delivery.push(d);
       trim(s.delivery, KEEP_DELIVERY);

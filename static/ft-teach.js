@@ -40,7 +40,8 @@ export const apply = (name) => confirmReset("Starting a lesson") && send({type: 
 // Which part of the page matters for a preset (presenter mode enlarges it; the tour spots it).
 export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",
                       "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",
-                      "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline"};
+                      "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline",
+                      "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline"};
 
 // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
 export function clamp(name, v) {

@@ -47,13 +47,14 @@ def server():
 class LiveApp:
     """The app from `create_app`, served in this process on a free loopback port by Werkzeug's
     threaded server, with an engine driver on the tiny random model (websocket and HTTP clients
-    can connect; no subprocess, no real model)."""
+    can connect; no subprocess, no real model). `loader`, when given, is what a reload (a cold
+    start) calls for the model again."""
 
-    def __init__(self, bundle, config, app_config=None, classroom=None):
+    def __init__(self, bundle, config, app_config=None, classroom=None, loader=None):
         from werkzeug.serving import make_server
         from engine import Engine, EngineDriver
         from server import create_app
-        self.driver = EngineDriver(Engine(bundle, config)).start()
+        self.driver = EngineDriver(Engine(bundle, config), loader=loader).start()   # loader: what a reload loads
         self.app = create_app({"TESTING": True, **(app_config or {})}, backend=self.driver, classroom=classroom)
         self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
         self.url = f"http://127.0.0.1:{self.http.server_port}"

@@ -25,7 +25,7 @@ FIGURES = r"""() => {
   const out = {};
   for (const id of ids) out[id] = document.getElementById(id).textContent;
   // delivery to this page is measured live only; a replay has no arrival times to measure it by
-  out.accounting = document.getElementById("d-accounting").innerText.replace(/ · \+ \S+ \S+ to reach this page/, "");
+  out.accounting = document.getElementById("d-accounting").innerText.replace(/ · TTFT here [^\n]*? as this page saw it \([^)]*\)/, "");
   for (const id of ["chart-stages", "chart-steps"]) {
     out[id] = (document.getElementById(id).data || []).map((t) => [t.name, Array.from(t.x || []), Array.from(t.y || [])]);
   }

@@ -1,0 +1,167 @@
+"""The way out and the cold start on the page (issue 21), in Chromium on an in-process app on the
+midsize random model whose reload sleeps a known time: each lesson's preset shows what its text
+says, read from the page's own state (`window.firstToken`: each token's engine time and its
+arrival here) and from what it drew and wrote — `buffered-proxy`: steady engine tokens arrive
+here in clumps; `slow-network`: TTFT here exceeds the engine's by about the injected delay, said
+to be injected; `cold-start`: the first requests' `load` stage is the measured load, drawn as
+the model-loading band. The diagnosis names each."""
+import time
+
+import pytest
+
+from conftest import LiveApp
+from test_browser import Page
+from test_teaching import midsize_bundle
+
+LOAD_S = 0.8
+
+
+@pytest.fixture(scope="module")
+def app():
+    """The midsize model on one torch thread (Chromium needs the other core); a reload sleeps
+    LOAD_S, then hands the same weights back."""
+    import torch
+    from engine import EngineConfig
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    bundle = midsize_bundle()
+
+    def loader():
+        time.sleep(LOAD_S)
+        return bundle
+
+    live = LiveApp(bundle, EngineConfig(slots=4, kv_tokens=4096, max_context=512), loader=loader)
+    yield live
+    live.stop()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def page(browser, app):
+    p = Page(browser, app.url + "/", 1366, 768)
+    yield p
+    p.close()
+
+
+def run_preset(page, name, n):
+    """Click the preset's button in the lessons panel (it renders from hello.presets); wait until n
+    of its requests finished with every token's arrival here known. Their tokens, arrivals,
+    TTFT, stages; and the preset's engine time."""
+    assert page.page.is_visible(f"#presets .preset[data-preset='{name}']")
+    page.page.click(f"#presets .preset[data-preset='{name}']")
+    page.wait("n => { const b = document.querySelector('#presets .preset.on'); return b && b.dataset.preset === n; }", name,
+              timeout=15_000)
+    page.wait("""n => { const s = firstToken.state; const done = [...s.reqs.values()].filter(r => r.end !== null &&
+                 r.stages && r.arrivals.length === r.tokens.length && r.arrivals.every(a => a !== null));
+                 return done.length >= n; }""", n, timeout=90_000)
+    # its lesson: the preset's own title and explanation from hello.presets (engine/presets.py)
+    p = page.js("n => firstToken.state.hello.presets.find(p => p.name === n)", name)
+    assert page.page.text_content("#lesson-title") == p["title"]
+    assert page.page.text_content("#lesson-text") == p["explain"] and page.page.is_visible("#lesson-text")
+    return page.js("""() => [...firstToken.state.reqs.values()].filter(r => r.end !== null).map(r => ({id: r.id,
+        tokens: r.tokens, arrivals: r.arrivals, ttft: r.ttft, arrival: r.arrival, first: r.first, stages: r.stages}))""")
+
+
+def why(page, rid):
+    """Select request rid; its diagnosis ({cause, text}) and request-panel accounting text."""
+    page.js("id => firstToken.select(id)", rid)
+    page.wait("id => document.getElementById('d-title').textContent.startsWith(id + ' ')", rid, timeout=5_000)
+    page.wait("() => document.getElementById('d-why').dataset.cause", timeout=5_000)
+    return page.js("""() => ({cause: document.getElementById('d-why').dataset.cause,
+        text: document.getElementById('d-why').textContent, acc: document.getElementById('d-accounting').textContent})""")
+
+
+def moments(arrivals, within=0.02):
+    """Distinct arrival moments: frames within 20 ms of the previous moment count as one."""
+    out = [arrivals[0]]
+    for a in arrivals[1:]:
+        if a - out[-1] > within:
+            out.append(a)
+    return out
+
+
+def test_buffered_proxy_clumps_the_arrivals_here_while_the_engine_stays_steady(page):
+    reqs = run_preset(page, "buffered-proxy", 2)
+    for r in reqs:
+        t, a = r["tokens"], r["arrivals"]
+        assert len(t) == 64
+        gaps = sorted(b - x for x, b in zip(t, t[1:]))
+        median = gaps[len(gaps) // 2]
+        assert gaps[int(len(gaps) * 0.9)] < 4 * median + 0.01, gaps   # the engine's tokens: steady steps
+        m = moments(a)
+        assert len(m) <= len(t) / 4, (len(m), m)                      # here: a few clumps of many tokens
+        assert all(x >= y - 1e-6 for x, y in zip(a, t))              # never before the engine made them
+        if len(m) > 2:   # the proxy lets go every 500 ms (or at the end): clumps about half a second apart
+            apart = sorted(y - x for x, y in zip(m, m[1:]))
+            assert apart[len(apart) // 2] >= 0.4 > 4 * median, (apart, median)
+    # drawn: the arrival marks apart from the ticks, and the legend names the proxy (real, not injected)
+    page.js("() => firstToken.refresh()")
+    drawn = page.js("() => firstToken.ui.layouts.timeline.delivery")
+    assert drawn["marks"] > 0 and drawn["apart"] > 0 and "buffering proxy" in drawn["note"]
+    legend = page.page.text_content("#tl-way")
+    assert page.page.is_visible("#tl-way") and "real buffering proxy" in legend and "injected" not in legend
+    d = why(page, reqs[0]["id"])
+    assert d["cause"] == "buffering" and "buffering proxy holds tokens" in d["text"], d
+    assert "TTFT here" in d["acc"] and "through a buffering proxy" in d["acc"], d
+    assert page.errors == []
+
+
+def test_slow_network_adds_the_injected_delay_to_ttft_here_and_says_injected(page):
+    reqs = run_preset(page, "slow-network", 2)
+    for r in reqs:
+        here = r["arrivals"][r["tokens"].index(r["first"])] - r["arrival"]
+        # 300 ms injected + 0..100 ms jitter; the clock sync and the frame's own trip add a little
+        assert 0.28 <= here - r["ttft"] <= 0.55, (here, r["ttft"])
+        lags = sorted(x - y for x, y in zip(r["arrivals"], r["tokens"]))
+        # every token at least the injected latency late; jitter kept in order (a token never overtakes
+        # one delayed more) plus the page's own frames: within latency + jitter + 0.2 s mostly
+        assert 0.28 <= lags[0] and lags[len(lags) // 2] <= 0.6, lags
+    d = why(page, reqs[0]["id"])
+    assert d["cause"] == "network" and "injected network delay" in d["text"] and "300 ms injected" in d["text"], d
+    fmt = page.js("() => import('ft/delivery').then(m => m.ttftHere(firstToken.state.reqs.get(firstToken.ui.selected)))")
+    assert f"TTFT here" in d["acc"] and "with injected network delay" in d["acc"] and fmt > reqs[0]["ttft"], d
+    assert "300–400 ms injected network delay" in page.page.text_content("#tl-way")
+    page.wait("() => /injected network delay/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
+    assert page.errors == []
+
+
+def test_cold_start_draws_the_measured_load_and_the_first_requests_wait_for_it(page):
+    reqs = run_preset(page, "cold-start", 3)
+    loads = page.js("() => firstToken.state.loads")
+    assert len(loads) == 1 and loads[0]["seconds"] >= LOAD_S and loads[0]["reason"] == "reload"
+    seconds = loads[0]["seconds"]
+    first, later = reqs[:2], reqs[2:]
+    for r in first:   # arrived with the reload: waited for (nearly) all of it
+        assert seconds - 0.1 <= r["stages"]["load"] <= seconds + 1e-6, r["stages"]
+        assert sum(r["stages"].values()) == pytest.approx(r["ttft"], abs=1e-6)
+    assert later and all(r["stages"]["load"] == 0 for r in later)
+    fmt = page.js("v => import('ft/util').then(m => m.fmtS(v))", seconds)
+    page.js("() => { firstToken.view.right = firstToken.state.latestT; firstToken.refresh(); }")
+    drawn = page.js("() => firstToken.ui.layouts.timeline.delivery")
+    assert [x["text"] for x in drawn["loads"]] == [f"model loading (reload): {fmt}"]
+    assert page.page.is_visible("#tl-load")
+    d = why(page, first[0]["id"])
+    assert d["cause"] == "cold start" and f"the load took {fmt}, measured" in d["text"], d
+    assert page.page.locator("#d-accounting .seg.load").count() == 1 and "model load" in d["acc"]
+    d = why(page, later[0]["id"])
+    assert d["cause"] != "cold start" and page.page.locator("#d-accounting .seg.load").count() == 0
+    # the Reload model button: with nothing running it sends `reload` at once, and a load follows
+    page.page.click("#btn-reload")
+    page.wait("() => firstToken.state.loads.length === 2", timeout=15_000)
+    assert page.dialogs == [] and page.errors == []
+
+
+def test_reload_asks_first_while_requests_run(page):
+    page.js("() => firstToken.send({type: 'set', settings: {prompt_tokens: 32, max_new_tokens: 400}})")
+    page.wait("() => firstToken.state.settings.max_new_tokens === 400", timeout=5_000)
+    page.page.fill("#burst-n", "1")
+    page.page.click("#btn-burst")   # one request of 400 tokens (the context holds 512): running for seconds
+    page.wait("() => [...firstToken.state.reqs.values()].some(r => r.end === null)", timeout=10_000)
+    before = page.js("() => firstToken.state.loads.length")
+    page.page.click("#btn-reload")            # the page's dialog handler dismisses the confirm
+    assert len(page.dialogs) == 1 and "running or waiting" in page.dialogs[0]
+    time.sleep(0.5)
+    assert page.js("() => firstToken.state.loads.length") == before
+    assert not any('"reload"' in m for m in page.sent)
+    page.js("() => { const lim = firstToken.state.limits; firstToken.send({type: 'reset'}); firstToken.send({type: 'set', "
+            "settings: {prompt_tokens: lim.prompt_tokens.default, max_new_tokens: lim.max_new_tokens.default}}); }")
