@@ -3,6 +3,7 @@
 Any failure (a bad model file, out of memory while allocating the KV cache, ...) is caught
 here and reported: /healthz answers 503 with the reason and pages get a fatal `error`.
 """
+import gc
 import sys
 import threading
 
@@ -43,6 +44,11 @@ def _load(args, state):
         state.set_error(f"{type(e).__name__}: {e}")
         print(f"\nerror: {e}", file=sys.stderr, flush=True)
         return
+    # Everything loaded so far (torch, transformers, the model's modules: a few hundred thousand
+    # objects) lives as long as the process: out of the collector's sight, so a full collection
+    # later walks only what serving creates, not all of that (a pause every page would feel).
+    gc.collect()
+    gc.freeze()
     state.set_backend(backend)
     bundle = backend.engine.bundle
     print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"

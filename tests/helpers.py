@@ -115,3 +115,14 @@ def loopback_http(answer_get=None, answer_post=None):
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd
+
+
+def collect(sub, until, timeout=20.0):
+    """Events from a broadcaster subscription `sub` until `until(events)` holds (or fail after
+    `timeout` seconds)."""
+    events, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += sub.get(0.2)
+        if until(events):
+            return events
+    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")

@@ -8,7 +8,7 @@ import pytest
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine import events as ev
 from engine.request import GenerateRequest
-from helpers import tiny_bundle
+from helpers import collect, tiny_bundle
 from server.metrics import EngineMetrics
 
 LOAD_S = 0.3
@@ -24,15 +24,6 @@ def driver(tiny):
     d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512)), loader=slow_loader)
     yield d
     d.shutdown()
-
-
-def collect(sub, until, timeout=30.0):
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events += sub.get(0.2)
-        if until(events):
-            return events
-    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
 
 
 def finished(events):

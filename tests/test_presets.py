@@ -7,7 +7,7 @@ import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError, measure, presets
 from engine.settings import validate
-from helpers import schema_validator
+from helpers import collect, schema_validator
 
 
 @pytest.fixture
@@ -15,16 +15,6 @@ def driver(tiny):
     d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512))).start()
     yield d
     d.shutdown()
-
-
-def collect(sub, until, timeout=20.0):
-    """Events from `sub` until `until(events)` holds (or fail after `timeout` seconds)."""
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events += sub.get(0.2)
-        if until(events):
-            return events
-    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
 
 
 def of(events, kind):
