@@ -2,7 +2,10 @@
 JSON array per tick; the page's control messages are handled between sends (server/control.py),
 and after a `leave` message it sends nothing more.
 A connection's thread sleeps until something happens (a message from the page, an event for it,
-the close): a thousand open, idle pages cost no CPU beyond the events they are sent. At most
+the close). Past VIEWERS_PER_TICK open pages a viewer's thread is no longer woken by events
+(one token woke a thousand threads at once, and they held /healthz and the students back by up
+to ~0.9 s); it looks at its buffer on its own tick (0.5 s at 1,000 pages): about 2,000 short
+wake-ups a second for a thousand idle pages, spread out instead of herded. At most
 `MAX_VIEWERS` pages are open at once; one more is refused with 503 before its upgrade, except
 the classroom presenter's.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
@@ -82,6 +85,15 @@ def _through(line, events):
     return line.take(now)
 
 
+def crowded(state, role):
+    """Past VIEWERS_PER_TICK open pages, an event no longer wakes every viewer's thread at once:
+    a thousand threads woken by one token queue for the GIL together, ahead of everything else
+    the server answers (/healthz, a student's ask) for a few hundred milliseconds. Each viewer
+    looks at its buffer on its own (stretched) tick instead, so their turns spread over time.
+    The presenter's page is always woken."""
+    return role != "presenter" and state.viewers.open > VIEWERS_PER_TICK
+
+
 def _idle(conn, backend, sub):
     """After `leave`: send nothing more, and hold the socket open, unread, until the page goes.
     Neither side closes it now: under Werkzeug's server a close while the page is open shows
@@ -126,15 +138,21 @@ def _serve(conn, state):
     role, info, room = classroom.connection_role()
     hello = backend.hello()
     hello.role, hello.classroom = role, info
-    # simple-websocket sets conn.event when a message or the close arrives; events set it too
-    sub = backend.events.subscribe(wake=conn.event.set)
+    # simple-websocket sets conn.event when a message or the close arrives; events set it too,
+    # except in a crowd (see `crowded`)
+    sub = backend.events.subscribe(wake=lambda: None if crowded(state, role) else conn.event.set())
     line = Delivery(backend.settings)   # this page's proxy buffer and network, when set (server/delivery.py)
     try:
         _send(conn, [hello.to_dict()])
-        sent = 0.0
+        sent, looked = 0.0, time.monotonic()
         while True:
-            due = line.wait_s(time.monotonic())
+            now = time.monotonic()
+            due = line.wait_s(now)
+            if crowded(state, role):   # no wake from events: look at this page's own tick instead
+                tick = max(0.0, looked + send_every(state, role) - now)
+                due = tick if due is None else min(due, tick)
             conn.event.wait(1.0 if due is None else min(1.0, due))
+            looked = time.monotonic()
             conn.event.clear()
             out = []
             # every message that arrived (receive raises ConnectionClosed once the page is gone)
