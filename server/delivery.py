@@ -39,7 +39,7 @@ class Delivery:
         self.last_due = 0.0
 
     def active(self):
-        return any(self.settings.get(k) for k in SETTINGS) or bool(self.held or self.line)
+        return configured(self.settings) or bool(self.held or self.line)
 
     def push(self, items, now, sizes, end=False):
         """`items` (with their sizes in bytes) leave the engine at `now`; `end`: the response is
@@ -72,7 +72,7 @@ class Delivery:
         s = self.settings
         by_time = s.get("buffer_ms") and now >= self.held_since + s["buffer_ms"] / 1000
         by_size = s.get("buffer_bytes") and self.held_bytes >= s["buffer_bytes"]
-        if end or by_time or by_size or not (s.get("buffer_ms") or s.get("buffer_bytes")):
+        if end or by_time or by_size or not (s.get("buffer_ms") or s.get("buffer_bytes")):   # no proxy: straight on
             for item in self.held:
                 delay = (s.get("net_latency_ms") or 0) / 1000 + self.rng.uniform(0, (s.get("net_jitter_ms") or 0) / 1000)
                 self.last_due = max(self.last_due, now + delay)
@@ -122,8 +122,13 @@ class DelayedHandle:
         return event
 
 
+def configured(settings):
+    """Whether anything stands between the server and its clients now (any of SETTINGS set)."""
+    return any(settings.get(k) for k in SETTINGS)
+
+
 def wrap(handle, settings):
     """`handle` itself while delivery is off (no cost), else a DelayedHandle."""
-    if not any(settings.get(k) for k in SETTINGS):
+    if not configured(settings):
         return handle
     return DelayedHandle(handle, settings)
