@@ -228,14 +228,25 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
 @pytest.fixture
 def capped(live):
     """The tiny app with a step-time target on, a long prompt prefilled beside streams (so the
-    engine's cost fit knows both counts), and some judged requests."""
+    engine's cost fit knows both counts), and some judged requests.
+
+    The tiny model's prompt token costs ~10-50 us, near a busy machine's jitter, so one round
+    can leave a fit whose prompt slope is not positive: the engine then honestly reports no
+    cap. More long prompts are prefilled (a few rounds at most) until the last step had one."""
     live.driver.update_settings({"max_step_ms": 40, "max_batched_tokens": 64})
     sub = live.driver.events.subscribe(replay=False)
     for _ in range(4):
         live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=48))
-    live.driver.submit(GenerateRequest(prompt=" ".join(["We hold these truths to be self-evident"] * 8), max_new_tokens=8))
+    long_prompt = " ".join(["We hold these truths to be self-evident"] * 8)
+    live.driver.submit(GenerateRequest(prompt=long_prompt, max_new_tokens=8))
     assert all(ev["reason"] == "length" for ev in finished_events(sub, 5))
+    for _ in range(6):
+        if live.driver.engine.scheduler.prefill_cap is not None:
+            break
+        live.driver.submit(GenerateRequest(prompt=long_prompt, max_new_tokens=8))
+        assert finished_events(sub, 1)[0]["reason"] == "length"
     sub.close()
+    assert live.driver.engine.scheduler.prefill_cap is not None, live.driver.engine.scheduler.step_cost.coefficients()
     return live
 
 
