@@ -12,7 +12,9 @@ the run of guesses the model agrees with, plus one token of its own.
   of up to `DEPTH` tokens, one over this request's prompt and output and one over the outputs of
   recent earlier requests. The longest suffix of the context found with a continuation picks
   the node; the guesses follow its most frequent child while that child's share of the node's
-  count stays at least `MIN_PROB`.
+  count stays at least `MIN_PROB`, and number at most `MAX_SPEC_FACTOR` x the match's length (a
+  one-token match is weak evidence: guessing far past it mostly buys rejected positions, which
+  a full batch pays for).
 
 Both are deterministic functions of the tokens they have seen, so greedy output never depends
 on them (only its speed does).
@@ -25,6 +27,7 @@ import numpy as np
 PROMPT_LOOKUP_MIN, PROMPT_LOOKUP_MAX = 2, 5    # vLLM's ngram defaults are 1..(k); 2 avoids one-token flukes
 DEPTH = 16           # longest substring a suffix trie holds
 MIN_PROB = 0.1       # vLLM's suffix_decoding_min_token_prob
+MAX_SPEC_FACTOR = 1.0   # vLLM's suffix_decoding_max_spec_factor: guesses <= factor x match length
 CACHED_REQUESTS = 64  # earlier requests' outputs the global suffix trie remembers
 
 
@@ -146,9 +149,8 @@ class Speculator:
         trie, cursor, fed = own
         trie.extend(cursor, tokens[fed:])
         own[2] = len(tokens)
-        mine, theirs = trie.match(tokens), self.shared.match(tokens)
-        node = mine[1] if mine[0] >= theirs[0] else theirs[1]
-        return follow(node, k)
+        length, node = max(trie.match(tokens), self.shared.match(tokens), key=lambda m: m[0])   # ties: its own
+        return follow(node, min(k, int(MAX_SPEC_FACTOR * length)))
 
     def finished(self, seq):
         """The request is done: drop its own trie; a suffix request's output joins the shared one."""

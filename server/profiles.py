@@ -102,7 +102,9 @@ PROFILES = (
                       "generated_tokens": S("vllm:generation_tokens_total"),
                       "prefix_queries": S("vllm:prefix_cache_queries_total"),
                       "prefix_hits": S("vllm:prefix_cache_hits_total"),
-                      "preemptions": S("vllm:num_preemptions_total")},
+                      "preemptions": S("vllm:num_preemptions_total"),
+                      "spec_drafted": S("vllm:spec_decode_num_draft_tokens_total"),
+                      "spec_accepted": S("vllm:spec_decode_num_accepted_tokens_total")},
             version_label=("first_token_info", "protocol", "protocol {}")),
     # vLLM V1 (0.8+): kv_cache_usage_perc (gpu_cache_usage_perc before 0.10), prefix caching as
     # two counters, speculative decoding as counters; no acceptance gauge.

@@ -34,7 +34,7 @@ EXPECTED = {
                               "spec_accept_rate": 0.625, "spec_accept_length": 2.5, "batch_size": 12.0}),
     "tgi.txt": ("tgi", {"running": 8.0, "waiting": 5.0, "batch_size": 8.0}),
     "llamacpp-written.txt": ("llamacpp", {"running": 3.0, "waiting": 1.0, "batch_size": 2.4}),
-    "first-token.txt": ("first-token", {"running": 3.0, "waiting": 2.0, "kv_usage": 0.07421875}),
+    "first-token.txt": ("first-token", {"running": 4.0, "waiting": 4.0, "kv_usage": 0.0859375}),
 }
 CAPTURED_LLAMACPP = sorted(DATA.glob("llamacpp-capture-*.txt"))
 
@@ -188,8 +188,10 @@ VLLM_BUMP = {"vllm:prompt_tokens_total": 100, "vllm:generation_tokens_total": 50
     ("tgi.txt", {"tgi_request_input_length_sum": 100, "tgi_request_generated_tokens_sum": 50,
                  "tgi_batch_inference_count": 5},
      {"prompt_tokens": 50, "generated_tokens": 25, "steps": 2.5}),
-    ("first-token.txt", VLLM_BUMP,
-     {"prompt_tokens": 50, "generated_tokens": 25, "prefix_queries": 50, "prefix_hits": 15, "preemptions": 0.5}),
+    ("first-token.txt", {**VLLM_BUMP, "vllm:spec_decode_num_draft_tokens_total": 10,
+                         "vllm:spec_decode_num_accepted_tokens_total": 4},
+     {"prompt_tokens": 50, "generated_tokens": 25, "prefix_queries": 50, "prefix_hits": 15, "preemptions": 0.5,
+      "spec_drafted": 5, "spec_accepted": 2}),
 ])
 def test_every_profile_turns_its_counters_into_rates(name, counters, rates):
     """Each named series is bumped on every label set it has, 2 s apart; the rates are worked
@@ -241,7 +243,7 @@ def test_a_server_that_drops_changes_or_garbles_metrics_mid_run_degrades_to_null
 @pytest.mark.parametrize("name,routes,version", [
     ("tgi.txt", {"/info": "tgi-info.json"}, "3.3.4"),
     ("vllm-v1.txt", {"/version": "vllm-version.json"}, "0.11.0"),
-    ("first-token.txt", {}, "protocol 7"),
+    ("first-token.txt", {}, "protocol 10"),
     ("llamacpp-written.txt", {}, None),     # no /props answered: version unknown, not invented
 ])
 def test_version_comes_from_the_servers_own_endpoint(name, routes, version):

@@ -312,9 +312,12 @@ def test_suffix_proposer_learns_from_earlier_requests_and_forgets_them():
     assert spec.propose(done, 4) == []
     spec.finished(done)
     new = SimpleNamespace(id="b", prompt_ids=[7, 10, 11], output_ids=[], params=params)
-    assert spec.propose(new, 4) == [12, 13, 14, 15]
-    assert spec.propose(new, 2) == [12, 13]
+    assert spec.propose(new, 4) == [12, 13]       # "10 11" matched: no more guesses than the match is long
+    assert spec.propose(new, 1) == [12]
     spec.finished(new)
+    longer = SimpleNamespace(id="b2", prompt_ids=[10, 11, 12, 13], output_ids=[], params=params)
+    assert spec.propose(longer, 4) == [14, 15]    # a 4-token match, and the remembered output ends there
+    spec.finished(longer)
     for i in range(speculate.CACHED_REQUESTS):       # older outputs are evicted, counts and all
         spec.propose(SimpleNamespace(id=f"x{i}", prompt_ids=[1], output_ids=[], params=params), 1)
         spec.finished(SimpleNamespace(id=f"x{i}", prompt_ids=[1], output_ids=[100 + i, 200 + i], params=params))
