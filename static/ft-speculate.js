@@ -8,6 +8,7 @@
 // timeline's rows and lane, and the request panel's line. The headline, the lessons, the
 // diagnosis and the comparison read these; it writes no DOM (pure functions and canvas drawing).
 import {palette as P, alpha} from "ft/palette";
+import {fmtS} from "ft/util";
 
 export const WINDOW_S = 30;   // the headline's window: goodput's (engine/stats.py), the other figure over events
 
@@ -118,4 +119,15 @@ export function drawGuesses(ctx, f, g) {
     }
   }
   return marks;
+}
+
+// The lesson banner's figure for both presets, over the forwards since the preset (t0): guesses
+// accepted, tokens out per forward, and `throughput` (ft-figures.js) of the requests finished since.
+export function lessonFigure(s, t0, throughput) {
+  const c = tally(s.steps, (st) => st.start >= t0), x = rates(c);
+  if (!c.forwards) return null;
+  const guessed = x ? `${c.accepted} of ${c.proposed} guesses accepted (${pct(x.rate)}), ${x.length.toFixed(1)} tokens per ` +
+    "speculating forward" : "speculation off: no guesses";
+  return `${guessed} · ${(c.out / c.forwards).toFixed(1)} tokens out per forward` +
+    (throughput ? ` · ${throughput.tps.toFixed(1)} tokens/s over ${throughput.n} finished (${fmtS(throughput.span)})` : "");
 }
