@@ -5,6 +5,7 @@
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
+import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
@@ -43,19 +44,21 @@ function describeReq(r) {
   return lines;
 }
 
-// A forward: what it computed, its measured time, and the roofline's estimate beside it.
+// A forward: what it computed (a speculating one: the tokens it gave out and its guesses), its
+// measured time, and the roofline's estimate beside it.
 function stepText(st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
   const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
-  const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return roof ? `${what}\n${roof}` : what;
+  return [what, stepLine(st), rooflineText(st.end - st.start, st.predicted, st.bound)].filter(Boolean).join("\n");
 }
 
-// The lane of forwards: the one under the pointer, and the step-time target's cap while it is on.
-function laneText(st) {
+// The lane of forwards: the one under the pointer, the tokens out per forward in view while
+// they speculate (the lane's label), and the step-time target's cap while it is on.
+function laneText(st, perFwd) {
   const lines = [stepText(st)];
+  if (perFwd) lines.push(`forwards in view: ${perFwd.out} tokens out from ${perFwd.forwards} forwards = ${perFwd.mean.toFixed(2)} per forward`);
   const cap = s.last && s.last.prefill_cap, target = s.settings.max_step_ms;
   if (target) lines.push(`step-time target ${target} ms: a mixed step now takes at most ${cap ?? "— (not known yet)"} prompt tokens`);
   return lines;
@@ -72,7 +75,7 @@ function lastAtOrBefore(list, key, t) {
 const HOVER = {
   timeline(s, layouts, h) {
     const st = hitStep(layouts.timeline, s, h.x, h.y);
-    if (st) return laneText(st);
+    if (st) return laneText(st, layouts.timeline.perFwd);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
     const lines = observing(s) ? describeClient(hit.req) : describeReq(hit.req);

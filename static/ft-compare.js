@@ -2,15 +2,19 @@
 // with one setting changed (KV cache on or off; static or continuous batching; prefill-first
 // or chunked prefill), through the `preset` message with `settings` over the preset's own: the
 // engine resets, applies them, and fires the preset's seeded bursts, so both runs get the same
-// prompts at the same times. The page records each run's events from its `preset` event until
-// all its requests have finished, then draws the two recordings on aligned timelines (each in
-// its own state, times from its first arrival) with their TTFT p50 and total tokens/s, and
-// checks the prompts' first tokens to say whether they matched, and that both runs began with an
-// empty prefix cache (their `reset` events say so). Each run is drawn while it records, with
-// its progress; Cancel stops the comparison and resets the engine. A run gives up only after two
-// minutes without a forward, so a slow machine's long run is waited for.
+// prompts at the same times. A comparison may run several presets on each side, in turn
+// (speculative decoding off vs on: one user, then many). The page records each run's events
+// from its `preset` event until all its requests have finished, then draws the two recordings
+// on aligned timelines (each in its own state, times from its first arrival) with their TTFT p50
+// and total tokens/s (several presets: each one's tokens/s, guesses accepted and tokens per
+// forward, and B's tokens/s against A's for each: the crossover), and checks the prompts'
+// first tokens to say whether they matched, and that both runs began with an empty prefix
+// cache (their `reset` events say so). Each run is drawn while it records, with its progress;
+// Cancel stops the comparison and resets the engine. A run gives up only after two minutes
+// without a forward, so a slow machine's long run is waited for.
 import {send} from "ft/connection";
-import {sloCounts} from "ft/figures";
+import {sloCounts, throughput} from "ft/figures";
+import {pct, rates, tally} from "ft/speculate";
 import {createState, ingest, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
 import {drawTimeline} from "ft/timeline";
@@ -35,7 +39,12 @@ export const COMPARISONS = {
             a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
   goodput: {title: "goodput: prefill-first vs chunked prefill", base: "goodput",
             a: ["prefill-first", {schedule: "prefill-first"}], b: ["chunked prefill (mixed)", {schedule: "mixed"}]},
+  // Each side runs two presets in turn (`bases`), the same seeded copy tasks for one user, then
+  // for many: where speculation gains and where it stops gaining.
+  speculation: {title: "speculative decoding off vs on: one user, then many", bases: ["speculative", "speculative-busy"],
+                a: ["speculation off", {speculation: "off"}], b: ["speculation on (ngram)", {speculation: "ngram"}]},
 };
+const basesOf = (cmp) => cmp.bases || [cmp.base];
 const TIME_KEYS = ["t", "start", "end", "sampled"];
 
 // Resolves when pred() holds; gives up after `ms` without it, counted again from each time
@@ -68,51 +77,89 @@ function shifted(ev, t0) {
   return out;
 }
 
-// A run's own state from its recorded events, times from its first arrival.
-function replayRun(cmp, side, rec) {
+// A run's own state from its recorded events (one recording per preset it ran, in order), times
+// from its first arrival; `parts`: each preset's requests, for its own figures.
+function replayRun(cmp, side, recs) {
   const rs = createState();
   ingest(rs, shifted(s.hello, s.hello.t), null);
   rs.settings = Object.assign({}, s.settings);
-  const first = rec.events.find((e) => e.type === "request");
-  const t0 = first ? first.t : rec.t;
-  for (const ev of rec.events) ingest(rs, shifted(ev, t0), null);
-  const count = (type) => rec.events.filter((e) => e.type === type).length;
-  return {label: cmp[side][0], settings: rs.settings, s: rs, requests: rec.requests,
+  const events = recs.flatMap((rec) => rec.events), last = recs[recs.length - 1];
+  const first = events.find((e) => e.type === "request");
+  const t0 = first ? first.t : recs[0].t;
+  for (const ev of events) ingest(rs, shifted(ev, t0), null);
+  const count = (type) => events.filter((e) => e.type === type).length;
+  return {label: cmp[side][0], settings: rs.settings, s: rs, requests: recs.reduce((a, rec) => a + rec.requests, 0),
           arrived: count("request"), done: count("finished") + count("rejected"),
-          elapsed: (rec.events.length ? rec.events[rec.events.length - 1].t : rec.t) - t0,
-          emptyCache: rec.reset !== null && rec.reset.cached_blocks === 0,
-          prompts: rec.events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(","))};
+          elapsed: (events.length ? events[events.length - 1].t : last.t) - t0,
+          emptyCache: recs.every((rec) => rec.reset !== null && rec.reset.cached_blocks === 0),
+          prompts: events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(",")),
+          several: basesOf(cmp).length > 1,
+          parts: recs.map((rec) => ({who: users(rec.requests), ids: new Set(rec.events.filter((e) => e.type === "request")
+                                                                             .map((e) => e.id))}))};
 }
 
+const users = (n) => `${n} user${n === 1 ? "" : "s"}`;
+
+// Each of the comparison's presets in turn under this side's settings, recorded until all its
+// requests have finished.
 async function runSide(cmp, side) {
-  recording = null; awaiting = true; pending = null;
-  send({type: "preset", name: cmp.base, settings: cmp[side][1]});
-  await until(() => recording !== null, 30000);
-  const n = recording.requests;
-  const count = (...types) => recording.events.filter((e) => types.includes(e.type)).length;
-  await until(() => {
-    partial[side] = replayRun(cmp, side, recording);
-    const p = partial[side];
-    status(`running ${side.toUpperCase()}: ${cmp[side][0]} — ${p.done} of ${n} requests done, ${fmtS(Math.max(0, p.elapsed))}…`);
-    return count("request") >= n && count("finished", "rejected") >= n;
-  }, 120000, progress());
-  const run = replayRun(cmp, side, recording);
-  recording = null;
-  return run;
+  const recs = [];
+  for (const base of basesOf(cmp)) {
+    recording = null; awaiting = true; pending = null;
+    send({type: "preset", name: base, settings: cmp[side][1]});
+    await until(() => recording !== null, 30000);
+    const rec = recording, n = rec.requests;
+    const count = (...types) => rec.events.filter((e) => types.includes(e.type)).length;
+    await until(() => {
+      partial[side] = replayRun(cmp, side, recs.concat([rec]));
+      const p = partial[side], who = basesOf(cmp).length > 1 ? ` · ${users(n)}` : "";
+      status(`running ${side.toUpperCase()}: ${cmp[side][0]}${who} — ${p.done} of ${p.requests} requests done, ` +
+             `${fmtS(Math.max(0, p.elapsed))}…`);
+      return count("request") >= n && count("finished", "rejected") >= n;
+    }, 120000, progress());
+    recs.push(rec);
+    recording = null;
+  }
+  return replayRun(cmp, side, recs);
 }
 
 // TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50,
 // and against the objectives (finished.slo): goodput (requests that met both ÷ that same span),
-// attainment (met ÷ judged) and how many missed each objective.
-export function figures(rs) {
-  const done = [...rs.reqs.values()].filter((r) => r.ttft !== null && r.end !== null);
-  if (!done.length) return null;
-  const span = Math.max(...done.map((r) => r.end)) - Math.min(...done.map((r) => r.arrival));
-  const out = done.reduce((a, r) => a + (r.outputTokens || 0), 0);
+// attainment (met ÷ judged) and how many missed each objective. Over the requests in `ids`
+// (one part of a run), else all.
+export function figures(rs, ids = null) {
+  const done = [...rs.reqs.values()].filter((r) => r.ttft !== null && r.end !== null && (!ids || ids.has(r.id)));
+  const tp = throughput(done);
+  if (!tp) return null;
   const slo = sloCounts(done);
-  return {n: done.length, ttft: percentile(done.map((r) => r.ttft), 50), tps: out / span, span,
+  return {n: done.length, ttft: percentile(done.map((r) => r.ttft), 50), tps: tp.tps, span: tp.span,
           tpot: percentile(done.filter((r) => r.tpot).map((r) => r.tpot), 50), slo,
-          goodput: slo.judged ? slo.met / span : null, attainment: slo.judged ? slo.met / slo.judged : null};
+          goodput: slo.judged ? slo.met / tp.span : null, attainment: slo.judged ? slo.met / slo.judged : null};
+}
+
+// A run of several presets: for each, its total tokens/s, its speculative decoding (guesses
+// accepted, mean acceptance length) and the tokens its forwards gave out per forward, all from
+// its own requests' events.
+function partFigs(run) {
+  return run.parts.map((p) => {
+    const box = el("div", "cmp-part"), f = figures(run.s, p.ids);
+    box.append(el("span", "cmp-part-k", p.who));
+    const c = tally(run.s.steps, (st) => st.ids.some((id) => p.ids.has(id))), x = rates(c);
+    const figs = f ? [fig("tokens/s", f.tps.toFixed(1)), fig("guesses accepted · length", x ? `${pct(x.rate)} · ${x.length.toFixed(2)}` : "none"),
+                      fig("tokens/forward", (c.out / c.forwards).toFixed(2))] : [fig("no request finished", "")];
+    for (const d of figs) d.dataset.k += ` · ${p.who}`;
+    box.append(...figs);
+    return box;
+  });
+}
+
+// The crossover, for a run of several presets: B's total tokens/s over A's, preset by preset.
+function crossover(cmp, a, b) {
+  const each = a.parts.map((p, i) => {
+    const fa = figures(a.s, p.ids), fb = figures(b.s, b.parts[i].ids);
+    return `${fa && fb ? `×${(fb.tps / fa.tps).toFixed(2)}` : "—"} with ${p.who}`;
+  });
+  return `${cmp.b[0]} against ${cmp.a[0]}, total tokens/s: ${each.join(", ")}.`;
 }
 
 // "3 of 12 met both · missed: TTFT 2, per-token 7"
@@ -132,7 +179,8 @@ export async function run() {
   busy = true; runs = null; cancelled = false; partial = {};
   $("c-run").disabled = true; $("c-cancel").hidden = false;
   try {
-    status(`running A: ${cmp.a[0]} (the ${cmp.base} preset)…`);
+    const bases = basesOf(cmp);
+    status(`running A: ${cmp.a[0]} (the ${bases.join(" then ")} preset${bases.length > 1 ? "s" : ""})…`);
     const a = await runSide(cmp, "a");
     status(`running B: ${cmp.b[0]} (the same requests)…`);
     const b = await runSide(cmp, "b");
@@ -146,6 +194,7 @@ export async function run() {
     const st = b.settings;
     if (st.slo_ttft_ms) status(`${$("c-status").textContent} Both judged against TTFT ≤ ${fmtS(st.slo_ttft_ms / 1000)} ` +
                                `and ≤ ${fmtS(st.slo_tpot_ms / 1000)} per later token (✓/✗ after each request).`);
+    if (bases.length > 1) status(`${$("c-status").textContent} ${crossover(cmp, a, b)}`);
     $("sheet-compare").dataset.same = String(same);
     $("sheet-compare").dataset.cold = String(cold);
   } catch (e) {
@@ -173,7 +222,7 @@ function draw() {
     const canvas = $(`c-${side}-canvas`);
     if (!r) { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); continue; }
     $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}` + (runs ? "" : ` (${r.done} of ${r.requests} done)`);
-    $(`c-${side}-figs`).replaceChildren(...(f ? [
+    $(`c-${side}-figs`).replaceChildren(...(r.several ? partFigs(r) : f ? [
       fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));

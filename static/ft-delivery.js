@@ -40,15 +40,18 @@ export function ttftHere(r) {
 }
 
 // How clumped a request's arrivals here are, against its engine token times: the distinct
-// arrival moments (frames within 20 ms count as one) and the median gaps between engine tokens
-// and between those moments. Null without live arrivals.
+// arrival moments (frames within 20 ms count as one), the engine's own moments (its forwards
+// that handed tokens out: speculative decoding hands out its accepted guesses with the model's
+// token, at once), and the median gaps between those and between the arrival moments. Null
+// without live arrivals.
 export function clumps(r) {
   const at = r.arrivals.filter((a) => a !== null && a !== undefined);
   if (at.length < 3 || at.length !== r.tokens.length) return null;
   const moments = [at[0]];
   for (const a of at) if (a - moments[moments.length - 1] > 0.02) moments.push(a);
+  const made = r.tokens.filter((t, k) => r.tokenSpec[k] !== "accepted");
   const gaps = (xs) => xs.slice(1).map((x, i) => x - xs[i]);
-  return {tokens: at.length, clumps: moments.length, engineGap: percentile(gaps(r.tokens), 50),
+  return {tokens: at.length, made: made.length, clumps: moments.length, engineGap: percentile(gaps(made), 50),
           arrivalGap: moments.length > 1 ? percentile(gaps(moments), 50) : null,
           lag: percentile(at.map((a, i) => a - r.tokens[i]), 50)};
 }
@@ -207,14 +210,15 @@ export function diagnoseDelivery(r, s) {
   const here = ttftHere(r), way = wayOut(s.settings), c = clumps(r);
   if (here === null) return null;
   const lag = here - r.ttft;
-  // Clumped: a few arrival moments for many tokens, a tenth of a second or more apart and well
-  // apart from the engine's steps (the page's own frames group events for a few ms), or all at
-  // once while the settings say a proxy buffers.
-  const bunched = c && c.clumps <= Math.max(2, c.tokens / 2) && (c.arrivalGap === null ? !!(way && way.buffered)
+  // Clumped: a few arrival moments for many engine moments (forwards that handed tokens out),
+  // a tenth of a second or more apart and well apart from the engine's steps (the page's own
+  // frames group events for a few ms), or all at once while the settings say a proxy buffers.
+  const bunched = c && c.clumps <= Math.max(2, c.made / 2) && (c.arrivalGap === null ? !!(way && way.buffered)
     : c.arrivalGap >= 0.1 && c.arrivalGap > 2 * c.engineGap);
   if (bunched && (!way || way.buffered)) {
     return {cause: "buffering", numbers: {ttft: r.ttft, ttftHere: here, delivery: lag},
-      text: `Buffering: the engine made its ${c.tokens} tokens steadily (${fmtS(c.engineGap)} apart) but they ` +
+      text: `Buffering: the engine made its ${c.tokens} tokens steadily (${c.made < c.tokens ? `in ${c.made} forwards, ` : ""}` +
+        `${fmtS(c.engineGap)} apart) but they ` +
         `arrived here in ${c.clumps === 1 ? "one clump" : `${c.clumps} clumps, ${fmtS(c.arrivalGap)} apart`} — a buffering proxy holds tokens and lets them ` +
         `go together (engine TTFT ${fmtS(r.ttft)}, here ${fmtS(here)}). Turning response buffering off ` +
         "(nginx: proxy_buffering off) would let each token through as it is made."};

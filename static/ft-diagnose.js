@@ -3,11 +3,14 @@
 // stages (finished.stages for the first token, finished.later per later token, its admissions
 // and preemptions) into the parts a person can act on — queueing (for a slot or for KV-cache
 // blocks), prefill, decode, waiting behind other requests' prefill, preemption, delivery —
-// names the largest, and says so with the numbers, as a hypothesis. The panel shows it.
+// names the largest, and says so with the numbers, as a hypothesis; for a request that
+// speculated, also whether its guesses helped or hurt (its forwards against plain ones measured
+// here). The panel shows it.
 import {diagnoseDelivery} from "ft/delivery";
 import {selectedReq} from "ft/panels";
 import {diagnoseClient, observing} from "ft/server";
-import {prefillTime, running, stepMedians} from "ft/state";
+import {pct, rates, requestCounts, tally} from "ft/speculate";
+import {percentile, prefillTime, running, stepMedians} from "ft/state";
 import {missed} from "ft/targets";
 import {$, el, fmtS} from "ft/util";
 
@@ -114,7 +117,8 @@ function causeText(cause, r, s, p, total) {
         ` — a shorter prompt, or a prompt prefix the prefix cache already holds, would likely help.`};
     }
     case "decode": return {cause, text: `${lead("decoding", p.decode)}: ${k} later tokens at ${fmtS(r.tpot)} each, ` +
-      `one per model step shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
+      `${requestCounts(r).drafts ? "one or more per model step (speculative decoding)" : "one per model step"} ` +
+      `shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
       `so a busier batch slows it only a little.`};
     case "stalled": return {cause, text: `${lead("waiting behind other requests' prefill", p.stalled)}: ` +
       `its later tokens waited while other prompts were computed — chunked prefill (the mixed schedule) or a smaller ` +
@@ -165,8 +169,43 @@ export function diagnose(r, s) {
   if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
   d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});
   delete d.extra;
+  const spec = speculation(r, s);   // what speculative decoding did for its later tokens, when it guessed
+  if (spec) { d.text += ` ${spec.text}`; d.spec = spec.verdict; }
   sloVerdict(d, r);
   return d;
+}
+
+// What speculative decoding did for a request that verified guesses, from its counts and its
+// speculating forwards in the page's history: their median time over the tokens each gave it
+// (mean acceptance length) is its time per token through them. Against a plain decode step at
+// the same batch size measured here (no guesses), that says helped, broke even or hurt; with
+// none measured, several tokens per forward alone in the batch say likely helped, few guesses
+// accepted in a shared batch (whose forwards computed the rejected ones, every request waiting)
+// say likely hurt. Returns {verdict, text}, or null: no guesses verified in the forwards the
+// page holds, or nothing measured to judge them by (the request panel still gives the counts).
+function speculation(r, s) {
+  const c = requestCounts(r), x = rates(c);
+  const mine = x ? s.steps.filter((st) => st.spec && st.spec[r.id]) : [];
+  if (!mine.length) return null;
+  const forward = percentile(mine.map((st) => st.end - st.start), 50), perToken = forward / x.length;
+  const batch = Math.round(mine.reduce((a, st) => a + st.ids.length, 0) / mine.length);
+  const all = tally(mine), wasted = (all.proposed - all.accepted) / all.positions;
+  const plainMs = stepMedians(s.points.filter((p) => p.kv && !p.guesses)).get(batch);
+  const plain = plainMs === undefined ? null : plainMs / 1000;
+  const them = `${c.accepted} of ${c.proposed} guesses accepted (${pct(x.rate)}), ${x.length.toFixed(1)} tokens per speculating ` +
+    `forward, ${batch === 1 ? "alone in the batch" : `${batch} requests in the batch`}: ${fmtS(perToken)} per token for a ` +
+    `${fmtS(forward)} forward`;
+  const against = plain === null ? "" : ` against ${fmtS(plain)} for a plain decode step at batch ${batch} measured here`;
+  const helped = plain !== null ? perToken < 0.9 * plain : x.length >= 1.5 && batch === 1;
+  const hurt = plain !== null ? perToken > 1.1 * plain : x.rate < 0.5 && batch > 1 && wasted >= 0.2;
+  if (helped) return {verdict: "helped", text: `Speculative decoding ${plain === null ? "likely " : ""}helped: ${them}${against}.`};
+  if (hurt) {
+    return {verdict: "hurt", text: `Speculative decoding likely cost more than it gave: ${them}${against}; ` +
+      `${pct(wasted)} of the positions those forwards computed were rejected guesses. Sharing each forward, the guesses are ` +
+      "extra work every request in it waits for: speculation off, or fewer guesses, would likely help."};
+  }
+  if (plain !== null) return {verdict: "even", text: `Speculative decoding about broke even: ${them}${against}.`};
+  return null;
 }
 
 // The request against its service-level objectives (finished.slo): a miss leads the text and
@@ -208,6 +247,7 @@ export function update() {
   drawn = d;
   box.dataset.cause = d ? d.cause : "";
   box.dataset.slo = d && d.slo ? (d.slo.length ? d.slo.join(",") : "met") : "";
+  box.dataset.spec = d && d.spec ? d.spec : "";
   if (!d) { box.replaceChildren(); return; }
   const parts = Object.entries(d.numbers).filter(([n, v]) => n in NAMES && typeof v === "number" && v > 0);
   const line = el("div", "why-parts", parts.map(([n, v]) => `${NAMES[n]} ${fmtS(v)}`).join(" · "));

@@ -4,6 +4,7 @@
 // preset was applied at engine time t0, or says what it still waits for. The tour and the
 // presenter read the same functions, so a figure is computed one way everywhere.
 import {proof as wayOutProof} from "ft/delivery";
+import {lessonFigure} from "ft/speculate";
 import {percentile, running} from "ft/state";
 import {fmtS} from "ft/util";
 
@@ -17,6 +18,14 @@ export function finishedSince(s, t0) {
     if (r.arrival >= t0 && r.stages && r.ttft !== null) out.push(r);
   }
   return out;
+}
+
+// Output tokens per second over finished requests: their output tokens ÷ first arrival to last
+// finish (the comparison's figure too); null when none finished.
+export function throughput(done) {
+  if (!done.length) return null;
+  const span = Math.max(...done.map((r) => r.end)) - Math.min(...done.map((r) => r.arrival));
+  return {n: done.length, span, tps: done.reduce((a, r) => a + (r.outputTokens || 0), 0) / span};
 }
 
 // Output tokens per second per stream (1 / mean time per later token), median over requests.
@@ -99,6 +108,8 @@ const proof = {
     return `goodput ${typeof L.goodput === "number" ? L.goodput.toFixed(2) : "—"} req/s · ${j.met} of ${j.judged} met both · ` +
       `missed TTFT ${j.ttft} · missed per-token ${j.tpot}`;
   },
+  speculative(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
+  "speculative-busy"(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
 };
 
 // Finished requests against their objectives (finished.slo): judged, met both, missed each.

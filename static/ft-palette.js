@@ -4,7 +4,7 @@
 
 const NAMES = ["bg", "panel2", "text", "text2", "muted", "accent", "bad", "overlay", "queue", "tokenize",
                "prefill", "first", "delivery", "other", "load", "decode", "decode-alt", "tick", "api",
-               "slo-met", "slo-missed"];
+               "slo-met", "slo-missed", "spec"];
 
 export const palette = {};
 const css = getComputedStyle(document.documentElement);

@@ -1,12 +1,13 @@
 // First Token: the DOM panels, refreshed at 4 Hz. Headline figures (and the schedule that
 // runs) and footer, the model line, KV-cache, block and queue read-outs, batch slots and the
-// waiting list, and the request detail: state, prefix-cache reuse and preemptions, TTFT and
-// later-token stacked bars, prompt token chips and the output.
+// waiting list, and the request detail: state, prefix-cache reuse, preemptions and speculative
+// decoding, TTFT and later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
 import {clock, send, setConn} from "ft/connection";
 import {ttftHere, wayOut} from "ft/delivery";
 import {STAGES, reqColor} from "ft/palette";
 import {active as replaying} from "ft/replay";
+import {WINDOW_S, pct, rates, recent, requestLine, speculating} from "ft/speculate";
 import {percentile, prefillTime, running} from "ft/state";
 import {sloText} from "ft/targets";
 import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
@@ -124,6 +125,7 @@ function headline() {
   $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
     `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
   goodput(L);
+  guesses();
   const recent = s.delivery.slice(-300);
   $("h-delivery").textContent = clock.offset === null ? "syncing" : fmtS(percentile(recent, 50));
 }
@@ -139,6 +141,22 @@ function goodput(L) {
   const since = L && L.slo_judged ? ` · since the last reset ${L.slo_met} of ${L.slo_judged} met` : "";
   $("h-goodput-fig").title = `goodput: finished requests per second that met ${targets}, over the last 30 s; ` +
     `SLO met: the share of the requests finished in those 30 s that met them (engine)${since}`;
+}
+
+// Speculative decoding over the forwards of the last 30 s (goodput's window), from their `step`
+// events: the share of guesses accepted and the mean acceptance length; shown, with the
+// timeline's legend item for the guesses, while speculation is on or guesses were verified.
+function guesses() {
+  const c = recent(s), on = speculating(s, c), x = rates(c);
+  $("h-spec-fig").hidden = !on;
+  $("tl-spec").hidden = !on;
+  if (!on) return;
+  $("h-spec").textContent = x ? pct(x.rate) : "—";
+  $("h-spec-len").textContent = x ? x.length.toFixed(1) : "";
+  $("h-spec-fig").title = `speculative decoding (${s.settings.speculation ?? "?"}, ${s.settings.spec_tokens ?? "?"} guesses ` +
+    `per request per forward), over the last ${WINDOW_S} s: ` + (x ? `${c.accepted} of ${c.proposed} guesses accepted ` +
+    `(acceptance rate) in ${c.drafts} drafts; mean acceptance length ${x.length.toFixed(2)} = 1 + accepted / drafts, the ` +
+    `tokens a request got from each forward that verified its guesses (engine step events)` : "no guesses verified yet");
 }
 
 // The step-time target, where the forwards are drawn: how many prompt tokens a mixed step may
@@ -247,7 +265,7 @@ export function selectedReq() {
 const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.preempts.length - 1].until === null;
 
 // Where the request stands with the scheduler: its place in the queue and why, the prompt
-// tokens the prefix cache supplied, and its preemptions (each from an event).
+// tokens the prefix cache supplied, its preemptions, and its speculative decoding (each from events).
 function schedNote(r) {
   if (observing(s)) return clientNote(r);
   const L = s.last, a = r.admits[0], lines = [];
@@ -267,6 +285,8 @@ function schedNote(r) {
                (found ? ` (${found} more from the prefix cache)` : ""));
   } else if (r.finalPreemptions) lines.push(`preempted ${r.finalPreemptions}×`);
   else if (a) lines.push("not preempted");
+  const spec = requestLine(r);   // its guesses: the engine's counts at its finish, else its steps'
+  if (spec) lines.push(spec);
   return lines.join("\n");
 }
 

@@ -21,14 +21,16 @@ export function createState() {
     hello: null, settings: {}, limits: {}, loading: null,
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound}; "release" points end a request's share
+                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out};
+                                  //   "release" points end a request's share
+    lastForward: null,            // the newest forward: the `token` events after it are its output (its `out`)
     stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
     filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
     blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
     stats: [], last: null,        // stats samples; the latest stats event
     scrapes: [],                  // observe mode: the server's scrapes, {t: scraped_t, at, server}; {t, server: null} while unreadable
     slots: [], waiting: [],
-    points: [],                   // decode steps: {batch, ms, kv}
+    points: [],                   // decode steps: {batch, ms, kv, …, guesses: positions guessed (speculation)}
     delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
     loads: [],                    // model_load events: {start, end, seconds, fromCache, reason}
     errors: [],
@@ -42,7 +44,7 @@ export function createState() {
 }
 
 function clearRun(s) {
-  s.reqs = new Map(); s.order = []; s.steps = []; s.filled = new Map(); s.stats = []; s.blockUse = [];
+  s.reqs = new Map(); s.order = []; s.steps = []; s.lastForward = null; s.filled = new Map(); s.stats = []; s.blockUse = [];
   s.scrapes = [];
   s.stepPrefills = new Set();
   s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
@@ -63,6 +65,11 @@ function req(s, id, t) {
          tokens: [], text: [], first: null, end: null, reason: null, rejected: null,
          stages: null, later: null, ttft: null, tpot: null, e2e: null, outputTokens: 0,
          slo: null,      // finished.slo: {ttft_met, tpot_met, met, ttft_target_s, tpot_target_s}, or null
+         // speculative decoding: each forward that verified its guesses, {n (the step's), start, end, proposed,
+         // accepted} as its step.spec said (null: its step never reached this page) and `tokens`, its accepted-guess
+         // token events; `specFinal`: finished's {drafts, draftTokens, accepted} (null: not reported)
+         specRuns: [], specFinal: null,
+         tokenSpec: [],  // per token (as r.tokens): its `token.spec` (null: a plain token)
          pageFirstDelivery: null,
          arrivals: [],   // per token (as r.tokens): its frame's arrival here on the engine clock, null if unknown
          clientSide: false, gaps: null,   // observe mode: measured by this client (finished.client_side, .gaps)
@@ -152,18 +159,26 @@ const ON = {
       const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
       s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
                      len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0,
-                     predMs: typeof ev.predicted_s === "number" ? ev.predicted_s * 1000 : null, bound: ev.bound ?? null});
+                     predMs: typeof ev.predicted_s === "number" ? ev.predicted_s * 1000 : null, bound: ev.bound ?? null,
+                     guesses: ev.spec ? Object.values(ev.spec).reduce((a, g) => a + g.proposed, 0) : 0});
       trim(s.points, KEEP_POINTS);
     }
     // What each running request holds in the KV cache right after this forward (nothing
     // when the cache is off: every step recomputes, no keys/values are kept).
     const prompts = s.stepPrefills;
     s.stepPrefills = new Set();
-    s.steps.push({n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
-                  decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
-                  prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
-                  kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
-                  predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null});
+    const st = {n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
+                decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
+                prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
+                kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
+                predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null,
+                spec: ev.spec ?? null, out: 0};
+    s.steps.push(st);
+    s.lastForward = st;
+    for (const id in st.spec || {}) {
+      req(s, id, ev.start).specRuns.push({n: st.n, start: ev.start, end: ev.end, proposed: st.spec[id].proposed,
+                                          accepted: st.spec[id].accepted, tokens: 0});
+    }
     trim(s.steps, KEEP_STEPS);
     blocksInUse(s, ev.end, ev.cache_blocks_used);
   },
@@ -171,7 +186,19 @@ const ON = {
     const r = req(s, ev.id, ev.t);
     r.tokens.push(ev.t);
     r.text.push(ev.text);
+    r.tokenSpec.push(ev.spec ?? null);
     if (ev.first) r.first = ev.t;
+    // A forward's tokens follow its `step` event (sampled after it ended; observe mode has neither).
+    const fw = s.lastForward;
+    if (fw && typeof ev.sampled === "number" && ev.sampled >= fw.end) fw.out++;
+    if (ev.spec === "accepted") {
+      let run = r.specRuns[r.specRuns.length - 1];
+      if (!run || !fw || run.n !== fw.n) {   // its forward's step fell out of the history this page got
+        run = {n: null, start: ev.t, end: ev.t, proposed: null, accepted: null, tokens: 0};
+        r.specRuns.push(run);
+      }
+      run.tokens++;
+    }
     const live = at !== null && at !== undefined && s.connectT !== null && ev.t >= s.connectT;
     r.arrivals.push(live ? at : null);   // page-side only: never part of a saved trace
     if (live) {
@@ -186,7 +213,9 @@ const ON = {
     Object.assign(r, {end: ev.t, reason: ev.reason, stages: ev.stages, later: ev.later, ttft: ev.ttft,
                       tpot: ev.tpot, e2e: ev.e2e, outputTokens: ev.output_tokens,
                       finalCached: ev.cached_tokens, finalPreemptions: ev.preemptions, slo: ev.slo ?? null,
-                      clientSide: !!ev.client_side, gaps: ev.gaps ?? null});
+                      clientSide: !!ev.client_side, gaps: ev.gaps ?? null,
+                      specFinal: typeof ev.spec_drafts === "number" ? {drafts: ev.spec_drafts, draftTokens: ev.spec_draft_tokens,
+                                                                       accepted: ev.spec_accepted_tokens} : null});
     if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
     release(s, r, ev.t);
     if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;

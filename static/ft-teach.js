@@ -41,7 +41,8 @@ export const apply = (name) => confirmReset("Starting a lesson") && send({type: 
 export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",
                       "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",
                       "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline",
-                      "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline"};
+                      "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline",
+                      speculative: "timeline", "speculative-busy": "timeline"};
 
 // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
 export function clamp(name, v) {

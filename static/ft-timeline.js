@@ -5,6 +5,7 @@
 import {fitCanvas} from "ft/canvas";
 import {drawArrivals, drawLoadBands, drawLoadWaits} from "ft/delivery";
 import {palette as P, alpha, reqColor} from "ft/palette";
+import {drawGuesses, laneGuesses, perForward} from "ft/speculate";
 import {running} from "ft/state";
 import {fmtTokens} from "ft/util";
 
@@ -18,6 +19,7 @@ const C = {
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
   preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
   sloMet: P.sloMet, sloMissed: P.sloMissed, sloBacking: alpha(P.panel2, 0.85),
+  guessAccepted: P.spec, guessRejected: P.bad,
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -123,21 +125,30 @@ function drawBands(ctx, f, steps, i0, g) {
 }
 
 // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
-// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split.
-function drawStepLane(ctx, f, steps, i0, lane, compact) {
+// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split;
+// a speculating forward's guessed positions at the foot, accepted then rejected (the rows'
+// colours). Labelled "forwards", or, while forwards in view verified guesses, with the tokens
+// they gave out per forward (`perFwd`, ft-speculate.js).
+function drawStepLane(ctx, f, steps, i0, lane, compact, perFwd) {
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
     if (st.kind === "release" || !st.tokens) continue;
-    const ph = (lane.h * st.prefillTokens) / st.tokens;
+    const ph = (lane.h * st.prefillTokens) / st.tokens, gs = laneGuesses(st);
+    const ah = (lane.h * gs.accepted) / st.tokens, rh = (lane.h * gs.rejected) / st.tokens;
     ctx.fillStyle = C.prefill;
     rect(ctx, f, st.start, st.end, lane.y, ph);
     ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
-    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
+    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph - ah - rh);
+    if (!ah && !rh) continue;
+    ctx.fillStyle = C.guessAccepted;
+    rect(ctx, f, st.start, st.end, lane.y + lane.h - ah - rh, ah);
+    ctx.fillStyle = C.guessRejected;
+    rect(ctx, f, st.start, st.end, lane.y + lane.h - rh, rh);
   }
   if (compact) return;
   ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
   ctx.textAlign = "right"; ctx.textBaseline = "middle";
-  ctx.fillText("forwards", f.gutter - 6, lane.y + lane.h / 2);
+  ctx.fillText(perFwd ? `${perFwd.mean.toFixed(1)} tok/fwd` : "forwards", f.gutter - 6, lane.y + lane.h / 2);
 }
 
 // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
@@ -177,7 +188,8 @@ function drawDecodeSteps(ctx, f, steps, i0, g) {
   }
 }
 
-// Rejections, a tick per token (the first taller, in the first-sample colour), preemptions.
+// Rejections, a tick per token (the first taller, in the first-sample colour; an accepted guess is
+// its forward's cell instead, drawGuesses), preemptions.
 function drawOutcomes(ctx, f, g, view) {
   const {reqs, barY, barH, rowH, rowOf, top} = g;
   const inView = (t) => t >= f.left && t <= f.right;
@@ -189,7 +201,7 @@ function drawOutcomes(ctx, f, g, view) {
   for (const r of reqs) {
     const y = barY(r);
     for (let k = 1; k < r.tokens.length; k++) {
-      if (inView(r.tokens[k])) ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
+      if (inView(r.tokens[k]) && r.tokenSpec[k] !== "accepted") ctx.fillRect(f.x(r.tokens[k]) - tickW / 2, y, tickW, barH);
     }
   }
   ctx.fillStyle = C.firstSample;
@@ -310,7 +322,8 @@ export function drawTimeline(canvas, s, view, now, opts) {
   const i0 = firstFrom(s.steps, f.left, "end");
   drawBands(ctx, f, s.steps, i0, g);
   drawLoadBands(ctx, f, s, g, rect);   // a cold start's model load (ft-delivery.js)
-  drawStepLane(ctx, f, s.steps, i0, lane, compact);
+  const perFwd = perForward(s.steps, i0, f);   // tokens out per forward in view, while they speculate
+  drawStepLane(ctx, f, s.steps, i0, lane, compact, perFwd);
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
@@ -319,10 +332,11 @@ export function drawTimeline(canvas, s, view, now, opts) {
   drawStages(ctx, f, g, now);
   drawLoadWaits(ctx, f, s, g, now, rect);
   drawDecodeSteps(ctx, f, s.steps, i0, g);
+  const guesses = drawGuesses(ctx, f, g);   // speculative decoding's accepted and rejected guesses
   drawOutcomes(ctx, f, g, view);
   const delivery = drawArrivals(ctx, f, s, g, compact);   // each token's arrival here, the loads' labels
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery, guesses, perFwd};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time

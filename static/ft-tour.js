@@ -1,11 +1,12 @@
 // First Token: the guided tour for a classroom, along the article's path: tokens → prefill →
-// decode → KV cache → batching → queueing → what to look at when it feels slow. Each step
+// decode → KV cache → batching → queueing → what to look at when it feels slow → speculation. Each step
 // applies a preset, spots the part of the page that shows the idea (the rest is dimmed) and
 // says what to notice, with the live figures inserted (ft-figures.js). Next/back with the
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
 import {diagnosis} from "ft/diagnose";
 import {median, proofText} from "ft/figures";
 import {selectedReq as selected} from "ft/panels";
+import {pct, rates, recent} from "ft/speculate";
 import * as teach from "ft/teach";
 import {$, fmtBytes, fmtS, toast} from "ft/util";
 
@@ -66,6 +67,18 @@ export const STEPS = [
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
      "behind others' prefill (chunked prefill).",
    live() { const d = diagnosis(); return d ? d.text : ""; }},
+  {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
+   spot: [".timeline-wrap", ".fig:has(#h-spec)"],
+   watch: "the guesses on the request's row (filled: accepted, hollow: rejected) and the share of guesses accepted",
+   text() {
+     const x = rates(recent(s));
+     return "A decode step reads all the weights to make one token per request. Speculative decoding guesses the next few " +
+       "tokens cheaply (here by finding the last few tokens earlier in the prompt, which this request copies) and checks " +
+       "them all in one forward; the model keeps the guesses it agrees with, plus one token of its own" +
+       (x ? `: ${pct(x.rate)} of the guesses were accepted, ${x.length.toFixed(1)} tokens per forward for the request.` : ".") +
+       " With many users each forward is already full, so the guesses are extra work: compare both to see where it stops paying.";
+   },
+   live: () => live("speculative")},
 ];
 
 function spot(step) {
