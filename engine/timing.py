@@ -194,7 +194,8 @@ class StepRecorder:
             again = seq.last_delivered >= self._sampled
             seq.later_sample_s += 0.0 if again else self._sample_s
             seq.later_delivery_s += delivered - (seq.last_delivered if again else self._sampled)
-            self.stats.gap(delivered - seq.last_delivered)
+            if not again:   # one gap per forward that gave it tokens, as vLLM's inter-token latency
+                self.stats.gap(delivered - seq.last_delivered)
         seq.last_delivered = delivered
         self.stats.token(delivered)
 

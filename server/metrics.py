@@ -6,7 +6,8 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
 (v1) so existing dashboards work:
 
     vllm:time_to_first_token_seconds    finished.ttft (arrival -> first token handed out)
-    vllm:inter_token_latency_seconds    each gap between a request's consecutive tokens
+    vllm:inter_token_latency_seconds    each gap between consecutive forwards that gave a request
+                                        tokens (a speculating forward's several tokens: one gap, as vLLM)
     vllm:time_per_output_token_seconds  the same observations under vLLM's older name
     vllm:e2e_request_latency_seconds    finished.e2e
     vllm:request_queue_time_seconds     admitted.queue_s
@@ -102,7 +103,7 @@ class EngineMetrics:
         self.spec_per_pos = [per_pos.labels(position=str(i), **label) for i in range(MAX_SPEC_TOKENS)]
         self._first_token_metrics(label, gauge, counter)
         self._waiting, self._running = set(), set()
-        self._last_token = {}   # request id -> time of its latest token
+        self._last_token = {}   # request id -> (time, token.spec) of its latest token
 
     def _first_token_metrics(self, label, gauge, counter):
         """First Token's own series (vLLM has no such metrics), and its `first_token_info`."""
@@ -130,11 +131,11 @@ class EngineMetrics:
     def on_event(self, ev):
         if isinstance(ev, ev_types.Token):
             self.generation_tokens.inc()
-            last = self._last_token.get(ev.id)
-            if last is not None:
+            last, last_spec = self._last_token.get(ev.id, (None, None))
+            if last is not None and last_spec != "accepted":   # an accepted guess's successor came in its forward
                 self.itl.observe(ev.t - last)
                 self.tpot.observe(ev.t - last)
-            self._last_token[ev.id] = ev.t
+            self._last_token[ev.id] = (ev.t, ev.spec)
         elif isinstance(ev, (ev_types.Step, ev_types.Stats)):
             self.kv_usage.set(ev.cache_blocks_used / self.cache_blocks)
             if isinstance(ev, ev_types.Stats):

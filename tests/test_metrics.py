@@ -3,6 +3,7 @@ from `create_app` on the tiny random model, in process), and the listener's gaug
 import time
 
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import events as ev
@@ -118,3 +119,21 @@ def test_gauges_follow_request_lifecycle_events():
     assert value("vllm:request_success_total", finished_reason="abort") == 1
     assert value("vllm:e2e_request_latency_seconds_count") == 1
     assert value("vllm:time_to_first_token_seconds_count") == 0   # it never had a first token
+
+
+def test_inter_token_latency_counts_one_gap_per_forward_under_speculation():
+    """A verifying forward's tokens (accepted guesses, then the model's own) go out together:
+    one gap before them, as vLLM counts it, not zero gaps between them."""
+    m = EngineMetrics("m", cache_blocks=10)
+    forwards = [(1.0, [None]), (1.1, ["accepted", "accepted", "corrected"]), (1.3, [None]),
+                (1.6, ["accepted", "bonus"])]
+    index = 0
+    for t, kinds in forwards:
+        for i, kind in enumerate(kinds):
+            m.on_event(ev.Token(t=t + i * 1e-4, id="a", index=index, token_id=1, text="x", first=index == 0,
+                                sampled=t, sample_s=0.0, spec=kind))
+            index += 1
+    count = m.registry.get_sample_value("vllm:inter_token_latency_seconds_count", {"model_name": "m"})
+    total = m.registry.get_sample_value("vllm:inter_token_latency_seconds_sum", {"model_name": "m"})
+    assert count == 3
+    assert total == pytest.approx((1.1 - 1.0) + (1.3 - 1.1002) + (1.6 - 1.3))

@@ -381,3 +381,15 @@ def test_the_roofline_counts_logits_at_every_guess(engine):
     with_guesses = SimpleNamespace(start=10, n=4, logits=True, draft=(1, 2, 3))
     assert roof.predict_segments([with_guesses]) == roof.predict([(10, 4, 4)])
     assert roof.cost([(10, 4, 4)])[0] - roof.cost([(10, 4, True)])[0] == 3 * 2 * roof.head_params
+
+
+def test_a_forward_that_gives_several_tokens_is_one_inter_token_gap(tiny, engine):
+    """As vLLM counts inter-token latency: one gap per forward that gave a request tokens, not a
+    zero gap between the tokens one verifying forward gave out together."""
+    run, refs = run_prompts(tiny, engine, {"speculation": "ngram", "spec_tokens": 4}, oracle=True)
+    forwards = {rid: len({t.sampled for t in run.of(ev.Token, rid)}) for rid in run.ids}
+    tokens = sum(len(run.of(ev.Token, rid)) for rid in run.ids)
+    assert tokens > sum(forwards.values())          # some forwards did give several tokens
+    gaps = engine.timing.stats.itl
+    assert len(gaps) == sum(n - 1 for n in forwards.values())
+    assert min(gaps) > 0
