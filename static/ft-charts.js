@@ -27,6 +27,7 @@ const SHOW_FINISHED = 16;   // requests in the stages chart
 const ROW_PX = 19;          // its least height per request (13 px names, one per row)
 // A legend in one row above the plot, out of the way of the points and the floor's label.
 const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
+const STEPS_MARGIN = {l: 52, r: 20, t: 26, b: 42};   // the steps chart's (either kind)
 
 // Median step time per batch size, as a trace's x and y.
 function medians(pts) {
@@ -139,7 +140,7 @@ function byLength(div) {
   const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
     y: pts.map((p) => p.ms), marker: {color: alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
   Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
-    legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
+    legend: LEGEND_ABOVE, margin: STEPS_MARGIN,
     xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
     yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks: yTicks(div)},
   }), PLOT_CONFIG);
@@ -155,7 +156,7 @@ function drawSteps(div) {
   const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
   const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
   Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello), {
-    legend: LEGEND_ABOVE, margin: {l: 52, r: 20, t: 26, b: 42},
+    legend: LEGEND_ABOVE, margin: STEPS_MARGIN,
     xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                          s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
     yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks: yTicks(div)},
@@ -173,6 +174,10 @@ export function update() {
   if (s.version === version && size === drawnSize) return;
   version = s.version; drawnSize = size;
   if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
-  if (stepsDiv && stepsDiv.offsetParent !== null) drawSteps(stepsDiv);
+  // A box too small to hold the steps chart's margins (a panel mid-way through presenter mode's
+  // resize) gives plotly a plot of zero or negative size, whose labels land at -Infinity: skip
+  // it; the box's next size draws it.
+  if (stepsDiv && stepsDiv.offsetParent !== null && stepsDiv.clientHeight > STEPS_MARGIN.t + STEPS_MARGIN.b + 20 &&
+      stepsDiv.clientWidth > STEPS_MARGIN.l + STEPS_MARGIN.r + 20) drawSteps(stepsDiv);
 }
 
