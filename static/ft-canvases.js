@@ -4,6 +4,7 @@
 // the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
+import {firstShapeText} from "ft/delivery";
 import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
@@ -43,14 +44,15 @@ function describeReq(r) {
   return lines;
 }
 
-// A forward: what it computed, its measured time, and the roofline's estimate beside it.
+// A forward: what it computed, its measured time, the roofline's estimate beside it, and whether
+// it was the first of its shape since the server started.
 function stepText(st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
   const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return roof ? `${what}\n${roof}` : what;
+  return [what, roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, and the step-time target's cap while it is on.

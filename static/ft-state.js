@@ -21,7 +21,7 @@ export function createState() {
     hello: null, settings: {}, limits: {}, loading: null,
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound}; "release" points end a request's share
+                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, firstShape}; "release" points end a request's share
     stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
     filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
     blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
@@ -163,7 +163,8 @@ const ON = {
                   decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
                   prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
                   kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
-                  predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null});
+                  predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null,
+                  firstShape: ev.first_shape === true});   // (absent before protocol 11)
     trim(s.steps, KEEP_STEPS);
     blocksInUse(s, ev.end, ev.cache_blocks_used);
   },

@@ -4,12 +4,15 @@ says, read from the page's own state (`window.firstToken`: each token's engine t
 arrival here) and from what it drew and wrote — `buffered-proxy`: steady engine tokens arrive
 here in clumps; `slow-network`: TTFT here exceeds the engine's by about the injected delay, said
 to be injected; `cold-start`: the first requests' `load` stage is the measured load, drawn as
-the model-loading band. The diagnosis names each."""
+the model-loading band, and after it each forward that was the first of its shape is outlined.
+The diagnosis names each."""
 import time
 
 import pytest
 
 from conftest import LiveApp
+from engine import runner
+from helpers import ARTIFACTS
 from test_browser import Page
 from test_teaching import midsize_bundle
 
@@ -125,8 +128,14 @@ def test_slow_network_adds_the_injected_delay_to_ttft_here_and_says_injected(pag
     assert page.errors == []
 
 
-def test_cold_start_draws_the_measured_load_and_the_first_requests_wait_for_it(page):
-    reqs = run_preset(page, "cold-start", 3)
+def test_cold_start_draws_the_measured_load_and_the_first_requests_wait_for_it(page, app):
+    runner.SHAPES.clear()   # as in a freshly started server: the cold start's forwards are all new shapes
+    sub = app.driver.events.subscribe(replay=False)
+    try:
+        reqs = run_preset(page, "cold-start", 3)
+        events = sub.get(0.5)
+    finally:
+        sub.close()
     loads = page.js("() => firstToken.state.loads")
     assert len(loads) == 1 and loads[0]["seconds"] >= LOAD_S and loads[0]["reason"] == "reload"
     seconds = loads[0]["seconds"]
@@ -145,6 +154,7 @@ def test_cold_start_draws_the_measured_load_and_the_first_requests_wait_for_it(p
     assert page.page.locator("#d-accounting .seg.load").count() == 1 and "model load" in d["acc"]
     d = why(page, later[0]["id"])
     assert d["cause"] != "cold start" and page.page.locator("#d-accounting .seg.load").count() == 0
+    first_shapes_are_outlined(page, events)
     # the Reload model button: with nothing running it sends `reload` at once, and a load follows
     page.page.click("#btn-reload")
     page.wait("() => firstToken.state.loads.length === 2", timeout=15_000)
@@ -165,3 +175,40 @@ def test_reload_asks_first_while_requests_run(page):
     assert not any('"reload"' in m for m in page.sent)
     page.js("() => { const lim = firstToken.state.limits; firstToken.send({type: 'reset'}); firstToken.send({type: 'set', "
             "settings: {prompt_tokens: lim.prompt_tokens.default, max_new_tokens: lim.max_new_tokens.default}}); }")
+
+
+def first_shapes_are_outlined(page, events):
+    """With no shape run before in the process, the first forward is flagged, and so is each later
+    one whose (token rows, logit rows) had not run yet; the page outlines exactly the flagged
+    forwards on the lane of forwards, the legend names the outline, and a flagged forward's hover
+    says what it was."""
+    (load,) = [e for e in events if e["type"] == "model_load"]
+    steps = [e for e in events if e["type"] == "step" and e["start"] >= load["end"]]
+    flagged = [e for e in steps if e["first_shape"]]
+    assert steps[0]["first_shape"] and len(flagged) < len(steps), [(e["tokens"], e["first_shape"]) for e in steps]
+    page.js("() => { firstToken.view.right = firstToken.state.latestT; firstToken.refresh(); }")
+    drawn = page.js("""() => { const L = firstToken.ui.layouts.timeline;
+        return {marks: L.shapes, left: L.f.left, flagged: firstToken.state.steps.filter(st => st.firstShape &&
+          st.end >= L.f.left && st.start <= L.f.right).map(st => st.start)}; }""")
+    assert [m["start"] for m in drawn["marks"]] == drawn["flagged"]          # one mark per flagged forward in view
+    assert {e["start"] for e in flagged} <= set(drawn["flagged"])            # ... which are the events' own
+    assert page.page.is_visible("#tl-shape") and "first forward of its shape" in page.page.text_content("#tl-shape")
+    # zoomed in on the later request's first forward (a new prompt length): its hover read-out
+    st = flagged[-2] if flagged[-1]["kind"] == "decode" and len(flagged) > 1 else flagged[-1]
+    page.js("""st => { const d = st.end - st.start; Object.assign(firstToken.view, {paused: true, span: d * 5,
+        right: st.end + d * 2}); firstToken.refresh(); }""", st)
+    x = page.js("st => firstToken.ui.layouts.timeline.f.x((st.start + st.end) / 2)", st)
+    box = page.page.locator("#timeline").bounding_box()
+    page.page.mouse.move(box["x"] + x, box["y"] + 8)
+    page.wait("() => !document.getElementById('tip').hidden", timeout=5_000)
+    tip = page.page.text_content("#tip")
+    assert f"first forward of its shape ({st['tokens']} tokens) since the server started: its kernels were set up now" \
+        in tip, tip
+    page.page.screenshot(path=str(ARTIFACTS / "first-shape-1366x768.png"))
+    page.page.set_viewport_size({"width": 390, "height": 844})
+    page.js("() => firstToken.refresh()")
+    page.page.locator(".timeline-wrap").screenshot(path=str(ARTIFACTS / "first-shape-390x844.png"))
+    page.page.set_viewport_size({"width": 1366, "height": 768})
+    page.page.mouse.move(0, 0)
+    page.js("() => { firstToken.view.paused = false; firstToken.view.span = 20; }")
+
