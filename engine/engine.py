@@ -191,7 +191,7 @@ class Engine:
         self.timing.forward_ended()
         for seg in segments:
             self.scheduler.computed(seg)
-        self.timing.forward_recorded(segments)
+        self.timing.forward_recorded(segments, self.runner.first_shape)
         return logits
 
     def _postprocess(self, segments, logits):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 10  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 11  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -262,6 +262,7 @@ class Step(Event):
     predicted_s: float | None = None   # the roofline's estimate of this forward (engine/roofline.py)
     bound: Literal["memory", "compute"] | None = None   # the roof that bounds that estimate
     spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
+    first_shape: bool = False   # the first forward of its shape in this process (engine/runner.py SHAPES)
 
 
 @dataclass(slots=True)

@@ -222,6 +222,16 @@ class OutputHead:
         return self.packed(h)
 
 
+# Every forward shape run in this process: (a runner's `geometry`, token rows, logit rows). The
+# token rows are the M of every linear layer, the logit rows the output head's; on a CPU in fp32
+# oneDNN creates a kernel for each new M the first time (SmolLM2: one per distinct weight shape,
+# 4 in the decoder and 1 for the head, ~2 ms together) and keeps it in a cache global to the
+# process, so the first forward of a shape costs more and the next ones do not, and a reload (a
+# new Runner in the same process) creates none again: measured, docs/engine.md "Cold starts".
+# The attention's paths (decode rows, prompt chunks) create none.
+SHAPES = set()
+
+
 class Runner:
     def __init__(self, model, store):
         model.set_attn_implementation(ATTENTION)
@@ -232,6 +242,10 @@ class Runner:
         self.device = next(model.parameters()).device
         # Summed over every forward: wall seconds, and CPU seconds of the calling (engine) thread.
         self.wall_s = self.cpu_s = 0.0
+        # What picks this model's kernels besides a forward's shape: its weights' shapes, dtype, device.
+        linears = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        self.geometry = (self.device.type, str(next(model.parameters()).dtype), tuple(sorted(linears)))
+        self.first_shape = False   # the last forward was the first of its shape in this process (SHAPES)
 
     @torch.inference_mode()
     def forward(self, segments):
@@ -244,6 +258,9 @@ class Runner:
             pos += range(seg.start, seg.start + seg.n)
             if seg.logits:
                 last += range(len(ids) - 1 - len(seg.draft), len(ids))
+        shape = (self.geometry, len(ids), len(last))
+        self.first_shape = shape not in SHAPES
+        SHAPES.add(shape)
         w0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._forward(ids, pos, last, segments)

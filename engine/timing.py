@@ -103,10 +103,11 @@ class StepRecorder:
         """The forward is done (the runner synchronised the device): its end, before any bookkeeping."""
         self._forward_end = self.clock.now()
 
-    def forward_recorded(self, segments):
+    def forward_recorded(self, segments, first_shape):
         """Charge the forward that just ran over `segments` (their positions already marked
         computed, so the cache figures are after it): `prefill` events and prefill time for
-        prompt work, each running request's later-token share, and the `step` event."""
+        prompt work, each running request's later-token share, and the `step` event
+        (`first_shape`: no forward of its shape had run in this process: engine/runner.py)."""
         t0, t1 = self._forward_start, self._forward_end
         prefill_tokens = decode_tokens = 0
         for seg in segments:
@@ -129,7 +130,8 @@ class StepRecorder:
                           tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
                           decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
                           cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
-                          per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None)
+                          per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None,
+                          first_shape=first_shape)
         self._emit(self._step)
 
     def speculated(self, seg, accepted):

@@ -4,6 +4,7 @@
 // the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
+import {firstShapeText} from "ft/delivery";
 import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
@@ -45,13 +46,15 @@ function describeReq(r) {
 }
 
 // A forward: what it computed (a speculating one: the tokens it gave out and its guesses), its
-// measured time, and the roofline's estimate beside it.
+// measured time, the roofline's estimate beside it, and whether it was the first of its shape
+// since the server started.
 function stepText(st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
   const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
-  return [what, stepLine(st), rooflineText(st.end - st.start, st.predicted, st.bound)].filter(Boolean).join("\n");
+  const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
+  return [what, stepLine(st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, the tokens out per forward in view while

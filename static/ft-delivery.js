@@ -4,9 +4,10 @@
 // ft-state.js, page-side only, never in a saved trace). The difference is the way out: a
 // buffering proxy (`buffer_ms`/`buffer_bytes`: real) and a network delay (`net_latency_ms`/
 // `net_jitter_ms`: injected, and labelled so wherever its effect is drawn). Also the cold start:
-// a `model_load` event's band on the timeline and the part of a request's wait it overlapped.
+// a `model_load` event's band on the timeline and the part of a request's wait it overlapped,
+// and the forwards that were the first of their shape since the server started (step.first_shape).
 // The timeline, the request panel, the diagnosis and the lessons call these; the only DOM it
-// writes is the timeline legend's two items (#tl-way, #tl-load).
+// writes is the timeline legend's three items (#tl-way, #tl-load, #tl-shape).
 import {palette as P, alpha} from "ft/palette";
 import {percentile} from "ft/state";
 import {fmtS} from "ft/util";
@@ -86,11 +87,29 @@ export function drawLoadWaits(ctx, f, s, g, now, rect) {
   }
 }
 
+// On the lane of forwards, an outline round each that was the first of its shape since the server
+// started, in the load colour (a cold cost, as the load is) and at least 5 px wide, so a forward
+// of a few ms still shows at any zoom. Returns the marks drawn (the tests read them).
+export function drawFirstShapes(ctx, f, steps, i0, lane) {
+  const marks = [];
+  ctx.strokeStyle = C.load; ctx.lineWidth = 1.5;
+  for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
+    const st = steps[i];
+    if (!st.firstShape) continue;
+    const x0 = Math.max(f.gutter, f.x(st.start)), x1 = Math.min(f.gutter + f.pw, Math.max(f.x(st.end), x0 + 5));
+    if (x1 <= x0) continue;
+    ctx.strokeRect(x0, lane.y - 1.5, x1 - x0, lane.h + 3);
+    marks.push({start: st.start, x0, x1});
+  }
+  return marks;
+}
+
 // Each token's arrival here: a mark at the row's lower edge, linked to its tick at engine time
 // when they are apart (with nothing set between the server and the page, only marks visibly
 // apart are drawn). Then the loads' labels; the timeline's legend says what is between (the
-// injected delay named injected). Returns what it wrote (the lessons' tests read it).
-export function drawArrivals(ctx, f, s, g, compact) {
+// injected delay named injected), and names the first-shape outline while `shapes` (how many
+// drawFirstShapes drew) are in view. Returns what it wrote (the lessons' tests read it).
+export function drawArrivals(ctx, f, s, g, compact, shapes) {
   const way = wayOut(s.settings);
   const out = {marks: 0, apart: 0, loads: [], note: way ? `arrival here: ${way.text}` : null};
   const inX = (x) => x >= f.gutter && x <= f.gutter + f.pw;
@@ -133,23 +152,64 @@ export function drawArrivals(ctx, f, s, g, compact) {
     ctx.fillStyle = C.load; ctx.fillText(text, x, y);
     out.loads.push({text, left: x, top: y, right: x + w, bottom: y + px});
   }
-  legend(way, s.loads.length > 0);
+  legend(way, s.loads.length > 0, shapes > 0);
   return out;
 }
 
-// The timeline's legend: the arrival mark with what lies between the server and this page, and
-// the model load's swatch, each shown when it applies (written only when it changes).
+// The timeline's legend: the arrival mark with what lies between the server and this page, the
+// model load's swatch and the first-shape outline, each shown when it applies (written only when
+// it changes).
 let legendKey = null;
-function legend(way, loads) {
-  const key = `${way ? way.text : ""}|${loads}`;
+function legend(way, loads, shapes) {
+  const key = `${way ? way.text : ""}|${loads}|${shapes}`;
   if (key === legendKey || typeof document === "undefined") return;
   legendKey = key;
   const wayEl = document.getElementById("tl-way"), loadEl = document.getElementById("tl-load");
+  const shapeEl = document.getElementById("tl-shape");
   if (wayEl) {
     wayEl.hidden = !way;
     wayEl.querySelector(".way-text").textContent = way ? `arrival here (${way.text})` : "arrival here";
   }
   if (loadEl) loadEl.hidden = !loads;
+  if (shapeEl) shapeEl.hidden = !shapes;
+}
+
+// ------------------------------------------------------------------ a new shape's first forward
+// What a forward that was the first of its shape took against the later forwards like it in the
+// page's history: of the same kind, token count and requests, none the first of its shape (a step
+// event does not carry its logit rows; without guesses these fix them). Null while there are none.
+export function firstShapeCost(st, s) {
+  const like = s.steps.filter((x) => x.start > st.start && !x.firstShape && x.kind === st.kind &&
+                                     x.tokens === st.tokens && x.ids.length === st.ids.length);
+  if (!like.length) return null;
+  const took = st.end - st.start, usual = percentile(like.map((x) => x.end - x.start), 50);
+  return {took, usual, n: like.length, extra: took - usual};
+}
+
+// The hover's line for a forward that was the first of its shape.
+export function firstShapeText(st, s) {
+  const c = firstShapeCost(st, s);
+  return `first forward of its shape (${st.tokens} token${st.tokens === 1 ? "" : "s"}) since the server started: ` +
+    "its kernels were set up now" + (c ? ` (${fmtS(c.took)}; ${c.n} forward${c.n === 1 ? "" : "s"} like it ` +
+    `since: median ${fmtS(c.usual)})` : "");
+}
+
+// A first token slowed by new shapes: what the forwards that computed r's prompt and were the
+// first of their shape took over forwards like them (measured, firstShapeCost), said when that
+// is a tenth of its TTFT or more. A sentence for the diagnosis, or null.
+export function firstShapeNote(r, s) {
+  if (r.ttft === null || r.first === null) return null;
+  let extra = 0, n = 0;
+  for (const st of s.steps) {
+    if (!st.firstShape || st.start < r.arrival || st.end > r.first || !st.ids.includes(r.id)) continue;
+    const c = firstShapeCost(st, s);
+    if (c && c.extra > 0) { extra += c.extra; n++; }
+  }
+  if (!n || extra < 0.1 * r.ttft) return null;
+  return `${fmtS(extra)} of its time to first token was the setting up of kernels: ` +
+    `${n === 1 ? "a forward it was in was" : `${n} forwards it was in were`} the first of their shape since the ` +
+    "server started (measured against the forwards like them since) — a server that runs its usual batch shapes " +
+    "once before it takes requests would not make it pay that.";
 }
 
 // ------------------------------------------------------------------ the lessons' figures

@@ -6,7 +6,7 @@
 // names the largest, and says so with the numbers, as a hypothesis; for a request that
 // speculated, also whether its guesses helped or hurt (its forwards against plain ones measured
 // here). The panel shows it.
-import {diagnoseDelivery} from "ft/delivery";
+import {diagnoseDelivery, firstShapeNote} from "ft/delivery";
 import {selectedReq} from "ft/panels";
 import {diagnoseClient, observing} from "ft/server";
 import {pct, rates, requestCounts, tally} from "ft/speculate";
@@ -165,6 +165,8 @@ export function diagnose(r, s) {
   // prefill by the model_load and the page's own arrivals (ft-delivery.js).
   const way = diagnoseDelivery(r, s);
   const d = way ? {cause: way.cause, text: way.text, extra: way.numbers} : causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
+  const shapes = firstShapeNote(r, s);   // its first token slowed by new shapes' kernels, measured
+  if (shapes) d.text += ` ${shapes}`;
   const rest = Object.entries(p).filter(([k, v]) => k !== cause && v >= 0.1 * total).sort((a, b) => b[1] - a[1]);
   if (rest.length) d.text += ` Next: ${rest.map(([k, v]) => `${NAMES[k]} ${fmtS(v)}`).join(", ")}.`;
   d.numbers = Object.assign({total, ttft: r.ttft, tokens: r.outputTokens}, p, d.extra || {});

@@ -21,7 +21,7 @@ export function createState() {
     hello: null, settings: {}, limits: {}, loading: null,
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out};
+                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out, firstShape};
                                   //   "release" points end a request's share
     lastForward: null,            // the newest forward: the `token` events after it are its output (its `out`)
     stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
@@ -172,7 +172,8 @@ const ON = {
                 prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
                 kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
                 predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null,
-                spec: ev.spec ?? null, out: 0};
+                spec: ev.spec ?? null, out: 0,
+                firstShape: ev.first_shape === true};   // (absent before protocol 11)
     s.steps.push(st);
     s.lastForward = st;
     for (const id in st.spec || {}) {

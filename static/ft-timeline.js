@@ -3,7 +3,7 @@
 // strips line up: a request queueing in the timeline sits over the queue rising
 // below it, and over the KV cache that was full at that moment.
 import {fitCanvas} from "ft/canvas";
-import {drawArrivals, drawLoadBands, drawLoadWaits} from "ft/delivery";
+import {drawArrivals, drawFirstShapes, drawLoadBands, drawLoadWaits} from "ft/delivery";
 import {palette as P, alpha, reqColor} from "ft/palette";
 import {drawGuesses, laneGuesses, perForward} from "ft/speculate";
 import {running} from "ft/state";
@@ -324,6 +324,7 @@ export function drawTimeline(canvas, s, view, now, opts) {
   drawLoadBands(ctx, f, s, g, rect);   // a cold start's model load (ft-delivery.js)
   const perFwd = perForward(s.steps, i0, f);   // tokens out per forward in view, while they speculate
   drawStepLane(ctx, f, s.steps, i0, lane, compact, perFwd);
+  const shapes = drawFirstShapes(ctx, f, s.steps, i0, lane);   // a new shape's first forward (ft-delivery.js)
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
@@ -334,9 +335,9 @@ export function drawTimeline(canvas, s, view, now, opts) {
   drawDecodeSteps(ctx, f, s.steps, i0, g);
   const guesses = drawGuesses(ctx, f, g);   // speculative decoding's accepted and rejected guesses
   drawOutcomes(ctx, f, g, view);
-  const delivery = drawArrivals(ctx, f, s, g, compact);   // each token's arrival here, the loads' labels
+  const delivery = drawArrivals(ctx, f, s, g, compact, shapes.length);   // each token's arrival here, the loads' labels
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery, guesses, perFwd};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery, guesses, perFwd, shapes};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time

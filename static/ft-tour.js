@@ -1,5 +1,6 @@
 // First Token: the guided tour for a classroom, along the article's path: tokens → prefill →
-// decode → KV cache → batching → queueing → what to look at when it feels slow → speculation. Each step
+// decode → KV cache → batching → queueing → what to look at when it feels slow → speculation →
+// the other suspects: a buffering proxy, a slow network, a cold start. Each step
 // applies a preset, spots the part of the page that shows the idea (the rest is dimmed) and
 // says what to notice, with the live figures inserted (ft-figures.js). Next/back with the
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
@@ -79,6 +80,27 @@ export const STEPS = [
        " With many users each forward is already full, so the guesses are extra work: compare both to see where it stops paying.";
    },
    live: () => live("speculative")},
+  // The other suspects, between the engine and the user or before it runs (ft-delivery.js); the
+  // timeline's legend (its head) names what lies between and the load.
+  {key: "proxy", title: "A buffering proxy", preset: "buffered-proxy", focus: "timeline",
+   spot: [".timeline-wrap", ".strip-head:has(#legend-engine)"],
+   watch: "the arrival dots under each row against the engine's ticks",
+   text: () => "A proxy between the server and the user may hold a streamed answer and let it go in pieces. The " +
+     "engine still makes each token at a steady pace (the ticks); this page gets them in clumps (the dots under each row).",
+   live: () => live("buffered-proxy")},
+  {key: "network", title: "A slow network", preset: "slow-network", focus: "timeline",
+   spot: [".timeline-wrap", ".strip-head:has(#legend-engine)", ".fig:has(#h-ttft50)"],
+   watch: "time to first token here against the engine's",
+   text: () => "A slow network delays every token on its way to the user, the first included: the engine's time to " +
+     "first token (the headline) does not change, the user's does. This delay is injected, and the legend says so.",
+   live: () => live("slow-network")},
+  {key: "cold", title: "A cold start", preset: "cold-start", focus: "timeline",
+   spot: [".timeline-wrap", ".strip-head:has(#legend-engine)"],
+   watch: "the model-loading band, and the first requests' wait for it on their rows",
+   text: () => "A server that has just started, or reloaded its model, answers nobody until the weights are in " +
+     "memory: requests that arrive meanwhile wait (their 'load' stage). The first forward of each new shape also " +
+     "sets up its kernels (outlined on the top lane); a reload keeps those.",
+   live: () => live("cold-start")},
 ];
 
 function spot(step) {

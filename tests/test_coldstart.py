@@ -1,15 +1,19 @@
 """A cold start on demand: the model loaded again while the engine runs (engine/reload.py), the
 `load` stage of the requests that waited for it, the `cold-start` preset, /healthz and /metrics
-(tiny random model; the "load" sleeps a known time so the stage can be checked against it)."""
+(tiny random model; the "load" sleeps a known time so the stage can be checked against it); and
+the first forward of each new shape in the process, marked in its `step` event."""
 import time
 
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import reload, runner
 from engine import events as ev
 from engine.request import GenerateRequest
+from engine.settings import validate
 from helpers import collect, tiny_bundle
 from server.metrics import EngineMetrics
+from test_engine import Run
 
 LOAD_S = 0.3
 
@@ -92,3 +96,32 @@ def test_a_reload_that_cannot_happen_or_fails_is_said_and_serving_carries_on(tin
             assert all(e["reason"] == "length" or e["reason"] == "stop" for e in finished(events).values())
         finally:
             d.shutdown()
+
+
+def test_the_first_forward_of_each_new_shape_is_marked_and_a_reload_keeps_them(tiny):
+    """A forward's shape is its token rows and its logit rows (engine/runner.py): requests of
+    known prompt lengths and output counts, one at a time and two together, make known shapes;
+    exactly the first forward of each is marked. A reload keeps them (the kernels set up live in
+    the process, measured): only a shape never run is new after it."""
+    runner.SHAPES.clear()   # as in a fresh process: this one's other tests ran the tiny model's shapes
+    engine = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
+    engine.apply_settings(validate(engine.specs, {"prefix_caching": False}))   # every prompt token computed
+    text = "When in the Course of human events, it becomes necessary for one people " * 2
+
+    def steps(*requests):
+        """(tokens, first_shape) of each forward that serves `requests` ((prompt tokens, new tokens),
+        added together) to the end."""
+        run = Run(engine)
+        for n, new in requests:
+            rid = run.add(text, prompt_tokens=n, max_new_tokens=new, ignore_eos=True)
+            assert [e.n for e in run.of(ev.Tokenized, rid)] == [n]
+        run.until_idle()
+        return [(e.tokens, e.first_shape) for e in run.of(ev.Step)]
+
+    assert steps((20, 3)) == [(20, True), (1, True), (1, False)]           # a prefill, then decodes of one row
+    assert steps((20, 2)) == [(20, False), (1, False)]                      # the same shapes again
+    assert steps((12, 3), (12, 3)) == [(24, True), (2, True), (2, False)]   # both prompts in one forward
+    assert steps((24, 1)) == [(24, True)]            # 24 token rows again, but one logit row where that had two
+    reload.run(engine, lambda: tiny)                 # the model loaded again: a new runner, the same process
+    assert steps((20, 2), (12, 1)) == [(32, True), (1, False)]
+    assert steps((20, 2)) == [(20, False), (1, False)]

@@ -1,6 +1,7 @@
 """'Why does this response feel slow?' in real Chromium: diagnose() (static/ft-diagnose.js) on
 engineered situations (queue-bound, cache-bound, prefill-bound, decode-bound, stalled behind
-another request's prefill) names the cause with the measured numbers, the request panel shows it, and on the
+another request's prefill) names the cause with the measured numbers, the request panel shows it, a
+first token slowed by a new shape's first forward says that cost once it is measured, and on the
 live tiny engine a request queued behind a full batch is diagnosed as queueing."""
 import pytest
 
@@ -137,3 +138,32 @@ def test_a_request_queued_behind_a_full_batch_is_diagnosed_as_queueing(tpage):
     tpage.wait("() => document.getElementById('d-why').dataset.cause === 'queueing'", timeout=5_000)
     assert "the only slot was busy" in tpage.page.text_content("#d-why")
     assert tpage.errors == []
+
+
+def with_step(evs, first_shape):
+    """A one-request request's events with the `step` event of its prefill forward after its `prefill`."""
+    i = next(k for k, e in enumerate(evs) if e["type"] == "prefill")
+    p = evs[i]
+    step = {"type": "step", "t": p["end"], "kind": "prefill", "start": p["start"], "end": p["end"], "ids": [p["id"]],
+            "tokens": p["tokens"], "prefill_tokens": p["tokens"], "decode_tokens": 0, "kv_cache": True,
+            "cache_tokens": p["tokens"], "cache_blocks_used": 16, "per_request": {p["id"]: p["tokens"]},
+            "predicted_s": None, "bound": None, "spec": None, "first_shape": first_shape}
+    return evs[:i + 1] + [step] + evs[i + 1:]
+
+
+def test_a_first_token_slowed_by_a_new_shape_says_what_that_cost_only_once_measured(tpage):
+    """A prompt whose forward was the first of its shape: the diagnosis says how much of its TTFT
+    that forward took over later forwards like it, once one has run (never before), and not for
+    the later request."""
+    first = with_step(request_events("fx", 20.0, queue=0.0, prefill=0.5, tokens=2, later=LATER, prompt=256), True)
+    again = with_step(request_events("gx", 30.0, queue=0.0, prefill=0.2, tokens=2, later=LATER, prompt=256), False)
+    run = """([state, diagnosis, evs, rid]) => { const s = state.createState();
+        state.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
+        for (const ev of evs) state.ingest(s, ev, null);
+        return diagnosis.diagnose(s.reqs.get(rid), s).text; }"""
+    mods = [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose")]
+    alone = tpage.js(run, mods + [first, "fx"])
+    assert "setting up of kernels" not in alone, alone          # nothing like it has run yet: not measured
+    text = tpage.js(run, mods + [first + again, "fx"])
+    assert f"{tpage.fmt(0.3)} of its time to first token was the setting up of kernels" in text, text
+    assert "setting up of kernels" not in tpage.js(run, mods + [first + again, "gx"])
