@@ -7,8 +7,9 @@ part of their wait that overlapped the load is their TTFT's `load` stage (engine
 not "queue". The new weights get a new runner (its prepacked copies are made again); the KV
 store and every block stay as they were, so requests already running carry on (the weights
 are the same values, read again), and so do the kernels set up for each forward shape so far:
-they live in the process, not the runner, so no shape is new again (engine/runner.py `SHAPES`). `model_load` says when it started and ended, and
-/healthz and /metrics report the last load's time.
+they live in the process, not the runner, so no shape is new again (engine/runner.py
+`SHAPES`). `model_load` says when it started and ended, and /healthz and /metrics report the
+last load's time.
 """
 from .events import ModelLoad
 from .runner import Runner
