@@ -275,7 +275,9 @@ export function diagnoseDelivery(r, s) {
   // frames group events for a few ms), or all at once while the settings say a proxy buffers.
   const bunched = c && c.clumps <= Math.max(2, c.made / 2) && (c.arrivalGap === null ? !!(way && way.buffered)
     : c.arrivalGap >= 0.1 && c.arrivalGap > 2 * c.engineGap);
-  if (bunched && (!way || way.buffered)) {
+  // With nothing set between, clumps this page saw (a busy machine's websocket can clump too)
+  // are the story only when they also made the first token late by a fifth of what it saw.
+  if (bunched && (way ? way.buffered : lag >= 0.1 && lag >= 0.2 * here)) {
     return {cause: "buffering", numbers: {ttft: r.ttft, ttftHere: here, delivery: lag},
       text: `Buffering: the engine made its ${c.tokens} tokens steadily (${c.made < c.tokens ? `in ${c.made} forwards, ` : ""}` +
         `${fmtS(c.engineGap)} apart) but they ` +

@@ -2,7 +2,8 @@
 engineered situations (queue-bound, cache-bound, prefill-bound, decode-bound, stalled behind
 another request's prefill) names the cause with the measured numbers, the request panel shows it, a
 first token slowed by a new shape's first forward says that cost once it is measured, and on the
-live tiny engine a request queued behind a full batch is diagnosed as queueing."""
+live tiny engine a request queued behind a full batch is diagnosed as queueing, not as the
+clumps a busy machine's websocket can make."""
 import pytest
 
 from helpers import page_module
@@ -167,3 +168,19 @@ def test_a_first_token_slowed_by_a_new_shape_says_what_that_cost_only_once_measu
     text = tpage.js(run, mods + [first + again, "fx"])
     assert f"{tpage.fmt(0.3)} of its time to first token was the setting up of kernels" in text, text
     assert "setting up of kernels" not in tpage.js(run, mods + [first + again, "gx"])
+
+
+def test_clumps_with_nothing_set_between_are_buffering_only_when_they_made_the_first_token_late(tpage):
+    """A busy machine can clump this page's own websocket: with no proxy or delay set, clumped
+    arrivals name buffering only when the first token came late here by a fifth of what the page
+    saw; a request that queued for 1.9 s and then arrived in clumps is not a buffering story."""
+    def case(first_arrival):
+        made = [2.0 + 0.01 * i for i in range(24)]                        # the engine: steady, 10 ms apart
+        arrivals = [first_arrival + 0.15 * (i // 6) for i in range(24)]   # here: four clumps, 150 ms apart
+        r = {"arrival": 0.0, "ttft": 2.0, "first": made[0], "tokens": made, "arrivals": arrivals,
+             "tokenSpec": [None] * 24, "stages": {"queue": 1.9, "prefill": 0.09}}
+        d = tpage.js("([delivery, r]) => delivery.diagnoseDelivery(r, {settings: {}, loads: []})",
+                     [page_module(tpage.page, "delivery"), r])
+        return d and d["cause"]
+    assert case(2.02) is None                  # 20 ms late here: the queue is the story
+    assert case(2.8) == "buffering"            # 0.8 s of 2.8 s late here, in clumps
