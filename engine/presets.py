@@ -196,16 +196,21 @@ PRESETS = {p.name: p for p in (
     # Judged by goodput: short chats stream while two long documents arrive, under objectives
     # the preset sets. The compare sheet runs it under prefill-first and under chunked prefill;
     # which objective each request missed is the lesson, whichever schedule comes out ahead.
+    # The objectives are sized for the bundled model on a 2-core CPU, where a step of six chats
+    # takes ~60 ms (the usual 2 s / 100 ms would fail every request either way). Measured here,
+    # quiet, two rounds each: prefill-first's first six chats 325-349 ms per later token (miss),
+    # the rest 161-263 ms, TTFT <= 2.3 s; chunked: the first six 176-215 ms (met), the documents
+    # and the later chats TTFT 4.2-7.1 s (miss): 5 of 12 met against 6 of 12.
     Preset("goodput", "Judged by goodput",
            "Six short chats are streaming when two 1024-token documents arrive, then four more chats. "
-           "Every request is judged against two objectives: first token within 1.5 s, later tokens "
-           "within 100 ms each on average; goodput counts the requests per second that met both. "
+           "Every request is judged against two objectives: first token within 3 s, later tokens "
+           "within 250 ms each on average; goodput counts the requests per second that met both. "
            "Computing a document whole stops every stream (their time per token misses); chunking it "
            "keeps them streaming, and the document's own first token comes later (its TTFT may miss). "
            "Compare the two schedules by goodput and by which objective each request missed.",
            "goodput and SLO met, with the objective each request missed",
            {"schedule": "mixed", "max_batched_tokens": 64, "prompt_tokens": 32, "max_new_tokens": 24,
-            "slo_ttft_ms": 1500, "slo_tpot_ms": 100},
+            "slo_ttft_ms": 3000, "slo_tpot_ms": 250},
            (Action(0, 6), Action(1.0, 1, prompt_tokens=1024, seed=1), Action(2.0, 1, prompt_tokens=1024, seed=2),
             Action(2.5, 4, seed=3))),
     Preset("speculative", "Speculative decoding: one user",

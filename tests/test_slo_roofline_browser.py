@@ -214,13 +214,13 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
                     [f.dataset.k, f.querySelector('.v').textContent]));
                 return {figs, slo: reqs.map(r => r.slo), ends: reqs.map(r => r.end), arrivals: reqs.map(r => r.arrival),
                         settings: c.runs[side].settings}; }""", [compare, side])
-            assert got["settings"]["slo_ttft_ms"] == 1500 and got["settings"]["slo_tpot_ms"] == 100   # the preset's objectives
+            assert got["settings"]["slo_ttft_ms"] == 3000 and got["settings"]["slo_tpot_ms"] == 250   # the preset's objectives
             assert len(got["slo"]) == 12 and all(o is not None for o in got["slo"])
             met = sum(o["met"] for o in got["slo"])
             span = max(got["ends"]) - min(got["arrivals"])
             assert got["figs"]["goodput"] == f"{met / span:.2f}/s", (side, got["figs"])
             assert got["figs"]["SLO met"] == f"{met} of 12 ({round(100 * met / 12)}%)", (side, got["figs"])
-        assert "Both judged against TTFT ≤ 1.50 s and ≤ 100 ms per later token" in page.text_content("#c-status")
+        assert "Both judged against TTFT ≤ 3.00 s and ≤ 250 ms per later token" in page.text_content("#c-status")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "compare-goodput-1366x768.png"))
 
