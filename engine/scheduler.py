@@ -111,11 +111,10 @@ class Scheduler:
     def _prefill_budget(self, budget, decode_rows):
         """The budget left for prompt work after `decode_rows` decodes: under a step-time target
         (mixed steps only), no more prompt tokens than the measured costs say fit beside them."""
-        self.prefill_cap = None
-        if self.max_step_s is None or self.policy is not Policy.MIXED:
-            return budget
-        self.prefill_cap = self.step_cost.prefill_tokens(self.max_step_s, decode_rows)
-        return budget if self.prefill_cap is None else min(budget, self.prefill_cap)
+        on = self.max_step_s is not None and self.policy is Policy.MIXED
+        cap = self.step_cost.prefill_tokens(self.max_step_s, decode_rows) if on else None
+        self.prefill_cap = cap     # one assignment: a reader on another thread never sees it half-done
+        return budget if cap is None else min(budget, cap)
 
     def _schedule_running(self, out, budget, only, whole=False):
         """The next tokens of running requests whose next step is `only` ("decode" or "prefill"),

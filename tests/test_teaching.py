@@ -2,6 +2,8 @@
 the engine as they say (read from the page's own event stream), the guided tour applies them
 and spots the page's parts, presenter mode and its shortcuts, the measure sheet and the
 side-by-side comparison."""
+from contextlib import contextmanager
+
 import numpy
 import pytest
 
@@ -27,18 +29,26 @@ def midsize_bundle():
     return model_mod.ModelBundle(m, tok, "midsize-random-llama", "cpu", torch.float32, 0.0, False)
 
 
-@pytest.fixture(scope="module")
-def midsize():
-    """The midsize model on one torch thread: Chromium drawing the page needs the other core,
-    and two model threads contending with it make single forwards' times jitter by half."""
+@contextmanager
+def midsize_app():
+    """The midsize model's app on one torch thread: Chromium drawing the page needs the other
+    core, and two model threads contending with it make single forwards' times jitter by half."""
     import torch
     from engine import EngineConfig
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     app = LiveApp(midsize_bundle(), EngineConfig(slots=4, kv_tokens=4096, max_context=512))
-    yield app
-    app.stop()
-    torch.set_num_threads(threads)
+    try:
+        yield app
+    finally:
+        app.stop()
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def midsize():
+    with midsize_app() as app:
+        yield app
 
 
 class TeachPage(Page):
