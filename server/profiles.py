@@ -92,19 +92,17 @@ VLLM_COMMON = {
     "preemptions": S("vllm:num_preemptions_total"),
     "steps": S("vllm:iteration_tokens_total_count"), "step_tokens": S("vllm:iteration_tokens_total_sum"),
 }
+VLLM_PREFIX = {"prefix_queries": S("vllm:prefix_cache_queries_total"), "prefix_hits": S("vllm:prefix_cache_hits_total")}
+VLLM_SPEC = {"spec_drafted": S("vllm:spec_decode_num_draft_tokens_total"),
+             "spec_accepted": S("vllm:spec_decode_num_accepted_tokens_total")}
 
 PROFILES = (
     Profile("first-token", "First Token", marker=("first_token_info",), prefix="first_token:",
             gauges={"running": first(S("vllm:num_requests_running")),
                     "waiting": first(S("vllm:num_requests_waiting")),
                     "kv_usage": first(S("vllm:kv_cache_usage_perc", mean=True))},
-            counters={"prompt_tokens": S("vllm:prompt_tokens_total"),
-                      "generated_tokens": S("vllm:generation_tokens_total"),
-                      "prefix_queries": S("vllm:prefix_cache_queries_total"),
-                      "prefix_hits": S("vllm:prefix_cache_hits_total"),
-                      "preemptions": S("vllm:num_preemptions_total"),
-                      "spec_drafted": S("vllm:spec_decode_num_draft_tokens_total"),
-                      "spec_accepted": S("vllm:spec_decode_num_accepted_tokens_total")},
+            # vLLM V1's counters, less the iteration histogram (our /metrics has none)
+            counters={**{k: v for k, v in VLLM_COMMON.items() if not k.startswith("step")}, **VLLM_PREFIX, **VLLM_SPEC},
             version_label=("first_token_info", "protocol", "protocol {}")),
     # vLLM V1 (0.8+): kv_cache_usage_perc (gpu_cache_usage_perc before 0.10), prefix caching as
     # two counters, speculative decoding as counters; no acceptance gauge.
@@ -113,10 +111,7 @@ PROFILES = (
                     "waiting": first(S("vllm:num_requests_waiting")),
                     "kv_usage": first(S("vllm:kv_cache_usage_perc", mean=True),
                                       S("vllm:gpu_cache_usage_perc", mean=True))},
-            counters={**VLLM_COMMON, "prefix_queries": S("vllm:prefix_cache_queries_total"),
-                      "prefix_hits": S("vllm:prefix_cache_hits_total"),
-                      "spec_drafted": S("vllm:spec_decode_num_draft_tokens_total"),
-                      "spec_accepted": S("vllm:spec_decode_num_accepted_tokens_total")},
+            counters={**VLLM_COMMON, **VLLM_PREFIX, **VLLM_SPEC},
             info=(("/version", "version"),)),
     # vLLM V0 (before 0.8, and V1's first releases): usage and hit rate as gauges.
     Profile("vllm-v0", "vLLM (V0 metrics)", marker=(), prefix="vllm:",
@@ -125,9 +120,7 @@ PROFILES = (
                     "kv_usage": first(S("vllm:gpu_cache_usage_perc", mean=True)),
                     "prefix_hit_rate": first(S("vllm:gpu_prefix_cache_hit_rate", mean=True)),
                     "spec_accept_rate": first(S("vllm:spec_decode_draft_acceptance_rate", mean=True))},
-            counters={**VLLM_COMMON,
-                      "spec_drafted": S("vllm:spec_decode_num_draft_tokens_total"),
-                      "spec_accepted": S("vllm:spec_decode_num_accepted_tokens_total")},
+            counters={**VLLM_COMMON, **VLLM_SPEC},
             info=(("/version", "version"),)),
     Profile("sglang", "SGLang", marker=(), prefix="sglang:",
             gauges={"running": first(S("sglang:num_running_reqs")),
