@@ -11,7 +11,7 @@
 // panel's client-side accounting and the client-side diagnosis. The shared modules call in
 // here only where observe mode differs; everything is drawn from events, so a recorded
 // observe trace replays the same.
-import {fitCanvas} from "ft/canvas";
+import {diagonalStripes, fitCanvas} from "ft/canvas";
 import {palette as P, alpha, reqColor} from "ft/palette";
 import {fitText, frame, rect, stepPath, timeAxis} from "ft/timeline";
 import {$, el, fmtS} from "ft/util";
@@ -179,18 +179,7 @@ export function update() {
 }
 
 // ------------------------------------------------------------ the server strip (canvas)
-const hatches = new WeakMap();
-function hatch(ctx) {
-  if (!hatches.has(ctx)) {
-    const tile = document.createElement("canvas");
-    tile.width = tile.height = 8;
-    const g = tile.getContext("2d");
-    g.strokeStyle = alpha(P.muted, 0.5); g.lineWidth = 1;
-    g.beginPath(); g.moveTo(-1, 9); g.lineTo(9, -1); g.stroke();
-    hatches.set(ctx, ctx.createPattern(tile, "repeat"));
-  }
-  return hatches.get(ctx);
-}
+const hatch = (ctx) => diagonalStripes(ctx, 8, alpha(P.muted, 0.5), 1);
 
 // The scrapes that matter to the window: from the one before its left edge to the last at or before its right.
 function inView(f) {

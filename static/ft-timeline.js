@@ -2,7 +2,7 @@
 // They share one `view` (visible span and right edge, live or paused) so the three
 // strips line up: a request queueing in the timeline sits over the queue rising
 // below it, and over the KV cache that was full at that moment.
-import {fitCanvas} from "ft/canvas";
+import {diagonalStripes, fitCanvas} from "ft/canvas";
 import {drawArrivals, drawFirstShapes, drawLoadBands, drawLoadWaits} from "ft/delivery";
 import {palette as P, alpha, reqColor} from "ft/palette";
 import {drawGuesses, laneGuesses, perForward} from "ft/speculate";
@@ -23,20 +23,8 @@ const C = {
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
-// (ft.css draws the legend swatch the same way). One pattern per canvas context.
-const stripes = new WeakMap();
-function recomputeFill(ctx) {
-  if (!stripes.has(ctx)) {
-    const tile = document.createElement("canvas");
-    tile.width = tile.height = 6;
-    const g = tile.getContext("2d");
-    g.fillStyle = C.prefill; g.fillRect(0, 0, 6, 6);
-    g.strokeStyle = C.bg; g.lineWidth = 1.5;
-    g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.stroke();
-    stripes.set(ctx, ctx.createPattern(tile, "repeat"));
-  }
-  return stripes.get(ctx);
-}
+// (ft.css draws the legend swatch the same way).
+const recomputeFill = (ctx) => diagonalStripes(ctx, 6, C.bg, 1.5, C.prefill);
 
 function niceStep(span, px, minPx) {
   const steps = [0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300];
