@@ -28,6 +28,7 @@ const ROW_PX = 19;          // its least height per request (13 px names, one pe
 // A legend in one row above the plot, out of the way of the points and the floor's label.
 const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
 const STEPS_MARGIN = {l: 52, r: 20, t: 26, b: 42};   // the steps chart's (either kind)
+const MIN_CHART_W = 200;   // px: narrower, the margins and the stages chart's row names leave no plot
 
 // Median step time per batch size, as a trace's x and y.
 function medians(pts) {
@@ -173,11 +174,11 @@ export function update() {
   const size = `${box(stagesDiv)} ${box(stepsDiv)} ${getComputedStyle(document.body).zoom}`;
   if (s.version === version && size === drawnSize) return;
   version = s.version; drawnSize = size;
-  if (stagesDiv && stagesDiv.offsetParent !== null) drawStages(stagesDiv);
-  // A box too small to hold the steps chart's margins (a panel mid-way through presenter mode's
+  // A box too small for a chart's margins and labels (a panel mid-way through presenter mode's
   // resize) gives plotly a plot of zero or negative size, whose labels land at -Infinity: skip
   // it; the box's next size draws it.
-  if (stepsDiv && stepsDiv.offsetParent !== null && stepsDiv.clientHeight > STEPS_MARGIN.t + STEPS_MARGIN.b + 20 &&
-      stepsDiv.clientWidth > STEPS_MARGIN.l + STEPS_MARGIN.r + 20) drawSteps(stepsDiv);
+  const roomy = (d) => d && d.offsetParent !== null && d.clientWidth >= MIN_CHART_W;
+  if (roomy(stagesDiv)) drawStages(stagesDiv);
+  if (roomy(stepsDiv) && stepsDiv.clientHeight > STEPS_MARGIN.t + STEPS_MARGIN.b + 20) drawSteps(stepsDiv);
 }
 
