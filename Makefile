@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
+.PHONY: run test kernels bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +14,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
-run: $(STAMP)
+# The engine's C++ kernels (engine/kernels: the fused 4-bit linear), built once per source and
+# torch version; without a compiler it says so and the engine reads dequantised fp32 weights.
+kernels: $(STAMP)
+	$(BIN)/python -m engine.kernels
+
+run: $(STAMP) kernels
 	$(BIN)/python app.py $(ARGS)
 
 # Browser tests drive Debian's Chromium (playwright cannot download a browser here).
@@ -27,7 +32,7 @@ chromium:
 	    echo "the browser tests need Chromium: run 'sudo apt-get install chromium fonts-dejavu-core', then make test"; exit 1; \
 	  fi; }
 
-test: $(STAMP) chromium
+test: $(STAMP) kernels chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # docs/events.schema.json from the event types (a test fails when it is stale)

@@ -44,13 +44,14 @@ class Engine:
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # Measured read bandwidth and matmul rate (~1 s, once a process): estimated floors (roofline.py)
-        self.bandwidth = bandwidth.floor(self.weight_bytes, bundle.device)
+        self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
+        self.runner = Runner(model, self.store, bundle.quant)
+        # What a decode step reads in the default format (the file's blocks where they can be read)
+        self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
         self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
         self.timing = StepRecorder(self.clock, self._emit, self.scheduler, self.roofline, self.settings)
-        self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
-        self.runner = Runner(model, self.store)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
-                                   config.block_size, self.max_context)
+                                   config.block_size, self.max_context, self.runner.formats.available)
         self.apply_settings({name: spec.default for name, spec in self.specs.items()})
         self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
@@ -73,6 +74,7 @@ class Engine:
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
             roofline=self.roofline.describe(), bench=self.bench,
+            weights=self.runner.formats.describe(self.roofline.bandwidth_bps),
             presets=[p.describe() for p in presets.PRESETS.values()])
 
     @property
@@ -126,6 +128,7 @@ class Engine:
         """Apply validated changes (`settings.validate`); return the `settings` event."""
         self.settings.update(changes)
         self.scheduler.apply(self.settings)
+        self.runner.formats.stored = self.settings["weights"] == "stored"
         self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
         return self._take()
 
@@ -191,7 +194,7 @@ class Engine:
         self.timing.forward_ended()
         for seg in segments:
             self.scheduler.computed(seg)
-        self.timing.forward_recorded(segments, self.runner.first_shape)
+        self.timing.forward_recorded(segments, self.runner.first_shape, self.runner.path)
         return logits
 
     def _postprocess(self, segments, logits):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
-PROTOCOL = 11  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 12  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
@@ -157,6 +157,9 @@ class Hello(Event):
     bandwidth: dict[str, Any] | None
     bench: dict[str, Any] | None
     roofline: dict[str, Any] | None = None   # engine mode: measured peak matmul rate and the model's shapes (estimates)
+    # engine mode: the copies of the weights the `weights` setting picks from (engine/linears.py
+    # Formats.describe): per format the bytes a decode step reads and its estimated floor; the kernel
+    weights: dict[str, Any] | None = None
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
@@ -263,6 +266,11 @@ class Step(Event):
     bound: Literal["memory", "compute"] | None = None   # the roof that bounds that estimate
     spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
     first_shape: bool = False   # the first forward of its shape in this process (engine/runner.py SHAPES)
+    # The weights this forward read (engine/linears.py Path): the format, what multiplied them
+    # ("4-bit avx512", "oneDNN fp32", ...), and the bytes of every weight it read (the roofline's).
+    weights: str | None = None
+    kernel: str | None = None
+    weight_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -380,6 +388,7 @@ class Measure(Event):
     points_done: int | None = None     # status "running": points timed so far (decode and kv) ...
     points_total: int | None = None    # ... of this many
     eta_s: float | None = None         # status "running": seconds left, estimated from the points so far
+    weights: str | None = None         # the `weights` format the sweep read ("stored" or "dequantised")
 
 
 @dataclass(slots=True)

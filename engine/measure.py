@@ -91,14 +91,15 @@ def run(engine, publish=None):
         return [Measure(t=clock.now(), status="error", batches=batches, contexts=contexts,
                         message=f"{type(e).__name__}: {e}")]
     return [Measure(t=clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
-                    prefill=prefill, skipped=skipped, seconds=clock.now() - t0)]
+                    prefill=prefill, skipped=skipped, seconds=clock.now() - t0,
+                    weights=engine.settings.get("weights"))]
 
 
 def _floor(engine):
-    """floor(batch, context): the bandwidth floor of a decode step, the weights plus the batch's
-    keys/values read once at the bandwidth measured at start."""
-    bps = engine.weight_bytes / engine.bandwidth["floor_s"]
-    return lambda batch, context: (engine.weight_bytes + batch * context * engine.bytes_per_token) / bps
+    """floor(batch, context, weight_bytes): the bandwidth floor of a decode step, the weights it
+    read plus the batch's keys/values, read once at the bandwidth measured at start."""
+    bps = engine.bandwidth["weight_bytes"] / engine.bandwidth["floor_s"]
+    return lambda batch, context, weight_bytes: (weight_bytes + batch * context * engine.bytes_per_token) / bps
 
 
 def _timed(fn, repeats, warm=True):
@@ -152,9 +153,10 @@ def decode_sweep(runner, blocks, vocab, batches, contexts, floor, roofline, repe
                     continue
                 segments = [Segment(s, context, 1, cached=True, logits=True) for s in seqs]
                 step = _timed(lambda: runner.forward(segments), repeats)
-            predicted_s, bound = roofline.predict_segments(segments)
-            points.append({"batch": batch, "context": context, "step_s": step, "floor_s": floor(batch, context),
-                           "predicted_s": predicted_s, "bound": bound})
+            read = runner.path.weight_bytes      # the weights path this forward took (engine/linears.py)
+            predicted_s, bound = roofline.predict_segments(segments, read)
+            points.append({"batch": batch, "context": context, "step_s": step,
+                           "floor_s": floor(batch, context, read), "predicted_s": predicted_s, "bound": bound})
             progress and progress(points, skipped)
     return points, skipped
 
@@ -170,7 +172,7 @@ def prefill_sweep(runner, blocks, vocab, lengths, roofline, repeats=2, progress=
                 continue
             segments = [Segment(seq, 0, n, cached=True, logits=True)]
             step = _timed(lambda: runner.forward(segments), repeats)
-        predicted_s, bound = roofline.predict_segments(segments)
+        predicted_s, bound = roofline.predict_segments(segments, runner.path.weight_bytes)
         rows.append({"tokens": n, "step_s": step, "predicted_s": predicted_s, "bound": bound})
         progress and progress(rows)
     return rows

@@ -6,9 +6,10 @@ weights and the tokenizer are saved once as an ordinary HF directory under the c
 directory (`$FIRST_TOKEN_CACHE`, default `~/.cache/first-token`); later starts load
 that in well under a second. Delete the directory to clear it.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 import shutil
@@ -16,6 +17,8 @@ import tempfile
 import time
 
 import torch
+
+from . import weights
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,6 +68,9 @@ class ModelBundle:
     dtype: torch.dtype
     load_s: float
     from_cache: bool
+    # The file's own blocks by parameter name (engine/weights.py QuantWeight; the tied head under
+    # "lm_head.weight" too), for the fused kernel; empty when the model did not come from blocks.
+    quant: dict = field(default_factory=dict)
 
     @property
     def dtype_name(self):
@@ -99,6 +105,46 @@ def _dequantise_to_cache(gguf, target, progress):
         tmp.rename(target)
 
 
+def _save_config_and_tokenizer(gguf, target, progress):
+    """The GGUF's config and tokenizer as a small HF directory (no weights): converting them takes
+    transformers ~7 s here, so it is done once."""
+    from transformers import AutoConfig, AutoTokenizer
+    progress("reading the GGUF's config and tokenizer (first start only)", 0.05)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent))
+    config.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(tmp)  # another process won the race; its copy is identical
+    else:
+        tmp.rename(target)
+
+
+def _from_blocks(gguf, directory, torch_dtype, progress):
+    """(model, blocks): the fp32 (or `torch_dtype`) model dequantised from the file's blocks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    config = AutoConfig.from_pretrained(directory)
+    progress("reading the GGUF's blocks", 0.3)
+    quant = weights.read_gguf(gguf, config)
+    progress("dequantising the blocks to the model's copy", 0.6)
+    state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
+             for name, w in quant.items()}
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"{gguf.name}: tensors missing {missing[:3]}, unexpected {unexpected[:3]}")
+    quant = {n: w for n, w in quant.items() if isinstance(w, weights.QuantWeight)}
+    return model, quant
+
+
 def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None):
     """Load (model, tokenizer) for `spec`: None (bundled GGUF), a .gguf file, or an HF directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,15 +154,20 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     path = default_model_path() if spec is None else Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"--model {spec}: no such file or directory")
-    from_cache = True
+    from_cache, model, quant = True, None, {}
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"--model {spec}: expected a .gguf file or a model directory")
         name = path.stem
         directory = _gguf_cache_dir(path)
-        if not directory.exists():
+        if not (directory / "config.json").exists():
             from_cache = False
-            _dequantise_to_cache(path, directory, progress)
+            if weights.architecture(path) == "llama":
+                _save_config_and_tokenizer(path, directory, progress)
+            else:
+                _dequantise_to_cache(path, directory, progress)
+        if json.loads((directory / "config.json").read_text()).get("model_type") == "llama":
+            model, quant = _from_blocks(path, directory, torch_dtype, progress)   # weights from the file
     else:
         if not (path / "config.json").is_file():
             raise ValueError(f"--model {spec}: not a transformers model directory (no config.json)")
@@ -124,6 +175,8 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         directory = path
     progress("loading weights", 0.9)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype).to(device).eval()
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
+    model = model.to(device).eval()
     progress("ready", 1.0)
-    return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache)
+    return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache, quant)

@@ -23,7 +23,8 @@ def run(engine, load):
     if bundle.model.config.to_dict() != engine.bundle.model.config.to_dict():
         raise ValueError("the reloaded model's shapes differ from the running one's")
     engine.bundle = bundle
-    engine.runner = Runner(bundle.model, engine.store)
+    engine.runner = Runner(bundle.model, engine.store, bundle.quant)
+    engine.runner.formats.stored = engine.settings["weights"] == "stored"
     end = engine.clock.now()
     engine.timing.model_loaded(start, end)
     return [ModelLoad(t=end, start=start, end=end, seconds=end - start, from_cache=bundle.from_cache,

@@ -80,25 +80,26 @@ class Roofline:
                 "linear_params": self.linear_params, "head_params": self.head_params,
                 "attention_flops_per_pair": self.pair_flops, "estimated": True}
 
-    def cost(self, parts):
+    def cost(self, parts, weight_bytes=None):
         """(flops, bytes) of one forward over `parts`: (start, n, logits) per segment, n new
         positions from `start` on, each query seeing every earlier position of its sequence;
-        `logits`: the rows of it that want logits (True: one)."""
+        `logits`: the rows of it that want logits (True: one). `weight_bytes`: what the forward's
+        weights path read (engine/linears.py Path; the 4-bit blocks or fp32), else the model's."""
         tokens = sum(n for _, n, _ in parts)
         rows = sum(int(logits) for _, _, logits in parts)
         pairs = sum(n * start + n * (n + 1) // 2 for start, n, _ in parts)   # query-key pairs
         flops = 2 * self.linear_params * tokens + 2 * self.head_params * rows + self.pair_flops * pairs
         kv_read = sum(start + n for start, n, _ in parts) * self.kv_bytes_per_token
         kv_written = tokens * self.kv_bytes_per_token
-        return flops, self.weight_bytes + kv_read + kv_written
+        return flops, (weight_bytes or self.weight_bytes) + kv_read + kv_written
 
-    def predict(self, parts):
+    def predict(self, parts, weight_bytes=None):
         """(predicted seconds, "memory" or "compute": the roof that bounds it)."""
-        flops, nbytes = self.cost(parts)
+        flops, nbytes = self.cost(parts, weight_bytes)
         memory_s, compute_s = nbytes / self.bandwidth_bps, flops / self.flops_per_s
         return max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
 
-    def predict_segments(self, segments):
+    def predict_segments(self, segments, weight_bytes=None):
         """`predict` for runner Segments (engine/runner.py); a speculating one wants logits at
         each guess too."""
-        return self.predict([(s.start, s.n, (1 + len(s.draft)) * s.logits) for s in segments])
+        return self.predict([(s.start, s.n, (1 + len(s.draft)) * s.logits) for s in segments], weight_bytes)

@@ -11,7 +11,6 @@ blocks and attends over what each request may see. A model used outside the engi
 With the KV cache off nothing is written: each segment is a whole sequence recomputed from
 its first token, attending only to itself.
 """
-from copy import deepcopy
 from dataclasses import dataclass, field
 import time
 
@@ -20,6 +19,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .linears import Formats, OutputHead, engine_decoder
 
 ATTENTION = "first_token_paged"
 
@@ -153,91 +154,31 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def _onednn_ok(linear):
-    """Whether oneDNN can run this linear layer here: fp32 on a CPU with oneDNN, no bias (the
-    Llama family has none). Elsewhere (GPU, bf16, MPS) the model's own modules run."""
-    w = linear.weight
-    return (w.device.type == "cpu" and w.dtype == torch.float32 and linear.bias is None
-            and torch.backends.mkldnn.is_available())
-
-
-class PackedLinear(torch.nn.Module):
-    """A bias-free nn.Linear on oneDNN with its weight prepacked once.
-
-    Measured on this 2-core AVX2 CPU over the 7 linear layers of all 30 SmolLM2-135M layers
-    (fp32, median of 8, docs/performance.md): MKL's `F.linear` 31.5 / 40.8 / 43.6 / 317 ms for
-    1 / 4 / 16 / 256 rows, the prepacked oneDNN kernel 21.8 / 20.3 / 26.4 / 149 ms. The packed
-    copy costs the layer's bytes again; the model keeps its own weights for `generate`."""
-
-    def __init__(self, linear):
-        super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
-
-    def forward(self, x):
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, None, "none", [], "")
-        return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def engine_decoder(decoder):
-    """The decoder the engine runs: a copy of the module tree sharing every tensor with the
-    model, its linear layers on prepacked oneDNN weights where that runs (`_onednn_ok`). The
-    model itself stays as transformers made it, so `generate` (tests, the bench's transformers
-    contenders) measures transformers as shipped."""
-    linears = [(name, m) for name, m in decoder.named_modules() if isinstance(m, torch.nn.Linear) and _onednn_ok(m)]
-    if not linears:
-        return decoder
-    memo = {id(t): t for t in list(decoder.parameters()) + list(decoder.buffers())}
-    copy = deepcopy(decoder, memo)
-    for name, m in linears:
-        parent, _, attr = name.rpartition(".")
-        setattr(copy.get_submodule(parent), attr, PackedLinear(m))
-    return copy
-
-
-class OutputHead:
-    """hidden -> vocab logits with the model's own head weights, on faster CPU kernels.
-
-    The head is the largest single matrix (49152 x 576 for SmolLM2-135M, 16 % of a batch-1
-    decode step in the profile, 21 % at batch 16). Measured on this 2-core CPU
-    (fp32, cache-cold, best of 8; docs/performance.md): `F.linear` (MKL) takes ~22 ms for one
-    row and ~110 ms for 16; `h @ W^T` on a contiguous transposed copy ~7 ms for one row (it
-    streams the matrix) but ~110 ms for 16; oneDNN on a prepacked copy ~18 ms / ~45 ms. So:
-    one row -> the transposed copy, several -> oneDNN. Each copy costs the head's bytes again
-    (2 x 113 MB here). Elsewhere (GPU, non-fp32, no oneDNN, a bias) the plain module is used."""
-
-    def __init__(self, head):
-        self.head = head
-        w = head.weight.detach()
-        self.fast = _onednn_ok(head)
-        if self.fast:
-            self.wt = w.t().contiguous()
-            self.packed = PackedLinear(head)
-
-    def __call__(self, h):
-        if not self.fast:
-            return self.head(h)
-        if h.shape[0] == 1:
-            return h @ self.wt
-        return self.packed(h)
-
-
-# Every forward shape run in this process: (a runner's `geometry`, token rows, logit rows). The
+# Every forward shape run in this process: (a runner's `geometry`, the weights' kernel, token rows,
+# logit rows). The
 # token rows are the M of every linear layer, the logit rows the output head's; on a CPU in fp32
 # oneDNN creates a kernel for each new M the first time (SmolLM2: one per distinct weight shape,
 # 4 in the decoder and 1 for the head, ~2 ms together) and keeps it in a cache global to the
 # process, so the first forward of a shape costs more and the next ones do not, and a reload (a
 # new Runner in the same process) creates none again: measured, docs/engine.md "Cold starts".
-# The attention's paths (decode rows, prompt chunks) create none.
+# The attention's paths (decode rows, prompt chunks) create none; the 4-bit kernel (weights as
+# stored) has one code path for every row count, but its forward is a shape of its own.
 SHAPES = set()
 
 
 class Runner:
-    def __init__(self, model, store):
+    def __init__(self, model, store, quant=None):
+        """`quant`: the file's blocks by parameter name (engine/weights.py), or None."""
         model.set_attn_implementation(ATTENTION)
         self.model = model
-        self.decoder = engine_decoder(model.get_decoder())
-        self.head = OutputHead(model.get_output_embeddings())
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+        linear = sum(m.weight.numel() * m.weight.element_size() for m in decoder.modules()
+                     if isinstance(m, torch.nn.Linear))
+        norms = sum(p.numel() * p.element_size() for n, p in decoder.named_parameters()
+                    if "norm" in n)
+        self.formats = Formats(quant or {}, linear, head.weight.numel() * head.weight.element_size(), norms)
+        self.decoder = engine_decoder(decoder, self.formats)
+        self.head = OutputHead(head, self.formats)
         self.store = store
         self.device = next(model.parameters()).device
         # Summed over every forward: wall seconds, and CPU seconds of the calling (engine) thread.
@@ -246,6 +187,7 @@ class Runner:
         linears = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
         self.geometry = (self.device.type, str(next(model.parameters()).dtype), tuple(sorted(linears)))
         self.first_shape = False   # the last forward was the first of its shape in this process (SHAPES)
+        self.path = None           # the last forward's weights path (engine/linears.py Path)
 
     @torch.inference_mode()
     def forward(self, segments):
@@ -258,7 +200,8 @@ class Runner:
             pos += range(seg.start, seg.start + seg.n)
             if seg.logits:
                 last += range(len(ids) - 1 - len(seg.draft), len(ids))
-        shape = (self.geometry, len(ids), len(last))
+        self.path = self.formats.path(len(ids), len(last))
+        shape = (self.geometry, self.path.kernel, len(ids), len(last))
         self.first_shape = shape not in SHAPES
         SHAPES.add(shape)
         w0, c0 = time.perf_counter(), time.thread_time()

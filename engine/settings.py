@@ -98,8 +98,9 @@ def coerce(field, kind, value, lo=None, hi=None):
     return value
 
 
-def make_settings(max_slots, cache_tokens_max, block_size, max_context):
-    """The engine's controls; bounds depend on the engine's start-up capacity."""
+def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_formats=("dequantised",)):
+    """The engine's controls; bounds depend on the engine's start-up capacity, and the `weights`
+    choices on the copies of the weights this model has (engine/linears.py Formats)."""
     prompt_max = max(16, min(2048, max_context - 16))
     specs = [
         Setting("load", "bool", False, doc="load generator on/off"),
@@ -138,6 +139,9 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context):
                 doc="injected network delay on every delivery to pages and API/phone streams, ms"),
         Setting("net_jitter_ms", "int", 0, 0, 2000, 10,
                 doc="injected jitter: up to N ms more per piece, order kept"),
+        Setting("weights", "choice", weight_formats[0], applies="next step", choices=tuple(weight_formats),
+                doc="which copy of the weights the linear layers read: stored (the file's 4-bit blocks, "
+                    "through the fused kernel) or dequantised (fp32, 5.6x the bytes); both stay resident"),
         Setting("slo_ttft_ms", "int", 2000, 50, 60000, 50, "finished requests",
                 doc="service-level objective for time to first token, ms (goodput counts requests meeting both)"),
         Setting("slo_tpot_ms", "int", 100, 5, 5000, 5, "finished requests",

@@ -103,7 +103,7 @@ class StepRecorder:
         """The forward is done (the runner synchronised the device): its end, before any bookkeeping."""
         self._forward_end = self.clock.now()
 
-    def forward_recorded(self, segments, first_shape):
+    def forward_recorded(self, segments, first_shape, path=None):
         """Charge the forward that just ran over `segments` (their positions already marked
         computed, so the cache figures are after it): `prefill` events and prefill time for
         prompt work, each running request's later-token share, and the `step` event
@@ -123,7 +123,8 @@ class StepRecorder:
         self._charge_later(segments, t1 - t0, prefill_tokens)
         self.scheduler.step_cost.observe(decode_tokens, prefill_tokens, t1 - t0)
         kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
-        predicted_s, bound = self.roofline.predict_segments(segments) if self.roofline else (None, None)
+        read = path.weight_bytes if path else None
+        predicted_s, bound = self.roofline.predict_segments(segments, read) if self.roofline else (None, None)
         spec = {g.seq.id: {"proposed": len(g.draft), "accepted": 0} for g in segments if g.draft}
         self._step = Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
                           predicted_s=predicted_s, bound=bound,
@@ -131,7 +132,8 @@ class StepRecorder:
                           decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
                           cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
                           per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None,
-                          first_shape=first_shape)
+                          first_shape=first_shape, weights=path and path.weights,
+                          kernel=path and path.kernel, weight_bytes=read)
         self._emit(self._step)
 
     def speculated(self, seg, accepted):

@@ -7,6 +7,8 @@ import gc
 import sys
 import threading
 
+from engine import kernels
+
 from . import bench_results
 
 
@@ -51,8 +53,13 @@ def _load(args, state):
     gc.freeze()
     state.set_backend(backend)
     bundle = backend.engine.bundle
+    w = backend.engine.hello().weights
     print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"
-          f"{', weights from cache' if bundle.from_cache else ''})", flush=True)
+          f"{', config and tokenizer from cache' if bundle.from_cache else ''}); weights read: "
+          f"{backend.engine.settings['weights']} ({w['formats'][backend.engine.settings['weights']]['decode_bytes'] / 1e6:.0f} MB a decode step)",
+          flush=True)
+    if bundle.device == "cpu":
+        print(kernels.describe(), flush=True)
 
 
 class ProgressBar:

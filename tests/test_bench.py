@@ -6,7 +6,7 @@ import torch
 
 from bench import contenders, tables
 from engine import Engine, EngineConfig, bandwidth
-from engine.runner import OutputHead
+from engine.linears import OutputHead
 
 
 def test_bandwidth_measurement_is_quick_and_in_hello(tiny):

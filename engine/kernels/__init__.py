@@ -1,0 +1,56 @@
+"""The engine's CPU kernels: torch custom ops built from csrc/ (engine/kernels/build.py), each
+with the plain-torch computation it must equal beside it.
+
+`quant_linear(x, w)`: x [rows, cols] fp32 times a `QuantWeight`'s blocks (engine/weights.py),
+transposed, = x @ w.dequantise().T up to summation order (fp32 throughout; the activations are
+never rounded to int8). The instruction-set path is picked once per process from what the CPU
+has (AVX-512, else AVX2+FMA+F16C, else portable C++); FIRST_TOKEN_ISA=avx2|portable picks a
+lower one, FIRST_TOKEN_KERNELS=off none (the engine then reads dequantised fp32 weights).
+"""
+import functools
+import os
+
+import torch
+
+from .build import build
+
+ISAS = {0: "portable", 1: "avx2", 2: "avx512"}
+
+
+@functools.lru_cache(maxsize=None)
+def status():
+    """{"isa": the path used, "isas": every path this CPU runs} or {"isa": None, "why": reason}."""
+    if os.environ.get("FIRST_TOKEN_KERNELS") == "off":
+        return {"isa": None, "isas": [], "why": "turned off (FIRST_TOKEN_KERNELS=off)"}
+    try:
+        torch.ops.load_library(str(build(quiet=True)))
+    except (RuntimeError, OSError) as e:
+        return {"isa": None, "isas": [], "why": str(e).splitlines()[0]}
+    isas = [ISAS[i] for i in torch.ops.first_token.isas()]
+    wanted = os.environ.get("FIRST_TOKEN_ISA")
+    if wanted and wanted not in isas:
+        return {"isa": None, "isas": isas, "why": f"FIRST_TOKEN_ISA={wanted} is not one of {isas}"}
+    return {"isa": wanted or isas[-1], "isas": isas, "why": None}
+
+
+def available():
+    return status()["isa"] is not None
+
+
+def describe():
+    """One line for the start-up log."""
+    s = status()
+    if s["isa"]:
+        return f"kernels: 4-bit linear on {s['isa']} (this CPU runs {', '.join(s['isas'])})"
+    return f"kernels: not available ({s['why']}); linear layers read dequantised fp32 weights"
+
+
+def quant_linear(x, w, isa=None):
+    """x [rows, w.cols] fp32 -> [rows, w.rows]: x times the blocks of `w`, transposed."""
+    code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
+    return torch.ops.first_token.quant_linear(x, w.data, w.kind, code)
+
+
+def quant_linear_reference(x, w):
+    """What `quant_linear` computes, in plain torch: fp32 matmul on the dequantised matrix."""
+    return x @ w.dequantise().T

@@ -1,0 +1,215 @@
+"""A model's weights as its GGUF file stores them: ggml's blocks, read without dequantising.
+
+SmolLM2-135M-Instruct's file holds its 210 linear layers as Q4_1 (32 weights share an fp16
+scale d and minimum m: w = d*q + m, q a 4-bit integer; 20 bytes a block) and its embedding,
+which is also the output head, as Q8_0 (w = d*q, q an int8; 34 bytes a block). `QuantWeight`
+keeps a layer's blocks, regrouped per output row (every block's d, then every m, then the
+quants: the same bytes and numbers, laid out so a kernel converts a row's scales at once), and
+`dequantise()` gives the fp32 matrix those numbers mean, which is what the model's fp32 copy
+holds. The fused kernel (engine/kernels) multiplies by the blocks directly.
+"""
+from dataclasses import dataclass
+
+import struct
+
+import numpy as np
+import torch
+
+Q4_1, Q8_0 = 3, 8                 # ggml's type ids, as GGUF files name them
+BLOCK = 32                        # weights per block
+BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
+KIND_NAMES = {Q4_1: "Q4_1", Q8_0: "Q8_0"}
+
+
+@dataclass
+class QuantWeight:
+    """One weight matrix [rows, cols] (rows = output features) as ggml blocks, regrouped per row."""
+    kind: int
+    rows: int
+    cols: int
+    data: torch.Tensor            # uint8 [rows, cols / 32 * block bytes]
+
+    @classmethod
+    def from_blocks(cls, kind, blocks):
+        """From the file's layout: uint8 [rows, blocks * bytes], each block {d, (m,) quants}."""
+        rows = blocks.shape[0]
+        b = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
+        cut = 4 if kind == Q4_1 else 2
+        parts = [b[..., 0:2]] + ([b[..., 2:4]] if kind == Q4_1 else []) + [b[..., cut:]]
+        data = torch.cat([p.reshape(rows, -1) for p in parts], dim=1).contiguous()
+        return cls(kind, rows, b.shape[1] * BLOCK, data)
+
+    @property
+    def nbytes(self):
+        return self.data.numel()
+
+    @property
+    def name(self):
+        return KIND_NAMES[self.kind]
+
+    def _parts(self):
+        nb = self.cols // BLOCK
+        d = self.data[:, :2 * nb].contiguous().view(torch.float16).float()
+        if self.kind == Q4_1:
+            m = self.data[:, 2 * nb:4 * nb].contiguous().view(torch.float16).float()
+            qs = self.data[:, 4 * nb:].reshape(self.rows, nb, 16)
+            q = torch.cat([qs & 0x0F, qs >> 4], dim=2).float()          # element j, then j + 16
+            return d, m, q
+        q = self.data[:, 2 * nb:].contiguous().view(torch.int8).reshape(self.rows, nb, BLOCK).float()
+        return d, None, q
+
+    def dequantise(self):
+        """The fp32 matrix these blocks mean (d*q + m per weight)."""
+        d, m, q = self._parts()
+        w = d[..., None] * q
+        if m is not None:
+            w = w + m[..., None]
+        return w.reshape(self.rows, self.cols)
+
+    def take_rows(self, order):
+        """The same weights with output rows in `order` (a permutation): bytes moved, not changed."""
+        return QuantWeight(self.kind, self.rows, self.cols, self.data[order].contiguous())
+
+
+def quantise(w, kind):
+    """fp32 [rows, cols] -> QuantWeight, as ggml's reference quantisers round (tests, tiny models)."""
+    rows, cols = w.shape
+    if cols % BLOCK:
+        raise ValueError(f"a {KIND_NAMES[kind]} weight needs columns in blocks of {BLOCK}, not {cols}")
+    x = w.detach().float().reshape(rows, cols // BLOCK, BLOCK)
+    if kind == Q4_1:
+        lo, hi = x.min(dim=2).values, x.max(dim=2).values
+        d = ((hi - lo) / 15).half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(lo))
+        q = ((x - lo.half().float()[..., None]) * inv[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
+        packed = q[..., :16] | (q[..., 16:] << 4)
+        parts = [d, lo.half()]
+    elif kind == Q8_0:
+        d = (x.abs().max(dim=2).values / 127).half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros_like(d.float()))
+        packed = (x * inv[..., None]).round().clamp(-127, 127).to(torch.int8).view(torch.uint8)
+        parts = [d]
+    else:
+        raise ValueError(f"no quantiser for block type {kind}")
+    data = torch.cat([p.contiguous().view(torch.uint8).reshape(rows, -1) for p in parts + [packed]], dim=1)
+    return QuantWeight(kind, rows, cols, data.contiguous())
+
+
+# GGUF tensor names (llama.cpp's) -> the transformers Llama module that holds them.
+_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name):
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: not a Llama tensor)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP:
+        return f"{_TOP[parts[0]]}.{parts[1]}"
+    return None
+
+
+def _rope_rows(rows, heads):
+    """The row order that undoes llama.cpp's interleaving of q/k rows for its rotary layout (the
+    permutation transformers' GGUF loader applies to the dequantised matrix)."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+# GGUF metadata value types: struct formats of the fixed-size ones (8: string, 9: array).
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+class _Cursor:
+    """Reads a GGUF header in place (gguf's own GGUFReader builds an object for every one of the
+    vocabulary's ~49k strings and ~2.5 s go to that; this skips what it does not keep)."""
+
+    def __init__(self, buf):
+        self.buf, self.at = buf, 0
+
+    def read(self, fmt):
+        v = struct.unpack_from("<" + fmt, self.buf, self.at)
+        self.at += struct.calcsize("<" + fmt)
+        return v[0] if len(v) == 1 else v
+
+    def string(self):
+        n = self.read("Q")
+        self.at += n
+        return bytes(self.buf[self.at - n:self.at]).decode("utf-8", "replace")
+
+    def value(self, kind):
+        """A scalar or string (an array is skipped: None)."""
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            item, n = self.read("I"), self.read("Q")
+            if item in _SCALARS:
+                self.at += n * struct.calcsize(_SCALARS[item])
+            else:
+                for _ in range(n):
+                    self.value(item)
+            return None
+        return self.read(_SCALARS[kind])
+
+
+def gguf_index(path):
+    """(metadata {key: scalar or string}, [(name, ggml type, shape rows-first, byte offset, bytes)])."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    c = _Cursor(buf)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    c.at = 4
+    version, n_tensors, n_kv = c.read("I"), c.read("Q"), c.read("Q")
+    if version < 2:
+        raise ValueError(f"{path}: GGUF version {version} is too old")
+    meta = {}
+    for _ in range(n_kv):
+        key = c.string()
+        meta[key] = c.value(c.read("I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string()
+        dims = [c.read("Q") for _ in range(c.read("I"))]
+        kind, offset = c.read("I"), c.read("Q")
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        infos.append((name, kind, tuple(reversed(dims)), offset, int(np.prod(dims)) // block * size))
+    align = meta.get("general.alignment", 32)
+    start = -(-c.at // align) * align
+    return meta, [(n, k, shape, start + off, size) for n, k, shape, off, size in infos], buf
+
+
+def architecture(path):
+    """The `general.architecture` a GGUF file declares ("llama", ...)."""
+    return gguf_index(path)[0].get("general.architecture")
+
+
+def read_gguf(path, config):
+    """{transformers name: QuantWeight (Q4_1, Q8_0 kept as blocks) or fp32 tensor} of a Llama GGUF.
+
+    Block types without a kernel here are dequantised by the gguf package (fp32, said by their type)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+    _, tensors, buf = gguf_index(path)
+    out = {}
+    for gname, kind, shape, offset, size in tensors:
+        name = hf_name(gname)
+        if name is None:
+            raise ValueError(f"{path.name}: tensor {gname} is not a Llama tensor this loader knows")
+        raw = torch.from_numpy(np.array(buf[offset:offset + size]))       # a copy: resident, not mapped
+        if kind in BLOCK_BYTES:
+            w = QuantWeight.from_blocks(kind, raw.reshape(shape[0], -1))
+        elif kind == 0:                                                    # F32
+            w = raw.view(torch.float32).reshape(shape)
+        else:
+            rows = raw.numpy().reshape(shape[0], -1)
+            w = torch.from_numpy(dequantize(rows, GGMLQuantizationType(kind)).astype(np.float32)).reshape(shape)
+        for proj, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
+            if name.endswith(f"self_attn.{proj}.weight"):
+                order = _rope_rows(shape[0], heads)
+                w = w.take_rows(order) if isinstance(w, QuantWeight) else w[order].contiguous()
+        out[name] = w
+    return out
