@@ -1,0 +1,84 @@
+"""The `weights` setting on a tiny model stored as ggml blocks (tests/helpers.py tiny_quant_bundle):
+the engine reads the blocks through the fused kernel or the fp32 copy, live, with the same greedy
+output as `generate`, and every step says which it read and how many bytes."""
+import pytest
+
+from engine import Engine, EngineConfig, SettingError
+from engine import events as ev
+from engine.linears import QUANT_MAX_ROWS
+from engine.settings import validate
+from engine.weights import Q4_1, Q8_0
+from helpers import reference, tiny_quant_bundle
+from test_engine import PROMPTS, Run
+
+
+@pytest.fixture(scope="module", params=[Q4_1, Q8_0], ids=["Q4_1", "Q8_0"])
+def quant(request):
+    return tiny_quant_bundle(kind=request.param)
+
+
+def make(bundle, **kw):
+    return Engine(bundle, EngineConfig(**{"slots": 4, "kv_tokens": 4096, "block_size": 16, "max_context": 512, **kw}))
+
+
+def test_the_blocks_are_read_by_default_and_both_copies_are_offered(quant):
+    e = make(quant)
+    assert e.settings["weights"] == "stored"
+    assert e.specs["weights"].choices == ("stored", "dequantised")
+    w = e.hello().weights
+    stored, fp32 = w["formats"]["stored"], w["formats"]["dequantised"]
+    blocks = sum(q.nbytes for n, q in quant.quant.items() if n.startswith("model.layers."))
+    norms = sum(p.numel() * 4 for n, p in quant.model.named_parameters() if "norm" in n)
+    assert stored["decode_bytes"] == blocks + quant.quant["lm_head.weight"].nbytes + norms
+    assert fp32["decode_bytes"] == sum(p.numel() * 4 for p in quant.model.parameters())   # tied head: once
+    assert stored["decode_bytes"] < fp32["decode_bytes"]
+    assert stored["floor_s"] / fp32["floor_s"] == pytest.approx(stored["decode_bytes"] / fp32["decode_bytes"])
+    assert w["max_rows"] == QUANT_MAX_ROWS and w["kernel"] in ("avx512", "avx2", "portable")
+
+
+@pytest.mark.parametrize("weights", ["stored", "dequantised"])
+def test_greedy_output_equals_generate_reading_either_copy(quant, weights):
+    e = make(quant)
+    e.apply_settings(validate(e.specs, {"weights": weights}))
+    run = Run(e)
+    ids = [run.add(p, max_new_tokens=12, temperature=0.0, ignore_eos=True) for p in PROMPTS[:4]]
+    run.until_idle()
+    for rid, prompt in zip(ids, PROMPTS):
+        assert run.tokens(rid) == reference(quant, prompt, 12)
+    steps = run.of(ev.Step)
+    assert {s.weights for s in steps} == {weights}
+    fmt = e.hello().weights["formats"][weights]
+    for s in steps:
+        if weights == "dequantised":
+            assert s.kernel == "oneDNN fp32" and s.weight_bytes == fmt["decode_bytes"]
+        elif s.tokens <= QUANT_MAX_ROWS:
+            assert s.kernel.startswith("4-bit ") and s.weight_bytes == fmt["decode_bytes"]
+        else:                        # a long prompt's forward takes oneDNN on the fp32 copy, and says so
+            assert s.kernel == f"oneDNN fp32 (rows > {QUANT_MAX_ROWS})" and s.weight_bytes > fmt["decode_bytes"]
+
+
+def test_switching_live_mid_stream_keeps_the_output_and_the_next_step_follows(quant):
+    e = make(quant)
+    run = Run(e)
+    rid = run.add(PROMPTS[1], max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    run.step(6)
+    switched = len(run.events)
+    run.events += e.apply_settings(validate(e.specs, {"weights": "dequantised"}))
+    run.step(4)
+    back = len(run.events)
+    run.events += e.apply_settings(validate(e.specs, {"weights": "stored"}))
+    run.until_idle()
+    assert run.tokens(rid) == reference(quant, PROMPTS[1], 16)
+    before, during, after = (run.events[:switched], run.events[switched:back], run.events[back:])
+    assert {s.weights for s in before if isinstance(s, ev.Step)} == {"stored"}
+    assert {s.weights for s in during if isinstance(s, ev.Step)} == {"dequantised"}
+    assert {s.weights for s in after if isinstance(s, ev.Step)} == {"stored"}
+    (change,) = [x for x in during if isinstance(x, ev.Settings)]
+    assert change.changed == ["weights"] and change.settings["weights"] == "dequantised"
+
+
+def test_a_model_without_blocks_has_only_the_fp32_copy_and_refuses_stored(tiny):
+    e = make(tiny)
+    assert e.settings["weights"] == "dequantised" and list(e.hello().weights["formats"]) == ["dequantised"]
+    with pytest.raises(SettingError, match="must be one of dequantised"):
+        validate(e.specs, {"weights": "stored"})
