@@ -86,9 +86,9 @@ class PackedLinear(torch.nn.Module):
     1 / 4 / 16 / 256 rows, the prepacked oneDNN kernel 21.8 / 20.3 / 26.4 / 149 ms. The packed
     copy costs the layer's bytes again; the model keeps its own weights for `generate`."""
 
-    def __init__(self, linear):
+    def __init__(self, weight):
         super().__init__()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
     def forward(self, x):
         rows = x.reshape(-1, x.shape[-1]).contiguous()
@@ -124,7 +124,7 @@ def engine_decoder(decoder, formats, prefix="model."):
     copy = deepcopy(decoder, memo)
     for name, m in linears:
         parent, _, attr = name.rpartition(".")
-        layer = PackedLinear(m)
+        layer = PackedLinear(m.weight)
         blocks = formats.quant.get(f"{prefix}{name}.weight")
         setattr(copy.get_submodule(parent), attr, QuantLinear(layer, blocks, formats) if blocks else layer)
     return copy
@@ -150,7 +150,7 @@ class OutputHead:
         self.fast = _onednn_ok(head)
         if self.fast:
             self.wt = w.t().contiguous()
-            self.packed = PackedLinear(head)
+            self.packed = PackedLinear(w)
 
     def __call__(self, h):
         if self.blocks is not None and self.formats.stored and h.shape[0] <= QUANT_MAX_ROWS:

@@ -20,6 +20,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import llama
 from .linears import Formats, OutputHead, engine_decoder
 
 ATTENTION = "first_token_paged"
@@ -75,6 +76,7 @@ class Plan:
         bs = store.block_size
         self.write = None               # (packed rows, store slots) of the keys/values to keep
         self.decode = None              # (rows, block ids [B * nb], mask [B, 1, 1, nb * bs])
+        self.tables = self.lengths = None   # the same decode rows' block tables [B, nb] and lengths [B]
         self.chunks = []                # (first packed row, n, block ids or None, keys, mask or None)
         # Indices are built here as Python lists and moved to the device in one copy each: on a GPU
         # a tensor made per segment is a launch or a host-to-device copy each (a batch of 64 decode
@@ -107,6 +109,7 @@ class Plan:
             lengths = _index(dec_len, device)
             mask = (torch.arange(nb * bs, device=device)[None, :] < lengths[:, None])[:, None, None, :]
             self.decode = (len(dec_blocks), _index(padded, device), mask)
+            self.tables, self.lengths = self.decode[1].view(len(dec_blocks), nb), lengths   # engine/llama.py
 
     def attend(self, layer, q, k, v, scale):
         """q [1, H, T, d]; k, v [1, h, T, d] for the packed tokens -> attention output [1, T, H, d]."""
@@ -123,6 +126,14 @@ class Plan:
                       for t in (store_k, store_v))                                      # [B, h, nb*bs, d]
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
             outs.append(o[:, :, 0].transpose(0, 1))                                    # [H, B, d]
+        outs += self.attend_chunks(layer, q, k, v, scale)
+        return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0)
+
+    def attend_chunks(self, layer, q, k, v, scale):
+        """[H, n, d] for each prompt chunk (and recomputed sequence), in order: causal over its own
+        fresh keys, or over its earlier chunks' keys in the store too (written already)."""
+        store_k, store_v = self.store.k[layer], self.store.v[layer]
+        outs = []
         for q0, n, blocks, length, mask in self.chunks:
             qc = q[:, :, q0:q0 + n]
             if blocks is None:          # keys are exactly this chunk's fresh ones: plain causal
@@ -133,7 +144,7 @@ class Plan:
                           for t in (store_k, store_v))
                 o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=scale, enable_gqa=True)
             outs.append(o[0])                                                          # [H, n, d]
-        return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0)
+        return outs
 
 
 def _gather(store, blocks):
@@ -177,9 +188,12 @@ class Runner:
         norms = sum(p.numel() * p.element_size() for n, p in decoder.named_parameters()
                     if "norm" in n)
         self.formats = Formats(quant or {}, linear, head.weight.numel() * head.weight.element_size(), norms)
-        self.decoder = engine_decoder(decoder, self.formats)
-        self.head = OutputHead(head, self.formats)
         self.store = store
+        # Llama on a CPU with the kernels built: the fused forward (engine/llama.py); else the
+        # model's own decoder, its linear layers on oneDNN where that runs.
+        self.fused = llama.LlamaDecoder(model, self.formats, store) if llama.supported(model) else None
+        self.decoder = None if self.fused else engine_decoder(decoder, self.formats)
+        self.head = OutputHead(head, self.formats)
         self.device = next(model.parameters()).device
         # Summed over every forward: wall seconds, and CPU seconds of the calling (engine) thread.
         self.wall_s = self.cpu_s = 0.0
@@ -213,12 +227,16 @@ class Runner:
 
     def _forward(self, ids, pos, last, segments):
         plan = Plan(self.store, segments, self.device)
-        out = self.decoder(input_ids=torch.tensor([ids], device=self.device),
-                           position_ids=torch.tensor([pos], device=self.device), use_cache=False, ft_plan=plan)
+        if self.fused:
+            hidden = self.fused(_index(ids, self.device), _index(pos, self.device), plan)
+        else:
+            hidden = self.decoder(input_ids=torch.tensor([ids], device=self.device),
+                                  position_ids=torch.tensor([pos], device=self.device), use_cache=False,
+                                  ft_plan=plan).last_hidden_state[0]
         if not last:
             synchronize(self.device)
             return None
-        hidden = out.last_hidden_state[0, _index(last, self.device)]
+        hidden = hidden[_index(last, self.device)]
         logits = self.head(hidden).float()
         synchronize(self.device)      # the forward ends (engine.py's step `end`) when the GPU is done
         return logits

@@ -71,6 +71,14 @@ class QuantWeight:
         return QuantWeight(self.kind, self.rows, self.cols, self.data[order].contiguous())
 
 
+def stack_rows(parts):
+    """Several matrices of one block type and width as one, rows after rows (q|k|v, gate|up: one
+    kernel call instead of three), or None where their types or widths differ."""
+    if len({(p.kind, p.cols) for p in parts}) != 1:
+        return None
+    return QuantWeight(parts[0].kind, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]))
+
+
 def quantise(w, kind):
     """fp32 [rows, cols] -> QuantWeight, as ggml's reference quantisers round (tests, tiny models)."""
     rows, cols = w.shape

@@ -99,12 +99,18 @@ def test_bad_shapes_are_refused_clearly(isas):
 
 
 def test_without_kernels_the_engine_reads_fp32_and_says_so():
-    """FIRST_TOKEN_KERNELS=off (as on a machine with no compiler): one line says so, and the
-    tiny model with blocks offers only the dequantised copy."""
+    """FIRST_TOKEN_KERNELS=off (as on a machine with no compiler): one line says so, the tiny
+    model with blocks offers only the dequantised copy, and transformers' decoder runs it (the
+    path a GPU takes too), greedy still equal to `generate`."""
     code = ("import sys; sys.path.insert(0, 'tests')\n"
             "from engine import kernels; from engine.engine import Engine; from helpers import tiny_quant_bundle\n"
+            "from test_engine import PROMPTS, Run\n"
             "print(kernels.describe())\n"
-            "e = Engine(tiny_quant_bundle())\n"
+            "b = tiny_quant_bundle(); e = Engine(b); run = Run(e)\n"
+            "ids = [run.add(p, max_new_tokens=8, temperature=0.0, ignore_eos=True) for p in PROMPTS[:3]]\n"
+            "run.until_idle()\n"
+            "from helpers import reference\n"
+            "print('fused', e.runner.fused is not None, 'equal', all(run.tokens(i) == reference(b, p, 8) for i, p in zip(ids, PROMPTS)))\n"
             "print(e.settings['weights'], e.specs['weights'].choices, list(e.hello().weights['formats']))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "FIRST_TOKEN_KERNELS": "off"})
@@ -112,4 +118,58 @@ def test_without_kernels_the_engine_reads_fp32_and_says_so():
     lines = out.stdout.strip().splitlines()
     assert lines[0] == ("kernels: not available (turned off (FIRST_TOKEN_KERNELS=off)); "
                         "linear layers read dequantised fp32 weights")
+    assert lines[-2] == "fused False equal True"
     assert lines[-1] == "dequantised ('dequantised',) ['dequantised']"
+
+
+# ---- the fused ops around the linear layers (csrc/fused.cpp) against their torch references ----
+OPS = torch.ops.first_token
+
+
+def close(a, b, tol=1e-5):
+    return relative_error(a, b) < tol
+
+
+def test_norms_rotary_and_silu_equal_their_references(isas):
+    g = torch.Generator().manual_seed(0)
+    h, x, w = (torch.randn(7, 96, generator=g) for _ in range(3))
+    w = w[0].contiguous()
+    assert close(OPS.rms_norm(h, w, 1e-5), kernels.rms_norm_reference(h, w, 1e-5))
+    r1, r2 = h.clone(), h.clone()
+    assert close(OPS.add_rms_norm(r1, x, w, 1e-5), kernels.add_rms_norm_reference(r2, x, w, 1e-5))
+    assert torch.equal(r1, r2)                       # the residual is updated in place, the same way
+    heads, d = 3, 32                                 # 2 query heads and 1 key head rotated; v left alone
+    qkv = torch.randn(5, (heads + 1) * d, generator=g)
+    pos = torch.tensor([0, 3, 4, 100, 7])
+    cos, sin = torch.rand(128, d // 2, generator=g), torch.rand(128, d // 2, generator=g)
+    a, b = qkv.clone(), qkv.clone()
+    OPS.rotary_(a, pos, cos, sin, heads, d)
+    kernels.rotary_reference(b, pos, cos, sin, heads, d)
+    assert close(a, b) and torch.equal(a[:, heads * d:], qkv[:, heads * d:])
+    gu = torch.randn(4, 2 * 48, generator=g)
+    assert close(OPS.silu_mul(gu), kernels.silu_mul_reference(gu))
+    with pytest.raises(RuntimeError, match="beyond the table"):
+        OPS.rotary_(a, torch.tensor([0, 0, 0, 0, 128]), cos, sin, heads, d)
+
+
+@pytest.mark.parametrize("lengths", [[1], [5, 17, 33], [64, 2, 40, 16]])
+def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths):
+    """Grouped-query attention (6 query heads, 2 key heads) over scattered blocks of 16 slots."""
+    g = torch.Generator().manual_seed(len(lengths))
+    q_heads, kv_heads, d, bs, blocks = 6, 2, 32, 16, 20
+    k_store, v_store = (torch.randn(blocks + 1, bs, kv_heads, d, generator=g) for _ in range(2))
+    nb = max(-(-n // bs) for n in lengths)
+    tables = torch.stack([torch.randperm(blocks, generator=g)[:nb] for _ in lengths])
+    lengths_t = torch.tensor(lengths)
+    qkv = torch.randn(len(lengths) + 2, (q_heads + 2 * kv_heads) * d, generator=g)   # 2 more rows: a chunk
+    args = (qkv, k_store, v_store, tables, lengths_t, q_heads, kv_heads, d, d ** -0.5)
+    assert close(OPS.paged_decode(*args), kernels.paged_decode_reference(*args))
+    rows, slots = torch.arange(len(lengths)), tables[:, 0] * bs + 3
+    ks, vs, kr, vr = k_store.clone(), v_store.clone(), k_store.clone(), v_store.clone()
+    OPS.kv_write_(ks, vs, qkv, rows, slots, q_heads, kv_heads, d)
+    kernels.kv_write_reference(kr, vr, qkv, rows, slots, q_heads, kv_heads, d)
+    assert torch.equal(ks, kr) and torch.equal(vs, vr) and not torch.equal(ks, k_store)
+    with pytest.raises(RuntimeError, match="beyond its table"):
+        OPS.paged_decode(qkv, k_store, v_store, tables, lengths_t + nb * bs, q_heads, kv_heads, d, 1.0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        OPS.kv_write_(ks, vs, qkv, rows, slots + 10_000, q_heads, kv_heads, d)

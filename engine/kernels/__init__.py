@@ -54,3 +54,43 @@ def quant_linear(x, w, isa=None):
 def quant_linear_reference(x, w):
     """What `quant_linear` computes, in plain torch: fp32 matmul on the dequantised matrix."""
     return x @ w.dequantise().T
+
+
+# The fused ops around the linear layers (csrc/fused.cpp), called as torch.ops.first_token.NAME
+# by engine/llama.py; each reference below is what its op computes, in plain torch.
+def rms_norm_reference(h, w, eps):
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def add_rms_norm_reference(residual, x, w, eps):
+    residual += x
+    return rms_norm_reference(residual, w, eps)
+
+
+def rotary_reference(qkv, pos, cos, sin, heads, head_dim):
+    x = qkv[:, :heads * head_dim].view(-1, heads, 2, head_dim // 2)
+    c, s = cos[pos][:, None], sin[pos][:, None]
+    x1, x2 = x[:, :, 0].clone(), x[:, :, 1].clone()
+    x[:, :, 0], x[:, :, 1] = x1 * c - x2 * s, x2 * c + x1 * s
+
+
+def silu_mul_reference(gu):
+    g, u = gu.chunk(2, dim=-1)
+    return torch.nn.functional.silu(g) * u
+
+
+def kv_write_reference(k_store, v_store, qkv, rows, slots, q_heads, kv_heads, head_dim):
+    width = kv_heads * head_dim
+    kv = qkv[rows, q_heads * head_dim:]
+    k_store.view(-1, width)[slots] = kv[:, :width]
+    v_store.view(-1, width)[slots] = kv[:, width:]
+
+
+def paged_decode_reference(qkv, k_store, v_store, tables, lengths, q_heads, kv_heads, head_dim, scale):
+    out = []
+    for b, (table, n) in enumerate(zip(tables.tolist(), lengths.tolist())):
+        k, v = (s[table].reshape(-1, kv_heads, head_dim)[:n].transpose(0, 1) for s in (k_store, v_store))
+        q = qkv[b, :q_heads * head_dim].view(q_heads, 1, head_dim)
+        o = torch.nn.functional.scaled_dot_product_attention(q[None], k[None], v[None], scale=scale, enable_gqa=True)
+        out.append(o.reshape(-1))
+    return torch.stack(out)

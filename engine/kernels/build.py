@@ -21,7 +21,7 @@ from torch.utils import cpp_extension
 HERE = Path(__file__).resolve().parent
 SOURCES = sorted((HERE / "csrc").glob("*.cpp"))
 BUILD = HERE / "build"          # git-ignored
-FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-w",
+FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-ffp-contract=off", "-w",
          f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
 
 
