@@ -17,8 +17,12 @@ from . import kernels
 from .weights import QuantWeight
 
 # Rows up to which the fused kernel runs (decode batches, speculative verification, small
-# chunks); measured against oneDNN fp32 on SmolLM2's shapes, docs/performance.md.
-QUANT_MAX_ROWS = 32
+# chunks). Measured against oneDNN fp32 on SmolLM2's shapes (Intel Xeon, AVX-512, 2 threads;
+# docs/performance.md): the 30 layers' linears 20.8 / 39.1 / 57.4 / 70.9 ms at 8 / 16 / 24 / 32
+# rows against 53.6 / 54.0 / 59.4 / 62.6 ms; the head (Q8_0) 11.5 against 11.8 ms at 16 rows
+# and 16.3 against 13.2 at 24.
+QUANT_MAX_ROWS = 24
+HEAD_MAX_ROWS = 16
 FORMATS = ("stored", "dequantised")
 
 
@@ -53,7 +57,7 @@ class Formats:
         """The `Path` of a forward over `tokens` rows with `logit_rows` rows of logits."""
         if not self.stored:
             return Path("dequantised", "oneDNN fp32", sum(self.fp32) + self.other)
-        small, head_small = tokens <= QUANT_MAX_ROWS, 0 < logit_rows <= QUANT_MAX_ROWS
+        small, head_small = tokens <= QUANT_MAX_ROWS, 0 < logit_rows <= HEAD_MAX_ROWS
         nbytes = (self.q[0] if small else self.fp32[0]) + (self.q[1] if head_small else self.fp32[1])
         kernel = f"4-bit {kernels.status()['isa']}" if small else "oneDNN fp32 (rows > %d)" % QUANT_MAX_ROWS
         return Path("stored", kernel, nbytes + self.other)
@@ -67,7 +71,7 @@ class Formats:
             out[name] = {"decode_bytes": p.weight_bytes, "floor_s": p.weight_bytes / bandwidth_bps,
                          "blocks": kinds}
         return {"formats": out, "kernel": kernels.status()["isa"], "why": kernels.status()["why"],
-                "max_rows": QUANT_MAX_ROWS}
+                "max_rows": QUANT_MAX_ROWS, "head_max_rows": HEAD_MAX_ROWS}
 
 
 def _onednn_ok(linear):
@@ -140,7 +144,7 @@ class OutputHead:
     streams the matrix) but ~110 ms for 16; oneDNN on a prepacked copy ~18 ms / ~45 ms. So:
     one row -> the transposed copy, several -> oneDNN. Each copy costs the head's bytes again
     (2 x 113 MB here). Reading the stored blocks (SmolLM2's tied embedding, Q8_0, 30 MB), the
-    fused kernel takes up to `QUANT_MAX_ROWS` rows. Elsewhere (GPU, non-fp32, no oneDNN, a
+    fused kernel takes up to `HEAD_MAX_ROWS` rows. Elsewhere (GPU, non-fp32, no oneDNN, a
     bias) the plain module is used."""
 
     def __init__(self, head, formats=None):
@@ -153,7 +157,7 @@ class OutputHead:
             self.packed = PackedLinear(w)
 
     def __call__(self, h):
-        if self.blocks is not None and self.formats.stored and h.shape[0] <= QUANT_MAX_ROWS:
+        if self.blocks is not None and self.formats.stored and h.shape[0] <= HEAD_MAX_ROWS:
             return kernels.quant_linear(h, self.blocks)
         if not self.fast:
             return self.head(h)

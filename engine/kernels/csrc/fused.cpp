@@ -133,15 +133,22 @@ inline void axpy(float a, const float* x, float* y, int64_t n) {
 // A clone per instruction set as a whole, so the inner loops inline and vectorise in each.
 FT_CLONES void attend_head(const float* q, const float* k, const float* v, const int64_t* table, int64_t n,
                            int64_t bs, int64_t width, int64_t d, float scale, float* scores, float* out) {
+  // block by block: no division per position
   float top = -INFINITY;
-  for (int64_t p = 0; p < n; ++p) {
-    scores[p] = dot(q, k + (table[p / bs] * bs + p % bs) * width, d) * scale;
-    top = std::max(top, scores[p]);
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* kb = k + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) {
+      scores[p0 + o] = dot(q, kb + o * width, d) * scale;
+      top = std::max(top, scores[p0 + o]);
+    }
   }
   float total = 0.f;
   for (int64_t p = 0; p < n; ++p) total += scores[p] = std::exp(scores[p] - top);
   std::fill(out, out + d, 0.f);
-  for (int64_t p = 0; p < n; ++p) axpy(scores[p] / total, v + (table[p / bs] * bs + p % bs) * width, out, d);
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* vb = v + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) axpy(scores[p0 + o] / total, vb + o * width, out, d);
+  }
 }
 
 // Decode attention: each of the first B rows of qkv is one request's new token; its queries attend
