@@ -217,38 +217,6 @@ FT_AVX512 void dot_avx512(int64_t type, const uint8_t* row, const float* x, int6
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
 }
 
-// One activation row (a batch-1 decode): the block's dot product is taken on its integers and
-// scaled once, d * (q . x), and Q4_1's minimums once per row, sum_b m_b * (sum of x over block b)
-// with those sums made once per call (`sx`): three vector ops a half-block instead of four. The
-// same real numbers; only the rounding order differs from dequantising first.
-FT_AVX512 void dot1_avx512(int64_t type, const uint8_t* row, const float* x, const float* sx, int64_t K, float* out) {
-  const int64_t nb = K / kBlock;
-  RowScales s;
-  scales_avx2(type, row, nb, s);
-  const uint8_t* qs = row + qs_offset(type, nb);
-  const __m128i nib = _mm_set1_epi8(0x0f);
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512 lo, hi;
-    if (type == kQ4_1) {
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * b));
-      lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, nib)));
-      hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), nib)));
-    } else {
-      const uint8_t* q = qs + kBlock * b;
-      lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
-      hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
-    }
-    const float* xb = x + b * kBlock;
-    const __m512 t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
-    acc[b & 1] = _mm512_fmadd_ps(t, _mm512_set1_ps(s.d[b]), acc[b & 1]);
-  }
-  float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
-  if (type == kQ4_1)
-    for (int64_t b = 0; b < nb; ++b) y += s.m[b] * sx[b];
-  *out = y;
-}
-
 // ---- the driver: output rows split over threads, weights read once per tile of rows ----------
 using Dot = void (*)(int64_t, const uint8_t*, const float*, int64_t, float*);
 
@@ -310,12 +278,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
   const float* xp = xc.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const int64_t row_bytes = w.size(1), nb = K / kBlock;
-  // Per activation row, the sum of x over each block (the single-row path's Q4_1 minimums).
-  std::vector<float> sx(M * nb, 0.f);
-  if (isa == kAvx512)
-    for (int64_t i = 0; i < M * nb; ++i)
-      for (int64_t j = 0; j < kBlock; ++j) sx[i] += xp[i * kBlock + j];
+  const int64_t row_bytes = w.size(1);
   // Output rows are split over the threads; within a thread, a tile of 16 rows' blocks (at most
   // ~16 KB) stays in cache while every tile of activation rows passes over it.
   constexpr int64_t kTile = 16;
@@ -328,10 +291,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
         const Dot dot = pick(isa, rows);
         for (int64_t n = t0; n < t1; ++n) {
           if (m0 == 0) prefetch(wp + (n + kAhead) * row_bytes, wp + n1 * row_bytes, row_bytes);
-          if (rows == 1 && isa == kAvx512)
-            dot1_avx512(type, wp + n * row_bytes, xp + m0 * K, sx.data() + m0 * nb, K, out);
-          else
-            dot(type, wp + n * row_bytes, xp + m0 * K, K, out);
+          dot(type, wp + n * row_bytes, xp + m0 * K, K, out);
           for (int r = 0; r < rows; ++r) yp[(m0 + r) * N + n] = out[r];
         }
       }
