@@ -252,7 +252,13 @@ def _reference(args):
         out = summarise_client(*client_load(url, model, batch, new, in_flight))
         out.pop("itl")
         return out
-    result = vs_reference.run(args, load)
+    def set_weights(app, fmt):
+        events = Events(app.ws_url)
+        try:
+            settle(events, {"weights": fmt})
+        finally:
+            events.close()
+    result = vs_reference.run(args, load, set_weights)
     write_results(result, vs_reference.report(result), args.out or str(ROOT / "bench" / "results-reference.json"))
 
 
