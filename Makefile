@@ -41,11 +41,13 @@ schema: $(STAMP)
 
 # In-process figures (engine vs transformers, step tables, start-up), then the served app
 # under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching),
-# then speculative decoding on and off through the same API (bench/speculative.py).
+# then speculative decoding on and off through the same API (bench/speculative.py), then the
+# weights read as stored vs dequantised vs transformers' decoder (bench/weights.py).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 	$(BIN)/python -m bench.serve $(ARGS)
 	$(BIN)/python -m bench.speculative $(ARGS)
+	$(BIN)/python -m bench.weights
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)

@@ -182,7 +182,7 @@ class ModelLoad(Event):
     start: float
     end: float
     seconds: float
-    from_cache: bool      # from the on-disk cache of dequantised weights
+    from_cache: bool      # config and tokenizer from the on-disk cache (docs/protocol.md)
     reason: Literal["reload"]
 
 

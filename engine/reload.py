@@ -1,4 +1,4 @@
-"""A cold start on demand: the model loaded again from its on-disk cache while the engine runs,
+"""A cold start on demand: the model loaded again from disk while the engine runs,
 as a restarted server would (the page's "Reload model" control, the `cold-start` preset).
 
 It runs on the engine thread (the driver's `ReloadModel` command), so nothing is computed while
