@@ -10,7 +10,8 @@ change in the machine's load hits all alike; figures are the median over rounds)
     before        `--before REV` (e.g. the commit before the kernels): that tree's code as it was,
                   from a temporary git worktree
 
-Each process loads the bundled model (its load time: a warm start, the cache made beforehand),
+Each process loads the bundled model (its load time: a warm start, the cache made beforehand;
+`--first-start` also times this tree's and `--before`'s first start, into an empty cache),
 reports its resident memory, times a decode step at batch 1..32 (context 128, median of 15)
 and profiles ten batch-1 steps (torch.profiler: the top ops by self CPU time). The processor
 is named in the table and the JSON (bench/results-weights.json).
@@ -41,7 +42,10 @@ def child(out):
     from engine.runner import Segment
     bundle = model.load(device="cpu", dtype="float32")
     load_s = time.perf_counter() - t0
-    eng = Engine(bundle)
+    from engine.config import EngineConfig
+    # as the server builds it (a tree from before the field existed: its default)
+    release = "release_model_weights" in EngineConfig.__dataclass_fields__
+    eng = Engine(bundle, EngineConfig(release_model_weights=True) if release else None)
     if os.environ.get("BENCH_WEIGHTS"):
         eng.apply_settings({"weights": os.environ["BENCH_WEIGHTS"]})
     runner, vocab = eng.runner, bundle.model.config.vocab_size
@@ -91,6 +95,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.weights", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--before", default=None, help="a git revision to measure as it was (a temporary worktree)")
+    ap.add_argument("--first-start", action="store_true", help="also time a first start (an empty cache)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-weights.json"))
     args = ap.parse_args(argv)
     arrangements = {name: (ROOT, env) for name, env in ARRANGEMENTS.items()}
@@ -102,6 +107,12 @@ def main(argv=None):
         try:
             for tree, env in arrangements.values():     # a warm start for every arrangement's cache
                 run_child(tree, env)
+            first = {}
+            for name in ("stored", "before") if args.first_start else ():
+                if name in arrangements:
+                    with tempfile.TemporaryDirectory() as cache:
+                        tree, env = arrangements[name]
+                        first[name] = run_child(tree, {**env, "FIRST_TOKEN_CACHE": cache})["load_s"]
             runs = {name: [] for name in arrangements}
             for r in range(args.rounds):
                 for name, (tree, env) in (arrangements.items() if r % 2 == 0 else reversed(arrangements.items())):
@@ -117,7 +128,8 @@ def main(argv=None):
                   "profile_total_ms": rs[-1]["profile_total_ms"], "ops_per_step": rs[-1]["ops_per_step"]}
            for name, rs in runs.items()}
     result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "processor": machine.processor(),
-              "before": args.before, "rounds": args.rounds, "context": CONTEXT, "median": med, "runs": runs}
+              "before": args.before, "rounds": args.rounds, "context": CONTEXT, "first_start_s": first,
+              "median": med, "runs": runs}
     print(report(result))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
@@ -134,6 +146,8 @@ def report(r):
         lines.append(f"{name:14s} {m['decode_bytes'] / 1e6:8.0f} " +
                      " ".join(f"{1e3 * m['steps'][b]:6.1f}ms" for b in BATCHES) +
                      f" {m['ops_per_step']:9.0f} {m['rss_mb']:7.0f} {m['load_s']:7.1f}")
+    for name, s in r["first_start_s"].items():
+        lines.append(f"first start (empty cache), {name}: {s:.1f} s")
     for name, m in r["median"].items():
         lines.append(f"\n{name}: batch-1 step profile, self CPU {m['profile_total_ms']:.1f} ms/step:")
         lines += [f"  {o['op']:45s} {o['ms_per_step']:6.2f} ms  {o['calls_per_step']:5.0f} calls" for o in m["profile"]]

@@ -60,6 +60,8 @@ class Engine:
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._by_id = {}
+        if config.release_model_weights:      # after everything above has read the model's shapes
+            self.runner.release_model_weights()
 
     # ------------------------------------------------------------------ facts
     def hello(self):

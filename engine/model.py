@@ -132,9 +132,11 @@ def _from_blocks(gguf, directory, torch_dtype, progress):
     progress("dequantising the blocks to the model's copy", 0.6)
     state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
              for name, w in quant.items()}
-    with no_init_weights():
+    with no_init_weights(), torch.device("meta"):      # no memory until the weights are assigned
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    rotary = model.get_decoder().rotary_emb        # its buffers are computed, not loaded: made again
+    model.get_decoder().rotary_emb = type(rotary)(config=config)
     if config.tie_word_embeddings:
         model.tie_weights()
         quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])

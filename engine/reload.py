@@ -25,6 +25,8 @@ def run(engine, load):
     engine.bundle = bundle
     engine.runner = Runner(bundle.model, engine.store, bundle.quant)
     engine.runner.formats.stored = engine.settings["weights"] == "stored"
+    if engine.config.release_model_weights:
+        engine.runner.release_model_weights()
     end = engine.clock.now()
     engine.timing.model_loaded(start, end)
     return [ModelLoad(t=end, start=start, end=end, seconds=end - start, from_cache=bundle.from_cache,

@@ -166,7 +166,7 @@ class _Cursor:
 def gguf_index(path):
     """(metadata {key: scalar or string}, [(name, ggml type, shape rows-first, byte offset, bytes)])."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = np.memmap(path, dtype=np.uint8, mode="c")     # copy-on-write: torch wants a writable array
     c = _Cursor(buf)
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError(f"{path}: not a GGUF file")
@@ -207,11 +207,11 @@ def read_gguf(path, config):
         name = hf_name(gname)
         if name is None:
             raise ValueError(f"{path.name}: tensor {gname} is not a Llama tensor this loader knows")
-        raw = torch.from_numpy(np.array(buf[offset:offset + size]))       # a copy: resident, not mapped
+        raw = torch.from_numpy(buf[offset:offset + size])     # a view of the mapped file: each branch copies
         if kind in BLOCK_BYTES:
             w = QuantWeight.from_blocks(kind, raw.reshape(shape[0], -1))
         elif kind == 0:                                                    # F32
-            w = raw.view(torch.float32).reshape(shape)
+            w = raw.view(torch.float32).reshape(shape).clone()
         else:
             rows = raw.numpy().reshape(shape[0], -1)
             w = torch.from_numpy(dequantize(rows, GGMLQuantizationType(kind)).astype(np.float32)).reshape(shape)

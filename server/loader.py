@@ -26,6 +26,7 @@ def driver(args, progress):
         torch.set_num_threads(args.threads)
     bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
+                          release_model_weights=True,
                           max_context=args.max_context)
     bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
 
