@@ -95,10 +95,15 @@ def _dequantise_to_cache(gguf, target, progress):
     del model.config.quantization_config
     model.hf_quantizer = None
     progress("writing the weight cache", 0.85)
+    _save_atomically(target, model, tok)
+
+
+def _save_atomically(target, *parts):
+    """`save_pretrained` of each part into `target`, made whole in a temporary directory first."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent))
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    for part in parts:
+        part.save_pretrained(tmp)
     if target.exists():
         shutil.rmtree(tmp)  # another process won the race; its copy is identical
     else:
@@ -112,14 +117,7 @@ def _save_config_and_tokenizer(gguf, target, progress):
     progress("reading the GGUF's config and tokenizer (first start only)", 0.05)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent))
-    config.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if target.exists():
-        shutil.rmtree(tmp)  # another process won the race; its copy is identical
-    else:
-        tmp.rename(target)
+    _save_atomically(target, config, tok)
 
 
 def _from_blocks(gguf, directory, torch_dtype, progress):
