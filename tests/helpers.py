@@ -47,6 +47,25 @@ def tiny_bundle(seed=0, layers=2):
     return model_mod.ModelBundle(m, tok, "tiny-random-llama", "cpu", torch.float32, 0.0, False)
 
 
+def tiny_quant_bundle(seed=0, layers=2, kind=None):
+    """`tiny_bundle` with its weights stored as a GGUF would store them: every linear layer and the
+    (tied) embedding quantised to ggml blocks (Q4_1 by default, as SmolLM2's file has its layers),
+    and the model's fp32 weights set to exactly what those blocks mean, so `generate` on the model
+    is the reference for the engine reading either copy."""
+    from engine import weights
+    bundle = tiny_bundle(seed, layers)
+    kind = kind or weights.Q4_1
+    quant = {}
+    with torch.no_grad():
+        for name, p in bundle.model.named_parameters():
+            if p.dim() == 2:                 # the linear layers and the embedding (= the tied head)
+                quant[name] = weights.quantise(p, kind)
+                p.copy_(quant[name].dequantise())
+    quant["lm_head.weight"] = quant["model.embed_tokens.weight"]
+    bundle.quant = quant
+    return bundle
+
+
 def reference(bundle, text, max_new):
     """`model.generate`'s greedy continuation of `text` (token ids), run alone."""
     ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(bundle.model.device)
