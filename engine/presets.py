@@ -244,7 +244,7 @@ PRESETS = {p.name: p for p in (
            "total tokens/s, speculation on vs off, against one user's gain", SPECULATIVE,
            (Action(0, 8, task="copy", seed=3),)),
     # One stream reads the dequantised fp32 copy (538 MB a step for SmolLM2), then, 4 s in, the
-    # file's own 4-bit blocks (96 MB): the same numbers, a fifth of the bytes. The page's figure
+    # file's own 4-bit blocks (97 MB): the same numbers, a fifth of the bytes. The page's figure
     # is the median decode step measured under each (step.weights). Where this engine has one
     # format only (no blocks, no kernel) the switch is refused with an `error` saying why.
     Preset("weights", "Fewer bytes to read, faster decode",

@@ -14,7 +14,7 @@ import {$, fmtBytes, fmtS} from "ft/util";
 let s;   // the page state, from init
 export function init(deps) { ({s} = deps); }
 
-// Megabytes as the lesson says them ("96 MB", "538 MB"); small models' bytes as fmtBytes does.
+// Megabytes as the lesson says them ("97 MB", "538 MB"); small models' bytes as fmtBytes does.
 export const mb = (b) => (b >= 10e6 ? `${Math.round(b / 1e6)} MB` : fmtBytes(b));
 
 // The formats this server has (`hello.weights.formats`), or null (observe mode, traces before 12).
@@ -48,7 +48,7 @@ export function name(fmt, kind = "long", st = s) {
   return fmt === "stored" ? `${b} as stored` : fmt === "dequantised" ? `${b} dequantised` : fmt;
 }
 
-// The control's choice: "as stored (4-bit, 96 MB)" / "dequantised (fp32, 538 MB)".
+// The control's choice: "as stored (4-bit, 97 MB)" / "dequantised (fp32, 538 MB)".
 export function choiceText(fmt, st = s) {
   const f = formats(st);
   if (!f || !f[fmt]) return fmt;
@@ -65,12 +65,12 @@ export function floorOf(fmt = inForce(), st = s) {
   return null;
 }
 
-// "estimated floor: 96 MB ÷ 24.9 GB/s" (short enough for a phone's chart; the header names the format).
+// "estimated floor: 97 MB ÷ 24.9 GB/s" (short enough for a phone's chart; the header names the format).
 export function floorLabel(fl) {
   return fl.gbs ? `estimated floor: ${mb(fl.bytes)} ÷ ${fl.gbs.toFixed(1)} GB/s` : "estimated floor (weights ÷ bandwidth)";
 }
 
-// The header: "weights: 4-bit as stored, 96 MB/step".
+// The header: "weights: 4-bit as stored, 97 MB/step".
 export function headerText(st = s) {
   const fmt = inForce(st), fl = floorOf(fmt, st);
   if (!fmt || !fl) return "";
