@@ -191,3 +191,28 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
             firstToken.send({type: 'set', settings: d}); firstToken.send({type: 'reset'}); }""")
         page.wait_for_timeout(500)
         ctx.close()
+
+
+def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser):
+    """A viewer's page names the format as the presenter switches it; its own control is disabled
+    (and the server refuses its `set` anyway: tests/test_weights.py); no Measure-both button."""
+    from conftest import LiveApp
+    from server.classroom import Classroom
+    classroom = Classroom(join_code="owl")
+    app = LiveApp(quant, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
+    classroom.base = app.url
+    ctx, page = open_page(browser, app.url + "/?weights=dequantised", 1366, 768)
+    try:
+        page.wait_for_function("() => firstToken.state.hello && firstToken.state.hello.role === 'viewer'")
+        page.wait_for_timeout(600)
+        assert page.is_disabled("#set-weights input[value=stored]") and page.is_disabled("#set-weights input[value=dequantised]")
+        assert app.driver.settings["weights"] == "stored"   # its URL's setting was not sent
+        assert page.text_content("#model-weights").startswith("weights: 4-bit as stored")
+        app.driver.update_settings({"weights": "dequantised"})   # the presenter switches
+        page.wait_for_function("() => document.getElementById('model-weights').textContent.startsWith('weights: fp32 dequantised')")
+        page.click("#btn-measure", force=True)   # disabled: nothing sent
+        assert page.is_hidden("#m-both")
+        assert page.errors == []
+    finally:
+        ctx.close()
+        app.stop()
