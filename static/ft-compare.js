@@ -184,8 +184,8 @@ function sloFig(f) {
 export async function run() {
   if (busy) return;
   const cmp = COMPARISONS[$("c-which").value];
-  current = cmp;
   if (!confirmReset("Comparing two runs")) return;
+  current = cmp;
   busy = true; runs = null; cancelled = false; partial = {};
   $("c-run").disabled = true; $("c-cancel").hidden = false;
   try {
