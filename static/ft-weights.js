@@ -48,11 +48,12 @@ export function name(fmt, kind = "long", st = s) {
   return fmt === "stored" ? `${b} as stored` : fmt === "dequantised" ? `${b} dequantised` : fmt;
 }
 
-// The control's choice: "as stored (4-bit, 97 MB)" / "dequantised (fp32, 538 MB)".
+// The control's choice: "as stored (4-bit, 97 MB)" / "dequantised (fp32, 538 MB)", on two lines
+// (the parenthesis under the name: the controls panel is narrow; ft.css keeps the line break).
 export function choiceText(fmt, st = s) {
   const f = formats(st);
   if (!f || !f[fmt]) return fmt;
-  return `${fmt === "stored" ? "as stored" : fmt} (${bits(st, fmt)}, ${mb(f[fmt].decode_bytes)})`;
+  return `${fmt === "stored" ? "as stored" : fmt}\n(${bits(st, fmt)}, ${mb(f[fmt].decode_bytes)})`;
 }
 
 // A format's bytes per batch-1 decode step and its bandwidth floor (an estimate), with the

@@ -52,7 +52,7 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         stored, fp32 = mb(formats["stored"]["decode_bytes"]), mb(formats["dequantised"]["decode_bytes"])
         assert page.text_content("#model-weights") == f"weights: 4-bit as stored, {stored}/step"
         assert "float32" not in page.text_content("#model")   # the fp32 activations are not the weights read
-        labels = page.eval_on_selector_all("#set-weights .seg-opt", "els => els.map(e => e.textContent)")
+        labels = page.eval_on_selector_all("#set-weights .seg-opt", "els => els.map(e => e.textContent.replace(/\\s+/g, ' '))")
         assert labels == [f"as stored (4-bit, {stored})", f"dequantised (fp32, {fp32})"]
         assert page.is_checked("#set-weights input[value=stored]")
         assert not page.is_visible("#h-weights-fig")   # the model line says it on a wide screen
