@@ -82,7 +82,7 @@ class ApplyPreset:
     overrides: dict   # validated settings over the preset's own
 
     def run(self, driver):
-        driver._actions[:] = [(driver.clock.now() + a.at, a) for a in self.preset.actions]
+        driver._actions[:] = [(driver.clock.now() + a.at, a) for a in self.preset.timed(self.overrides)]
         events = self.preset.apply(driver.engine, self.overrides)
         driver._load_wake.set()
         return events
@@ -152,10 +152,19 @@ class EngineDriver:
         return {"status": "ok", "model": b.name, "device": b.device, "dtype": b.dtype_name,
                 "load_s": round(loads[-1][1] - loads[-1][0] if loads else b.load_s, 3),
                 "loaded_at": round(eng.clock.wall0 + (loads[-1][1] if loads else 0.0), 3),
-                "weights_from_cache": b.from_cache,
+                "weights_from_cache": b.from_cache, "weights": self._weights(),
                 "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting),
                 "engine_thread": {"between_forwards_s": self.between_wall_s,
                                   "between_forwards_cpu_s": self.between_cpu_s}}, 200
+
+    def _weights(self):
+        """/healthz's `weights`: the format in force (the `weights` setting), the bytes of weights a
+        batch-1 decode step reads in it and what multiplies them (engine/linears.py), and the
+        formats this engine can switch between."""
+        formats = self.engine.runner.formats
+        path = formats.path(1, 1)
+        return {"format": path.weights, "decode_bytes": path.weight_bytes, "kernel": path.kernel,
+                "formats": list(formats.available)}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -293,9 +302,21 @@ class EngineDriver:
             if a.reload:    # on this thread, so the bursts queued before it wait for the load
                 self._publish(ReloadModel().run(self))
                 continue
+            if a.settings:  # a lesson's switch mid-run; one this engine lacks is said, not applied
+                self._publish(self._timed_settings(a.settings))
+                continue
             new = a.max_new_tokens or self.settings["max_new_tokens"]
             n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
             self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)
+
+    def _timed_settings(self, changes):
+        """A preset's timed settings change, applied here (its `settings` event), or an `error` saying
+        why not (e.g. `weights: stored` where no 4-bit kernel or blocks exist)."""
+        try:
+            return self.engine.apply_settings(validate(self.specs, changes))
+        except SettingError as e:
+            return [Error(t=self.clock.now(), message=f"the lesson's change of {e.field} was not applied: {e.message}",
+                          field=e.field, fatal=False)]
 
     def _wait_s(self):
         """How long the idle engine thread may sleep: until stats are due or a preset's next burst."""

@@ -12,7 +12,7 @@ situation alone. The page (`/?preset=NAME`, the presets panel, the tour),
 proves it. Timings in the texts are for the bundled model on a CPU and are described
 relatively, since the page shows the measured ones.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import events
 from .settings import SettingError
@@ -32,11 +32,16 @@ class Action:
     max_new_tokens: int | None = None   # default: the preset's setting
     reload: bool = False  # instead of a burst: load the model again (a cold start, engine/reload.py)
     task: str | None = None   # a chat request asking this of each prompt (loadgen.TASKS), e.g. "copy"
+    # instead of a burst: change these settings at that time (a lesson that switches mid-run: the
+    # `weights` preset reads fp32, then the file's 4-bit blocks); a comparison's overrides win
+    settings: dict | None = None
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
         if self.reload:
             out["reload"] = True
+        if self.settings:
+            out["settings"] = dict(self.settings)
         if self.task is not None:
             out["task"] = self.task
         if self.prompt_tokens is not None:
@@ -77,6 +82,19 @@ class Preset:
     def requests(self):
         """How many requests its bursts submit."""
         return sum(a.burst for a in self.actions)
+
+    def timed(self, overrides=None):
+        """Its actions for a run with `overrides` (one side of a comparison): a timed settings
+        change leaves a setting the overrides fix alone, so that side reads one format throughout."""
+        out = []
+        for a in self.actions:
+            if a.settings and overrides:
+                keep = {k: v for k, v in a.settings.items() if k not in overrides}
+                if not keep:
+                    continue
+                a = replace(a, settings=keep)
+            out.append(a)
+        return out
 
     def apply(self, engine, overrides=None):
         """Reset `engine`, then every setting as this preset has it, with validated `overrides`
@@ -225,6 +243,18 @@ PRESETS = {p.name: p for p in (
            "speculation gains little or loses here, while it won with one user.",
            "total tokens/s, speculation on vs off, against one user's gain", SPECULATIVE,
            (Action(0, 8, task="copy", seed=3),)),
+    # One stream reads the dequantised fp32 copy (538 MB a step for SmolLM2), then, 4 s in, the
+    # file's own 4-bit blocks (97 MB): the same numbers, a fifth of the bytes. The page's figure
+    # is the median decode step measured under each (step.weights). Where this engine has one
+    # format only (no blocks, no kernel) the switch is refused with an `error` saying why.
+    Preset("weights", "Fewer bytes to read, faster decode",
+           "One request decodes alone, first reading the weights dequantised to fp32, then, a few "
+           "seconds in, as the model file stores them: 4-bit blocks, the same numbers in about a fifth "
+           "of the bytes. A batch-1 decode step is bound by reading the weights, so it gets faster "
+           "when there are fewer bytes to read: watch its ticks close up at the switch.",
+           "decode step time, fp32 vs 4-bit, against each format's bandwidth floor",
+           {"weights": "dequantised", "prompt_tokens": 32, "max_new_tokens": 192},
+           (Action(0, 1), Action(4.0, 0, settings={"weights": "stored"}))),
 )}
 
 

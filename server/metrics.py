@@ -40,6 +40,11 @@ and First Token's own (vLLM has no such metrics), from the same events:
     first_token:slo_attainment          fraction of the requests judged in that window that met both
     first_token:model_load_seconds      how long the model's last load took (the start's, or a reload's)
     first_token:model_loads_total       reloads since start (model_load events)
+    first_token:weight_bytes_per_decode_step{format}  bytes of weights a batch-1 decode step reads
+                                        in the `weights` format in force (hello.weights; one series,
+                                        labelled with that format: stored or dequantised)
+    first_token:weight_bytes_read_total{format}  bytes of weights the forwards read (step.weight_bytes),
+                                        by the format each read: its rate is the weight traffic
 """
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -115,6 +120,14 @@ class EngineMetrics:
         self.goodput = gauge("first_token:goodput_requests_per_s", "Requests/s meeting both SLOs, last 30 s")
         self.attainment = gauge("first_token:slo_attainment", "Fraction of requests judged in the last 30 s "
                                                               "that met both SLOs")
+        self._decode_bytes = Gauge("first_token:weight_bytes_per_decode_step",
+                                   "Bytes of weights a batch-1 decode step reads in the weights format in force",
+                                   ["model_name", "format"], registry=self.registry)
+        self._read = Counter("first_token:weight_bytes_read", "Bytes of weights read by forwards, by weights format",
+                             ["model_name", "format"], registry=self.registry)
+        self._label = label
+        self._format = None          # the format whose series the gauge holds now
+        self._formats = {}           # format -> bytes a decode step reads in it (hello.weights)
         Gauge("first_token_info", "This server is First Token; the label is its wire protocol version",
               ["model_name", "protocol"], registry=self.registry).labels(
                   protocol=str(ev_types.PROTOCOL), **label).set(1)
@@ -125,10 +138,27 @@ class EngineMetrics:
         hello = backend.hello()
         m = cls(backend.api_model, hello.cache_blocks)
         m.load_s.set(backend.health()[0].get("load_s") or 0.0)
+        if hello.weights:
+            m._formats = {name: f["decode_bytes"] for name, f in hello.weights["formats"].items()}
+            m._weights_in_force(hello.settings.get("weights"))
         backend.events.add_listener(m.on_event)
         return m
 
+    def _weights_in_force(self, fmt):
+        """The decode-bytes gauge's one series names the format in force."""
+        if fmt == self._format or fmt not in self._formats:
+            return
+        if self._format is not None:
+            self._decode_bytes.remove(self._label["model_name"], self._format)
+        self._decode_bytes.labels(format=fmt, **self._label).set(self._formats[fmt])
+        self._format = fmt
+
     def on_event(self, ev):
+        if isinstance(ev, ev_types.Settings):
+            self._weights_in_force(ev.settings.get("weights"))
+            return
+        if isinstance(ev, ev_types.Step) and ev.weights and ev.weight_bytes:
+            self._read.labels(format=ev.weights, **self._label).inc(ev.weight_bytes)
         if isinstance(ev, ev_types.Token):
             self.generation_tokens.inc()
             last, last_spec = self._last_token.get(ev.id, (None, None))

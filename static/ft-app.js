@@ -24,6 +24,7 @@ import * as server from "ft/server";
 import {createState, ingest} from "ft/state";
 import * as teach from "ft/teach";
 import * as tour from "ft/tour";
+import * as weights from "ft/weights";
 import {$, toast} from "ft/util";
 
 const embed = document.body.classList.contains("embed");
@@ -44,6 +45,7 @@ canvases.init({s, view, ui, select, engineNow});
 replay.init({s, ui, show});
 server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
 classroom.init({embed});
+weights.init({s});   // the weights format a decode step reads: header, control, floors (ft-weights.js)
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
@@ -92,14 +94,14 @@ function loop(ts) {
   const t0 = performance.now();
   canvases.draw();
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
-  if (ts - lastDom >= 250) { lastDom = ts; panels.update(); server.update(); teach.update(); }
+  if (ts - lastDom >= 250) { lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(); }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
   requestAnimationFrame(loop);
 }
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(); teach.update(); charts.update();
+  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(); charts.update();
 }
 
 // For tests, benchmarks and the console.

@@ -11,6 +11,7 @@ import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
 import {$, fmtBytes, fmtS} from "ft/util";
+import {stepLine as weightsLine} from "ft/weights";
 
 // From init: the page state, the shared time window (span, right edge, paused), the UI state
 // (selected request; the layouts drawn, which hover and click read), `select(id)`, and
@@ -54,7 +55,7 @@ function stepText(st) {
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return [what, stepLine(st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
+  return [what, stepLine(st), weightsLine(st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, the tokens out per forward in view while

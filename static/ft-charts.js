@@ -6,7 +6,8 @@
 import {STAGES, alpha, palette as P, stageColor} from "ft/palette";
 import {percentile, stepMedians} from "ft/state";
 import {rooflineGap} from "ft/targets";
-import {$, fmtBytes} from "ft/util";
+import {$} from "ft/util";
+import {floorMarks, formatTraces, pointFormats} from "ft/weights";
 
 let s;   // the page state, from init
 export function init(deps) { ({s} = deps); }
@@ -59,7 +60,8 @@ export function rooflineRatio(pts) {
 
 function stepTraces(points) {
   const on = points.filter((p) => p.kv), off = points.filter((p) => !p.kv);
-  const data = [
+  // steps that read different copies of the weights (the `weights` setting): dots and a median each
+  const data = pointFormats(on).length > 1 ? formatTraces(on, jitter, stepHover, medians) : [
     Object.assign({type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
                    marker: {color: alpha(P.decode, 0.45), size: 5}}, stepHover(on)),
     Object.assign({type: "scatter", mode: "lines+markers", name: "median", line: {color: P.decode, width: 3},
@@ -76,21 +78,6 @@ function stepTraces(points) {
     data.push(Object.assign({type: "scatter", mode: "lines", name: "median (off)", line: {color: P.bad, width: 3}}, medians(off)));
   }
   return data;
-}
-
-// The estimated floor (weight bytes ÷ measured bandwidth, from hello) as a dashed line.
-function floorMarks(hello) {
-  const bw = hello && hello.bandwidth;
-  if (!bw || typeof bw.floor_s !== "number") return {shapes: [], annotations: []};
-  const y = bw.floor_s * 1000;
-  // short enough for the narrowest chart (a phone's); the heading's tooltip says the rest
-  const text = typeof bw.gbs === "number" ? `estimated floor: ${fmtBytes(hello.weight_bytes)} ÷ ${bw.gbs.toFixed(1)} GB/s`
-                                          : "estimated floor (weights ÷ bandwidth)";
-  return {
-    shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: P.accent, width: 2, dash: "dash"}}],
-    annotations: [{xref: "paper", x: 0.01, xanchor: "left", y, yanchor: "bottom", showarrow: false,
-                   font: {color: P.accent, size: 13}, text}],
-  };
 }
 
 function drawStages(div) {
@@ -153,10 +140,11 @@ function drawSteps(div) {
   const k = rooflineRatio(s.points.filter((p) => p.kv));
   $("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)` +
     (k !== null && k > 2 ? ` · measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model` : "");
-  // The floor inside the scale: plotly's autorange ignores shapes.
-  const floor = s.hello && s.hello.bandwidth && s.hello.bandwidth.floor_s ? s.hello.bandwidth.floor_s * 1000 : 0;
-  const top = Math.max(floor, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-  Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello), {
+  // The estimated floor (weight bytes ÷ measured bandwidth) of the copy of the weights the steps
+  // read, each copy's when they read both (ft-weights.js), inside the scale: plotly's autorange ignores shapes.
+  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(fmts);
+  const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
+  Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, {
     legend: LEGEND_ABOVE, margin: STEPS_MARGIN,
     xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
                          s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),

@@ -11,7 +11,10 @@
 // first tokens to say whether they matched, and that both runs began with an empty prefix
 // cache (their `reset` events say so). Each run is drawn while it records, with its progress;
 // Cancel stops the comparison and resets the engine. A run gives up only after two minutes
-// without a forward, so a slow machine's long run is waited for.
+// without a forward, so a slow machine's long run is waited for. The two copies of the weights
+// (fp32 dequantised vs the file's 4-bit blocks) run the `weights` preset with the format fixed on
+// each side (its timed switch leaves an overridden setting alone), drawn with each side's median
+// decode step and the bytes a step read; offered where the server has both (hello.weights).
 import {send} from "ft/connection";
 import {sloCounts, throughput} from "ft/figures";
 import {pct, rates, tally} from "ft/speculate";
@@ -19,6 +22,7 @@ import {createState, ingest, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
 import {drawTimeline} from "ft/timeline";
 import {$, el, fmtS} from "ft/util";
+import {formats as weightFormats, mb, name as formatName} from "ft/weights";
 
 let s;   // the page state, from init (both runs start from its hello and settings)
 let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
@@ -29,6 +33,7 @@ let cancelled = false;
 let pending = null;     // {reset}: the `reset` before a comparison's `preset` event
 let partial = {};       // side -> the run recorded so far, drawn while it records
 let drawn = {runs: null, size: ""};   // what was last drawn: finished runs change only in size
+let current = null;     // the comparison running or last run
 
 // base: the preset both runs apply; a/b: the setting each changes over it.
 export const COMPARISONS = {
@@ -43,6 +48,10 @@ export const COMPARISONS = {
   // for many: where speculation gains and where it stops gaining.
   speculation: {title: "speculative decoding off vs on: one user, then many", bases: ["speculative", "speculative-busy"],
                 a: ["speculation off", {speculation: "off"}], b: ["speculation on (ngram)", {speculation: "ngram"}]},
+  // Offered where both copies exist; labels named from hello.weights when it arrives.
+  weights: {title: "weights: dequantised (fp32) vs as stored (4-bit)", base: "weights", figs: "weights",
+            offered: () => { const f = weightFormats(s); return !!(f && f.stored && f.dequantised); },
+            a: ["weights dequantised", {weights: "dequantised"}], b: ["weights as stored", {weights: "stored"}]},
 };
 const basesOf = (cmp) => cmp.bases || [cmp.base];
 const TIME_KEYS = ["t", "start", "end", "sampled"];
@@ -176,6 +185,7 @@ export async function run() {
   if (busy) return;
   const cmp = COMPARISONS[$("c-which").value];
   if (!confirmReset("Comparing two runs")) return;
+  current = cmp;
   busy = true; runs = null; cancelled = false; partial = {};
   $("c-run").disabled = true; $("c-cancel").hidden = false;
   try {
@@ -195,6 +205,7 @@ export async function run() {
     if (st.slo_ttft_ms) status(`${$("c-status").textContent} Both judged against TTFT ≤ ${fmtS(st.slo_ttft_ms / 1000)} ` +
                                `and ≤ ${fmtS(st.slo_tpot_ms / 1000)} per later token (✓/✗ after each request).`);
     if (bases.length > 1) status(`${$("c-status").textContent} ${crossover(cmp, a, b)}`);
+    if (cmp.figs === "weights") status(`${$("c-status").textContent} ${weightsLine(a, b)}`);
     $("sheet-compare").dataset.same = String(same);
     $("sheet-compare").dataset.cold = String(cold);
   } catch (e) {
@@ -209,6 +220,29 @@ export async function run() {
 
 function status(text) { $("c-status").textContent = text; }
 
+// A run's decode steps: their median time and the bytes of weights a step read (step.weight_bytes).
+function decodeSteps(rs) {
+  const steps = rs.steps.filter((st) => st.kind === "decode");
+  if (!steps.length) return null;
+  return {n: steps.length, ms: percentile(steps.map((st) => (st.end - st.start) * 1000), 50),
+          bytes: percentile(steps.filter((st) => typeof st.weightBytes === "number").map((st) => st.weightBytes), 50)};
+}
+
+// The two copies of the weights: each side's median decode step and bytes per step, measured and sent by the engine.
+function weightsFigs(r, f) {
+  const d = decodeSteps(r.s);
+  return [fig("decode step p50", d ? `${d.ms.toFixed(1)} ms` : "—"), fig("weights / step", d && d.bytes !== null ? mb(d.bytes) : "—"),
+          fig("per later token p50", f ? fmtS(f.tpot) : "—"), fig("total tokens/s", f ? f.tps.toFixed(1) : "—"),
+          fig("all done after", f ? fmtS(f.span) : "—")];
+}
+
+function weightsLine(a, b) {
+  const da = decodeSteps(a.s), db = decodeSteps(b.s);
+  if (!da || !db) return "";
+  return `Median decode step: ${b.label} ${db.ms.toFixed(1)} ms against ${a.label} ${da.ms.toFixed(1)} ms ` +
+    `(${(da.ms / db.ms).toFixed(1)}× faster), reading ${mb(db.bytes)} of weights a step against ${mb(da.bytes)}.`;
+}
+
 // Both runs on one time axis: finished ones, or what is recorded so far (an empty side waits).
 function draw() {
   const shown = runs || partial;
@@ -222,7 +256,7 @@ function draw() {
     const canvas = $(`c-${side}-canvas`);
     if (!r) { canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height); continue; }
     $(`c-${side}-label`).textContent = `${side.toUpperCase()} · ${r.label}` + (runs ? "" : ` (${r.done} of ${r.requests} done)`);
-    $(`c-${side}-figs`).replaceChildren(...(r.several ? partFigs(r) : f ? [
+    $(`c-${side}-figs`).replaceChildren(...(r.several ? partFigs(r) : current && current.figs === "weights" ? weightsFigs(r, f) : f ? [
       fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
@@ -237,9 +271,22 @@ function fig(k, v) {
   return d;
 }
 
+// The comparisons this server offers (the weights one where it has both copies), named from hello.
+function options() {
+  const f = weightFormats(s), was = $("c-which").value;
+  if (f && f.stored && f.dequantised) {
+    COMPARISONS.weights.title = `weights: ${formatName("dequantised")} vs ${formatName("stored")}`;
+    COMPARISONS.weights.a[0] = `${formatName("dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
+    COMPARISONS.weights.b[0] = `${formatName("stored")} (${mb(f.stored.decode_bytes)}/step)`;
+  }
+  $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered())
+    .map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));
+  if (was && COMPARISONS[was] && [...$("c-which").options].some((o) => o.value === was)) $("c-which").value = was;
+}
+
 export function init(deps) {
   ({s} = deps);
-  $("c-which").replaceChildren(...Object.entries(COMPARISONS).map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));
+  options();
   $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
   $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
   $("c-run").addEventListener("click", run);
@@ -247,6 +294,7 @@ export function init(deps) {
 }
 
 export function onEvent(ev) {
+  if (ev.type === "hello") options();
   if (awaiting && ev.type === "reset") pending = {reset: ev};
   else if (awaiting && ev.type === "preset") {
     awaiting = false;

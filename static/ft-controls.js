@@ -5,6 +5,7 @@
 import {send} from "ft/connection";
 import {confirmReset} from "ft/teach";
 import {$, el, fmtBytes, toast} from "ft/util";
+import {choiceText as weightsChoice} from "ft/weights";
 
 // From init: the page state (settings, limits), its UI state (awaitOwn: select the page's own
 // next request) and whether this is an /embed (no controls).
@@ -20,14 +21,14 @@ const LABELS = {
   slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
   kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
   prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
-  max_step_ms: ["Step-time target", "ms"],
+  max_step_ms: ["Step-time target", "ms"], weights: ["Weights", "read by each decode step"],
   speculation: ["Speculative decoding", "guesses checked in one forward"], spec_tokens: ["Guesses per step", "tokens"],
   slo_ttft_ms: ["TTFT objective (SLO)", "ms"], slo_tpot_ms: ["Per-token objective (SLO)", "ms/token"],
   buffer_ms: ["Proxy buffer: flush every", "ms · 0 = off"], buffer_bytes: ["Proxy buffer: or at", "bytes · 0 = off"],
   net_latency_ms: ["Network delay (injected)", "ms"], net_jitter_ms: ["Network jitter (injected)", "+0…N ms"],
 };
 const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "max_step_ms", "slots",
-               "cache_tokens", "kv_cache", "prefix_caching", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
+               "cache_tokens", "kv_cache", "prefix_caching", "weights", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
                "temperature", "top_p"];
 // The way out (server/delivery.py): after the engine's own settings, under their own heading.
 const BETWEEN = ["buffer_ms", "buffer_bytes", "net_latency_ms", "net_jitter_ms"];
@@ -63,7 +64,8 @@ function choiceInput(name, lim, head, row) {
     const input = el("input");
     input.type = "radio"; input.name = name; input.value = choice;
     input.addEventListener("change", () => { if (input.checked) send({type: "set", settings: {[name]: choice}}); });
-    option.append(input, el("span", "", choice));
+    // the weights' copies say their format and bytes per step, from hello.weights
+    option.append(input, el("span", "", name === "weights" ? weightsChoice(choice) : choice));
     group.append(option);
   }
   row.append(group);

@@ -6,6 +6,7 @@
 import {proof as wayOutProof} from "ft/delivery";
 import {lessonFigure} from "ft/speculate";
 import {percentile, running} from "ft/state";
+import {proof as weightsProof} from "ft/weights";
 import {fmtS} from "ft/util";
 
 export const median = (xs) => percentile(xs, 50);
@@ -143,7 +144,7 @@ function stallFigure(s, t0) {
 
 // The live figure for a preset, or a line saying what it waits for.
 export function proofText(name, s, t0) {
-  const f = proof[name] || wayOutProof[name];   // the way out's and the cold start's: ft-delivery.js
+  const f = proof[name] || wayOutProof[name] || weightsProof[name];   // the way out's and the cold start's: ft-delivery.js; weights: ft-weights.js
   if (!f) return "";
   return f(s, t0) || WAIT;
 }

@@ -7,16 +7,32 @@
 // roofline: every decode and prefill point's step time against the tokens its forward
 // computed, on log-log axes under the two roofs (weights ÷ bandwidth, flat; flops ÷ peak matmul
 // rate, rising), which are estimates and say so, with the gap between measured and estimated
-// named when it is large.
+// named when it is large. Each sweep reads one copy of the weights (`measure.weights`, the
+// `weights` setting): the sheet keeps the latest under each, and once both are there draws both,
+// each format's step times against its own floor and memory roof (*Measure both weight formats*
+// runs the two sweeps in turn, then puts the setting back).
 // (Plotly: the global that plotly.min.js, a classic script before the modules, defines.)
 import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
 import {percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
 import {$, fmtBytes, fmtS, toast} from "ft/util";
+import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
 
 let s;   // the page state, from init (its connectT tells history sent on connect from news)
 let result = null, drawn = null;
+let byFormat = {};   // weights format -> the latest finished sweep that read it
+let both = null;     // "Measure both weight formats" while it runs: {step}
+const DASHES = ["solid", "dot", "dashdot", "longdash"];
+
+// The format a sweep read: a finished one says; one still running reads the setting in force.
+const formatOf = (ev) => ev.weights || inForce(s);
+// The sweeps to draw: one per format once both formats have one (the newest first), else the newest.
+function shown() {
+  const fmts = Object.keys(byFormat);
+  if (result && result.status === "done" && fmts.length > 1) return ["dequantised", "stored"].filter((f) => byFormat[f]).map((f) => byFormat[f]);
+  return result ? [result] : [];
+}
 
 const LAYOUT = {
   paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
@@ -36,18 +52,28 @@ function byContext(rows) {
   return [...m.entries()].sort((a, b) => a[0] - b[0]);
 }
 
-function drawSteps(ev) {
-  const groups = byContext(ev.decode);
-  const data = groups.map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `context ${ctx} tokens`,
-    x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000), line: {color: HUES[i % HUES.length], width: 3},
-    hovertemplate: `context ${ctx}: batch %{x} → %{y:.1f} ms<extra></extra>`}));
+// One sweep's lines (one per context length) and its floor: the weights it read plus the batch's
+// keys/values at the measured bandwidth, an estimate. With two formats drawn each takes its own
+// colour, and the contexts their dashes.
+function stepLines(ev, two) {
+  const fmt = formatOf(ev), tag = two ? `${name(fmt, "short")}, ` : "";
+  const data = byContext(ev.decode).map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx} tokens`,
+    x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
+    line: {color: two ? colorOf(fmt) : HUES[i % HUES.length], width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
+    hovertemplate: `${tag}context ${ctx}: batch %{x} → %{y:.1f} ms<extra></extra>`}));
   const floors = ev.decode.map((r) => r.floor_s).filter((v) => typeof v === "number");
   if (floors.length) {
     const batches = [...new Set(ev.decode.map((r) => r.batch))].sort((a, b) => a - b);
-    const floor = percentile(floors, 50) * 1000;
-    data.push({type: "scatter", mode: "lines", name: "estimate: memory-bandwidth floor", x: batches, y: batches.map(() => floor),
-               line: {color: P.accent, width: 2, dash: "dash"}, hovertemplate: "estimate: %{y:.1f} ms<extra></extra>"});
+    const floor = percentile(floors, 50) * 1000, fl = floorOf(fmt, s);
+    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
+               x: batches, y: batches.map(() => floor), line: {color: two ? colorOf(fmt) : P.accent, width: 2, dash: "dash"},
+               hovertemplate: `estimate${two ? `, ${name(fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
   }
+  return data;
+}
+
+function drawSteps(evs) {
+  const data = evs.flatMap((ev) => stepLines(ev, evs.length > 1));
   Plotly.react($("m-steps"), data, Object.assign({}, LAYOUT, {
     xaxis: axis("requests in the batch", {dtick: 1}), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
@@ -82,37 +108,47 @@ function drawKV(ev) {
 // (flat: a forward cannot be faster, however few its tokens), and the compute roof, two flops
 // per linear weight per token at the measured matmul rate (rising). Both estimates; null in
 // observe mode or before hello.
-export function roofs(hello) {
+// `fmt`: the copy of the weights the forwards read (hello.weights), else the default format's bytes.
+export function roofs(hello, fmt = null) {
   const R = hello && hello.roofline, bw = hello && hello.bandwidth;
   if (!R || !bw || typeof bw.weight_bytes !== "number") return null;
-  return {memoryS: bw.weight_bytes / (R.gbs * 1e9), computeS: (n) => (2 * R.linear_params * n) / (R.peak_gflops * 1e9),
-          gbs: R.gbs, gflops: R.peak_gflops, weightBytes: bw.weight_bytes, linear: R.linear_params};
+  const f = hello.weights && fmt ? hello.weights.formats[fmt] : null, bytes = f ? f.decode_bytes : bw.weight_bytes;
+  return {memoryS: bytes / (R.gbs * 1e9), computeS: (n) => (2 * R.linear_params * n) / (R.peak_gflops * 1e9),
+          gbs: R.gbs, gflops: R.peak_gflops, weightBytes: bytes, linear: R.linear_params, fmt: f ? fmt : null};
 }
 
 // The median of measured ÷ estimated over points, or null.
 const medianRatio = (pts) => percentile(pts.filter((p) => typeof p.predicted_s === "number" && p.predicted_s > 0)
   .map((p) => p.step_s / p.predicted_s), 50);
 
-function drawRoofline(ev) {
-  const dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
-  const pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
+function drawRoofline(evs) {
+  const two = evs.length > 1, data = [];
+  let xs = [], dec = [], pre = [], R = null;
   const point = (p, n, what) => `${what}<br>measured ${fmtS(p.step_s)} · roofline estimate ${fmtS(p.predicted_s)} (${p.bound}-bound)` +
     (rooflineGap(p.step_s, p.predicted_s) ? `<br>${rooflineGap(p.step_s, p.predicted_s)}` : "");
-  const data = [
-    {type: "scatter", mode: "markers", name: "decode (measured)", x: dec.map((p) => p.batch), y: dec.map((p) => p.step_s * 1000),
-     marker: {color: P.decode, size: 9}, text: dec.map((p) => point(p, p.batch, `decode: batch ${p.batch}, context ${p.context}`)),
-     hovertemplate: "%{text}<extra></extra>"},
-    {type: "scatter", mode: "lines+markers", name: "prefill (measured)", x: pre.map((p) => p.tokens), y: pre.map((p) => p.step_s * 1000),
-     marker: {color: P.prefill, size: 9}, line: {color: P.prefill, width: 2},
-     text: pre.map((p) => point(p, p.tokens, `prefill: one ${p.tokens}-token prompt`)), hovertemplate: "%{text}<extra></extra>"},
-  ];
-  const R = roofs(s.hello);
-  const xs = dec.map((p) => p.batch).concat(pre.map((p) => p.tokens));
+  for (const ev of evs) {   // each sweep's points, and the memory roof of the bytes it read
+    const fmt = formatOf(ev), tag = two ? `, ${name(fmt, "short")}` : "";
+    dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
+    pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
+    data.push(
+      {type: "scatter", mode: "markers", name: `decode (measured)${tag}`, x: dec.map((p) => p.batch), y: dec.map((p) => p.step_s * 1000),
+       marker: {color: two ? colorOf(fmt) : P.decode, size: 9}, text: dec.map((p) => point(p, p.batch, `decode${tag}: batch ${p.batch}, context ${p.context}`)),
+       hovertemplate: "%{text}<extra></extra>"},
+      {type: "scatter", mode: "lines+markers", name: `prefill (measured)${tag}`, x: pre.map((p) => p.tokens), y: pre.map((p) => p.step_s * 1000),
+       marker: {color: P.prefill, size: 9, symbol: two && fmt === "dequantised" ? "square" : "circle"}, line: {color: P.prefill, width: 2},
+       text: pre.map((p) => point(p, p.tokens, `prefill${tag}: one ${p.tokens}-token prompt`)), hovertemplate: "%{text}<extra></extra>"});
+    xs = xs.concat(dec.map((p) => p.batch), pre.map((p) => p.tokens));
+  }
+  const roofList = evs.map((ev) => roofs(s.hello, formatOf(ev))).filter(Boolean);
+  R = roofList[roofList.length - 1] || null;
   if (R && xs.length) {
     const x0 = 1, x1 = Math.max(...xs) * 1.5;
-    data.push({type: "scatter", mode: "lines", name: "memory roof (estimate)",
-               x: [x0, x1], y: [R.memoryS * 1000, R.memoryS * 1000], line: {color: P.accent, width: 2, dash: "dash"},
-               hovertemplate: `memory roof (estimate): %{y:.1f} ms<extra></extra>`});
+    for (const r of roofList) {
+      const tag = two && r.fmt ? `, ${name(r.fmt, "short")}: ${mb(r.weightBytes)}` : "";
+      data.push({type: "scatter", mode: "lines", name: `memory roof (estimate${tag})`,
+                 x: [x0, x1], y: [r.memoryS * 1000, r.memoryS * 1000], line: {color: two ? colorOf(r.fmt) : P.accent, width: 2, dash: "dash"},
+                 hovertemplate: `memory roof (estimate${tag}): %{y:.1f} ms<extra></extra>`});
+    }
     data.push({type: "scatter", mode: "lines", name: "compute roof (estimate)",
                x: [x0, x1], y: [R.computeS(x0) * 1000, R.computeS(x1) * 1000], line: {color: P.bad, width: 2, dash: "dot"},
                hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
@@ -123,11 +159,11 @@ function drawRoofline(ev) {
     margin: Object.assign({}, LAYOUT.margin, {b: 40}),
     xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
     yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
-  $("m-roof-note").textContent = roofNote(dec, pre, R);
+  $("m-roof-note").textContent = roofNote(dec, pre, R, two ? roofList : null);
 }
 
 // The gap between what was measured and what the roofline estimates, said plainly.
-function roofNote(dec, pre, R) {
+function roofNote(dec, pre, R, both = null) {
   if (!R) return "No roofline: this server did not send its measured rates.";
   const parts = [];
   let over = false;
@@ -140,14 +176,16 @@ function roofNote(dec, pre, R) {
                : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
   }
   return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
-    ` Roofs, estimates: memory = ${fmtBytes(R.weightBytes)} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
+    (both ? ` (The figures: the ${name(R.fmt)} sweep.)` : "") +
+    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
+    `${R.fmt && !both ? ` (${name(R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
     `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
 }
 
 function show(on) { $("sheet-measure").hidden = !on; }
 
 export function onEvent(ev) {
-  if (ev.type === "hello") { result = null; return; }
+  if (ev.type === "hello") { result = null; byFormat = {}; return; }
   if (ev.type !== "measure") return;
   const status = $("m-status");
   const replayed = s.connectT !== null && ev.t < s.connectT;   // history sent on connect: no pop-up
@@ -161,9 +199,13 @@ export function onEvent(ev) {
     if (!first) result = ev;   // the points timed so far, drawn as they come
   } else if (ev.status === "done") {
     result = ev;
+    if (ev.weights) byFormat[ev.weights] = ev;
     status.dataset.status = "done";
-    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine; serving resumed. ` +
-      "Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; flops ÷ measured matmul rate).";
+    const fmts = Object.keys(byFormat);
+    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(ev.weights)}` : ""}; ` +
+      "serving resumed. Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; " +
+      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(f)).join(", ")}); ` +
+      `the rates and KV charts: the latest sweep (${name(ev.weights)}).` : "");
   } else {
     status.dataset.status = "error";
     status.textContent = `The measurement failed: ${ev.message}`;
@@ -172,9 +214,12 @@ export function onEvent(ev) {
 
 // Charts are drawn when the sheet is visible (plotly needs its size).
 export function update() {
+  $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === "viewer";
+  $("m-both").disabled = !!both;
   if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
   drawn = result;
-  drawSteps(result); drawRates(result); drawKV(result); drawRoofline(result);
+  const evs = shown();
+  drawSteps(evs); drawRates(result); drawKV(result); drawRoofline(evs);
   for (const id of ["m-steps", "m-rates", "m-kv", "m-roof"]) $(id).classList.toggle("partial", result.status === "running");
 }
 
@@ -184,4 +229,38 @@ export function init(deps) {
     if (send({type: "measure"})) { show(true); $("m-status").textContent = "asking the engine to measure…"; }
   });
   $("m-close").addEventListener("click", () => show(false));
+  $("m-both").addEventListener("click", measureBoth);
+}
+
+// Resolves when pred() holds (polled), or rejects after `ms`.
+const until = (pred, ms) => new Promise((resolve, reject) => {
+  const end = performance.now() + ms;
+  const timer = setInterval(() => {
+    if (pred()) { clearInterval(timer); resolve(); }
+    else if (performance.now() > end) { clearInterval(timer); reject(new Error("timed out")); }
+  }, 100);
+});
+
+// The sweep under each copy of the weights in turn, then the setting as it was: both drawn.
+export async function measureBoth() {
+  if (both) return;
+  const was = s.settings.weights;
+  both = {step: 0};
+  try {
+    for (const fmt of ["dequantised", "stored"]) {
+      if (!send({type: "set", settings: {weights: fmt}})) throw new Error("not connected");
+      await until(() => s.settings.weights === fmt, 10000);
+      const before = byFormat[fmt], prior = result;
+      if (!send({type: "measure"})) throw new Error("not connected");
+      show(true);
+      const failed = () => result && result !== prior && result.status === "error";
+      await until(() => (byFormat[fmt] && byFormat[fmt] !== before) || failed(), 600000);
+      if (failed()) throw new Error(result.message);
+    }
+  } catch (e) {
+    toast(`measuring both weight formats stopped: ${e.message}`);
+  } finally {
+    both = null;
+    if (was && s.settings.weights !== was) send({type: "set", settings: {weights: was}});
+  }
 }

@@ -103,8 +103,11 @@ function promptChips(r) {
 
 export function showModel(h) {
   if (observing(s)) { $("model").textContent = modelLine(); return; }
-  $("model").textContent = `${h.model} · ${h.device} · ${h.dtype} · ${(h.params / 1e6).toFixed(0)} M params · ` +
-    `${h.layers} layers · ${h.max_slots} slots`;
+  // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
+  const w = el("span", "model-weights", h.dtype);
+  w.id = "model-weights";
+  $("model").replaceChildren(`${h.model} · ${h.device} · `, w, ` · ${(h.params / 1e6).toFixed(0)} M params · ` +
+    `${h.layers} layers · ${h.max_slots} slots`);
 }
 
 function headline() {

@@ -21,7 +21,8 @@ export function createState() {
     hello: null, settings: {}, limits: {}, loading: null,
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
-                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out, firstShape};
+                                  //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out, firstShape,
+                                  //   weights, kernel, weightBytes};
                                   //   "release" points end a request's share
     lastForward: null,            // the newest forward: the `token` events after it are its output (its `out`)
     stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
@@ -160,7 +161,8 @@ const ON = {
       s.points.push({batch: n, ms: (ev.end - ev.start) * 1000, kv: ev.kv_cache, t: ev.start,
                      len: n ? (ev.kv_cache ? held : ev.tokens) / n : 0,
                      predMs: typeof ev.predicted_s === "number" ? ev.predicted_s * 1000 : null, bound: ev.bound ?? null,
-                     guesses: ev.spec ? Object.values(ev.spec).reduce((a, g) => a + g.proposed, 0) : 0});
+                     guesses: ev.spec ? Object.values(ev.spec).reduce((a, g) => a + g.proposed, 0) : 0,
+                     weights: ev.weights ?? null});   // the copy of the weights it read (protocol 12)
       trim(s.points, KEEP_POINTS);
     }
     // What each running request holds in the KV cache right after this forward (nothing
@@ -173,7 +175,8 @@ const ON = {
                 kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
                 predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null,
                 spec: ev.spec ?? null, out: 0,
-                firstShape: ev.first_shape === true};   // (absent before protocol 11)
+                firstShape: ev.first_shape === true,    // (absent before protocol 11)
+                weights: ev.weights ?? null, kernel: ev.kernel ?? null, weightBytes: ev.weight_bytes ?? null};   // (12)
     s.steps.push(st);
     s.lastForward = st;
     for (const id in st.spec || {}) {

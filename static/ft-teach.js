@@ -42,7 +42,7 @@ export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "tim
                       "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",
                       "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline",
                       "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline",
-                      speculative: "timeline", "speculative-busy": "timeline"};
+                      speculative: "timeline", "speculative-busy": "timeline", weights: "steps"};
 
 // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
 export function clamp(name, v) {
@@ -112,7 +112,9 @@ function banner() {
   $("lesson-nav").hidden = !lesson;
   // Settings moved away from the preset since it was applied: say so, the figure may not prove it then.
   const def = p && !lesson && preset(p.name);
-  const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== clamp(k, def.settings[k])) : [];
+  // (a value the preset's own timed actions set counts as the preset's: `weights` switches mid-run)
+  const timed = (k) => (def.actions || []).some((a) => a.settings && a.settings[k] === s.settings[k]);
+  const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== clamp(k, def.settings[k]) && !timed(k)) : [];
   $("lesson-moved").textContent = moved.length ? `settings changed since: ${moved.join(", ")}` : "";
 }
 

@@ -9,7 +9,8 @@ import {median, proofText} from "ft/figures";
 import {selectedReq as selected} from "ft/panels";
 import {pct, rates, recent} from "ft/speculate";
 import * as teach from "ft/teach";
-import {$, fmtBytes, fmtS, toast} from "ft/util";
+import {$, fmtS, toast} from "ft/util";
+import * as weights from "ft/weights";
 
 let s;               // the page state, from init
 export let index = -1;   // the step shown, -1 when the tour is off
@@ -38,15 +39,29 @@ export const STEPS = [
   {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
    watch: "one tick per token, and the measured step time against the bandwidth floor",
    text() {
-     const bw = s.hello && s.hello.bandwidth;
+     const fl = weights.floorOf();   // the copy of the weights read now, and its floor (an estimate)
      return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
-       `all the weights (${fmtBytes(s.hello.weight_bytes || 0)})` +
-       (bw && bw.floor_s ? `, so it cannot beat ${fmtS(bw.floor_s)} (estimate: memory-bandwidth floor)` : "") + ".";
+       `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(fl.fmt)}` : ""})` +
+       (fl ? `, so it cannot beat ${fmtS(fl.floorS)} (estimate: memory-bandwidth floor)` : "") + ".";
    },
    live() {
      const one = s.points.filter((p) => p.batch === 1).map((p) => p.ms);
      return one.length ? `measured: median decode step ${median(one).toFixed(1)} ms at batch 1 (${one.length} steps)` : "";
    }},
+  // The same model in two copies (ft-weights.js): the file's 4-bit blocks and their fp32 values.
+  {key: "weights", title: "Fewer bytes to read, faster decode", preset: "weights", focus: "steps",
+   spot: [".timeline-wrap", "#chart-steps", ".fig:has(#h-weights)"],
+   watch: "the request's ticks closing up at the switch, and the step-time chart's two clouds against their floors",
+   text() {
+     const f = weights.formats(), q = f && f.dequantised, k = f && f.stored;
+     if (!k) return "A decode step is bound by reading the weights: fewer bytes, faster steps. This server holds one copy " +
+       "of the weights only, so the lesson cannot switch here" + (s.hello.weights && s.hello.weights.why ? ` (${s.hello.weights.why}).` : ".");
+     return "A decode step reads every weight once, so its time is bound by bytes, not by arithmetic. The model file " +
+       `stores its weights as ${weights.name("stored", "short")} blocks (${weights.mb(k.decode_bytes)} a step); ` +
+       `dequantised to ${weights.name("dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
+       "This request reads the fp32 copy first, then, a few seconds in, the blocks: watch its ticks close up.";
+   },
+   live: () => live("weights")},
   {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: ["#chart-steps", ".timeline-wrap"],
    watch: "decode step time against sequence length, with the cache off (the chart in the request panel)",
    text: () => "The KV cache keeps each token's keys and values so a step computes only the new token. " +

@@ -266,7 +266,8 @@ def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, li
 
 def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
     steps = tpage.js("ft => ft.tour.STEPS.map(s => ({title: s.title, preset: s.preset, spot: s.spot}))", tpage.ft())
-    assert [s["title"] for s in steps][:6] == ["Tokens", "Prefill", "Decode", "The KV cache", "Batching", "Queueing"]
+    assert [s["title"] for s in steps][:7] == ["Tokens", "Prefill", "Decode", "Fewer bytes to read, faster decode",
+                                               "The KV cache", "Batching", "Queueing"]
     tpage.page.click("#btn-tour")
     for i, step in enumerate(steps):
         if i:
