@@ -40,8 +40,10 @@ class Formats:
     """Which copy of the weights the linear layers read (`stored`, the live setting), and the sizes
     of each copy."""
 
-    def __init__(self, quant, fp32_linear_bytes, fp32_head_bytes, other_bytes):
+    def __init__(self, quant, fp32_linear_bytes, fp32_head_bytes, other_bytes, dense="oneDNN fp32"):
+        """`dense`: what multiplies the model's own copy (oneDNN on a CPU in fp32; else torch's)."""
         self.quant = quant if kernels.available() else {}
+        self.dense = dense
         self.stored = bool(self.quant)
         self.fp32 = (fp32_linear_bytes, fp32_head_bytes)
         head = self.quant.get("lm_head.weight")
@@ -56,10 +58,10 @@ class Formats:
     def path(self, tokens, logit_rows):
         """The `Path` of a forward over `tokens` rows with `logit_rows` rows of logits."""
         if not self.stored:
-            return Path("dequantised", "oneDNN fp32", sum(self.fp32) + self.other)
+            return Path("dequantised", self.dense, sum(self.fp32) + self.other)
         small, head_small = tokens <= QUANT_MAX_ROWS, 0 < logit_rows <= HEAD_MAX_ROWS
         nbytes = (self.q[0] if small else self.fp32[0]) + (self.q[1] if head_small else self.fp32[1])
-        kernel = f"4-bit {kernels.status()['isa']}" if small else "oneDNN fp32 (rows > %d)" % QUANT_MAX_ROWS
+        kernel = f"4-bit {kernels.status()['isa']}" if small else f"{self.dense} (rows > {QUANT_MAX_ROWS})"
         return Path("stored", kernel, nbytes + self.other)
 
     def describe(self, bandwidth_bps):

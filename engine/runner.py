@@ -24,7 +24,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import llama
-from .linears import Formats, OutputHead, engine_decoder
+from .linears import Formats, OutputHead, _onednn_ok, engine_decoder
 
 ATTENTION = "first_token_paged"
 
@@ -199,7 +199,11 @@ class Runner:
                      if isinstance(m, torch.nn.Linear))
         norms = sum(p.numel() * p.element_size() for n, p in decoder.named_parameters()
                     if "norm" in n)
-        self.formats = Formats(quant or {}, linear, head.weight.numel() * head.weight.element_size(), norms)
+        w = head.weight
+        # the 4-bit kernels are CPU ops on fp32 activations: elsewhere only the model's own copy
+        blocks = quant if w.device.type == "cpu" and w.dtype == torch.float32 else None
+        dense = "oneDNN fp32" if _onednn_ok(head) else f"torch {str(w.dtype).removeprefix('torch.')} on {w.device.type}"
+        self.formats = Formats(blocks or {}, linear, w.numel() * w.element_size(), norms, dense)
         self.store = store
         # Llama on a CPU with the kernels built: the fused forward (engine/llama.py); else the
         # model's own decoder, its linear layers on oneDNN where that runs.

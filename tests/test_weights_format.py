@@ -82,3 +82,18 @@ def test_a_model_without_blocks_has_only_the_fp32_copy_and_refuses_stored(tiny):
     assert e.settings["weights"] == "dequantised" and list(e.hello().weights["formats"]) == ["dequantised"]
     with pytest.raises(SettingError, match="must be one of dequantised"):
         validate(e.specs, {"weights": "stored"})
+
+
+def test_a_bfloat16_model_with_blocks_reads_only_its_own_copy():
+    """The kernels take fp32 activations on a CPU: a model in another dtype (or on a GPU) keeps
+    its blocks unused and offers only its own weights."""
+    import torch
+    bundle = tiny_quant_bundle()
+    bundle.model.to(torch.bfloat16)
+    bundle.dtype = torch.bfloat16
+    e = make(bundle)
+    assert e.settings["weights"] == "dequantised" and e.runner.fused is None
+    run = Run(e)
+    run.add(PROMPTS[0], max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    run.until_idle()
+    assert {(s.weights, s.kernel) for s in run.of(ev.Step)} == {("dequantised", "torch bfloat16 on cpu")}
