@@ -141,9 +141,12 @@ function drawStages(div) {
   }));
 }
 
+// The largest batch size drawn: the slots, or more where a step held more (a setting changed).
+const mostBatch = (points) => points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+
 // One tick per batch size while they fit in the chart's width (about 40 px a label).
 function batchTick(points, div) {
-  const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+  const most = mostBatch(points);
   const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
   return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
 }
@@ -193,7 +196,10 @@ function drawSteps(div) {
   const traces = stepTraces(s.points), {nticks, ...frame} = stepsFrame(div, traces);
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), floorMarks(s.hello, div), frame, {
     xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: false, gridcolor: P.grid, zeroline: false},
-                         s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
+                         // a fixed range that always holds a tick: with every point at one batch size,
+                         // plotly's own range (their jitter, ±0.15) held none, and with no tick label
+                         // to stand off from, the axis title's y was -Infinity (Chromium logged it)
+                         {range: [0.5, mostBatch(s.points) + 0.5], dtick: batchTick(s.points, div)}),
     yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks},
   }));
 }

@@ -181,5 +181,6 @@ export function onEvent(ev) {
 export function update() {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
   if (index >= 0) lesson();
-  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) scrollToSpots();
+  // (after this tick's banner is written: its height decides where the parts go)
+  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }

@@ -186,7 +186,7 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         text = {g["name"]: g["text"] for g in page.evaluate(READ)["gauges"]}
         assert text["prefix_hit_ratio"].endswith("—server: none this interval (nothing to divide)"), text
         assert text["spec_acceptance"].endswith("—server: none in this server's /metrics so far"), text
-        page.evaluate("t => firstToken.replay.seek(t)", busiest["t"] + 0.01)
+        page.evaluate("t => { firstToken.replay.seek(t); firstToken.refresh(); }", busiest["t"] + 0.01)
         # A slot's strip holds the request the server's /slots said it held.
         ours = [row for row in busiest["server"]["slots"] if row["request"]]
         assert ours

@@ -185,3 +185,23 @@ def test_the_classroom_panel_state_is_remembered(room, browser):
         assert page.errors == []
     finally:
         ctx.close()
+
+
+@pytest.mark.parametrize("width,height", [(1366, 768), (1024, 768)], ids=["1366x768", "1024x768"])
+def test_the_step_chart_draws_one_batch_size_without_a_console_error(live, browser, width, height):
+    """The cause of plotly's '<text> attribute y: -Infinity' (found by the chart trace: it followed
+    the steps chart's draw): with every decode step at one batch size, plotly's own x range (their
+    jitter) held no tick, and the axis title had no tick label to stand off from. The chart's x
+    range now always holds one. One step, two alike, none, and the cache-off kind, each drawn."""
+    ctx, page = open_presenter(browser, live.url + "/?present=1", width, height)
+    try:
+        pt = "{batch: 1, ms: 3, kv: %s, t: %d, len: 5, predMs: 0.1, bound: 'memory', guesses: 0}"
+        for points in ([pt % ("true", 1)], [pt % ("true", 1), pt % ("true", 2)], [], [pt % ("false", 1)]):
+            before = len(page.drawn)
+            page.evaluate("() => { const s = firstToken.state; s.points.length = 0; s.points.push(%s); "
+                          "s.version++; firstToken.refresh(); }" % ", ".join(points))
+            page.wait_for_timeout(300)
+            assert any(d.startswith("plotly.react #chart-steps") for d in page.drawn[before:])
+            assert page.errors == [], (points, page.errors)
+    finally:
+        ctx.close()
