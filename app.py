@@ -26,9 +26,8 @@ import sys
 from server import create_app, loader
 from server.classroom import Classroom, base_url, check_join_code, check_view_code
 from server.openai_api import REQUEST_TIMEOUT_S
-from server.security import normalize_origin, parse_frame_ancestors
+from server.security import is_loopback, loopback_hosts, normalize_origin, parse_frame_ancestors
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_VIEWERS = 1000   # open pages (websockets) at once, the presenter's not counted
 
 
@@ -228,18 +227,23 @@ def classroom_banner(args, room):
     """The lines `--classroom` prints at start: a warning when the network can reach the app,
     the presenter's secret address, the join address (and code)."""
     lines = []
-    if args.host not in LOOPBACK:
+    if not is_loopback(args.host):
         lines.append(f"WARNING: classroom mode listens on {args.host}:{args.port}: anyone on this network "
                      "can open the page and join; only the presenter address below controls the engine.")
     return lines + room.banner()
 
 
+def allowed_hosts(args):
+    """ALLOWED_HOSTS (the DNS-rebinding guard, server/security.py): on loopback (any loopback
+    address, or a name that resolves only to them), only loopback names and addresses and a
+    proxy's (--allow-host); bound beyond loopback, None (any name)."""
+    return loopback_hosts(args.host, args.allow_host) if is_loopback(args.host) else None
+
+
 def build(args, room=None):
     """The app, with its backend starting: the model loading in the background, or the observer."""
-    # On loopback, only loopback names (and a proxy's, --allow-host): the DNS-rebinding guard.
-    hosts = (*LOOPBACK, *args.allow_host) if args.host in LOOPBACK else None
     app = create_app({"ALLOWED_ORIGINS": args.allow_origin, "FRAME_ANCESTORS": args.frame_ancestors,
-                      "ALLOWED_HOSTS": hosts, "REQUEST_TIMEOUT": args.request_timeout,
+                      "ALLOWED_HOSTS": allowed_hosts(args), "REQUEST_TIMEOUT": args.request_timeout,
                       "MAX_VIEWERS": args.max_viewers}, classroom=room)
     state = app.extensions["first_token"]
     if args.observe:
@@ -306,7 +310,7 @@ def main(argv=None):
         # Made before gunicorn forks its worker, so the key printed here is the worker's.
         room = Classroom(join_code=args.join_code, view_code=args.view_code, base=base_url(args.host, args.port))
         print("\n".join(classroom_banner(args, room)), flush=True)
-    if args.server == "werkzeug" or (args.server == "auto" and args.host in LOOPBACK):
+    if args.server == "werkzeug" or (args.server == "auto" and is_loopback(args.host)):
         build(args, room).run(host=args.host, port=args.port, threaded=True)
     else:
         serve_gunicorn(args, room)

@@ -39,7 +39,7 @@ class Intake:
             ids = ids[:request.prompt_tokens]
         rid = f"r{next(self._ids)}"
         return Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
-                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
+                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label, preview=request.shown(),
                         handle=RequestHandle(rid, request.stream))
 
     def _tokenize(self, request):
@@ -63,7 +63,7 @@ class Intake:
         # keep the stream small under heavy load.
         shown = seq.prompt_ids[:CHIPS_LOAD if seq.source == "load" else CHIPS_OWN]
         return [Request(t=seq.arrival, id=seq.id, source=seq.source, prompt_tokens=n,
-                        max_new_tokens=seq.params.max_new_tokens, preview=seq.prompt[:80], label=seq.label),
+                        max_new_tokens=seq.params.max_new_tokens, preview=(seq.preview or seq.prompt)[:80], label=seq.label),
                 Tokenized(t=seq.tokenize_end, id=seq.id, start=seq.arrival, end=seq.tokenize_end, n=n,
                           ids=shown, pieces=self.tokenizer.batch_decode([[i] for i in shown]),
                           truncated=n > len(shown))]

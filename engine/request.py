@@ -110,6 +110,14 @@ class GenerateRequest:
         elif len(self.prompt) > MAX_PROMPT_CHARS:
             raise SettingError("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
 
+    def shown(self):
+        """What the person asked, as a timeline row previews it: the last user message of a
+        chat (not the chat template around it, the same for every row), else the prompt."""
+        if self.messages is not None:
+            said = [m["content"] for m in self.messages if m["role"] == "user"]
+            return said[-1] if said else self.messages[-1]["content"]
+        return self.prompt
+
     def sampling(self, settings, max_context):
         """The sampling parameters on this engine: what was left out taken from its live
         `settings`, bounded by its context (the one place those defaults are resolved)."""

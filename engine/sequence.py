@@ -30,6 +30,7 @@ class Sequence:
     params: SamplingParams
     kv_cache: bool = True     # decided at admission from the engine setting
     label: str | None = None  # who asked, shown on the timeline (a classroom student's name)
+    preview: str = ""         # what the person asked (a chat's user message), for the timeline row
     # --- scheduling state
     slot: int | None = None   # the UI's batch slot (stable while running)
     block_table: list = field(default_factory=list)   # KV blocks holding positions 0, bs, 2bs, ...

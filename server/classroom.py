@@ -18,7 +18,9 @@ Who can do what:
 * Joins a script cannot exhaust: a token bucket per network address (JOIN_BURST, then one
   every JOIN_EVERY_S; 429), at most MAX_PER_ADDRESS joined from one address (429) and
   MAX_CLIENTS in all (503); removed students free their place, and when full the student
-  idle longest (IDLE_EXPIRE_S) gives up theirs. Names are made unique (" (2)"). Every refused
+  idle longest (IDLE_EXPIRE_S) gives up theirs. Names are made unique (" (2)") among the students
+  in the class (a removed student's name is free again). The join and view codes are compared
+  case-insensitively, with spaces at either end trimmed. Every refused
   join is counted (`refused_joins`, in the presenter's class list).
 * POST /v1 (the OpenAI API) would let anyone on the network queue unlimited work past these
   limits: in classroom mode it requires the presenter key, as `Authorization: Bearer KEY`
@@ -138,6 +140,17 @@ def check_view_code(code):
     return check_join_code(code, "view code")
 
 
+def _fold(code):
+    """A code as compared: spaces at either end trimmed, case folded ("OWL", " Owl " and "owl"
+    are one code: a phone capitalises the first letter, a projector is read aloud)."""
+    return code.strip().casefold().encode()
+
+
+def same_code(given, code):
+    """Whether a typed `given` is `code`, case-insensitively and with spaces trimmed, in constant time."""
+    return isinstance(given, str) and hmac.compare_digest(_fold(given), _fold(code))
+
+
 def lan_address():
     """This machine's address on the local network, found without sending anything: a UDP
     socket 'connected' to a private address only asks the kernel which interface would route
@@ -249,13 +262,13 @@ class Classroom:
         if self.view_code is None or self.is_presenter():
             return True
         got = request.cookies.get(VIEWER_COOKIE, "")
-        return bool(got) and hmac.compare_digest(got.encode(), self.view_code.encode())
+        return bool(got) and same_code(got, self.view_code)
 
     def try_view_code(self, code, address):
         """True for the right view code; a wrong one counts against the address's join rate
         (as a wrong join code does), so it cannot be guessed fast: ApiError 429 past it."""
         self._attempt(address, "tries")
-        return hmac.compare_digest(code.encode(), self.view_code.encode())
+        return same_code(code, self.view_code)
 
     def hello_fields(self):
         """(hello.role, hello.classroom) for the connection being opened."""
@@ -278,8 +291,7 @@ class Classroom:
         self._attempt(address)
         if self._blocked.get(address, 0.0) > time.monotonic():
             raise ApiError(403, REMOVED, code="removed")
-        if self.join_code is not None and not (isinstance(code, str) and
-                                               hmac.compare_digest(code.encode(), self.join_code.encode())):
+        if self.join_code is not None and not same_code(code, self.join_code):
             raise ApiError(403, "wrong join code: ask the presenter for it", code="bad_code")
         try:
             name = clean_name(name)
@@ -336,8 +348,9 @@ class Classroom:
         return True
 
     def _unique(self, name):
-        """`name`, or with " (2)", " (3)"... when someone in the class has it (case aside)."""
-        taken = {s.name.casefold() for s in self.students.values()}
+        """`name`, or with " (2)", " (3)"... when someone in the class has it (case aside). A
+        removed student's name is free again: the same person joining again keeps it."""
+        taken = {s.name.casefold() for s in self.students.values() if not s.removed}
         if name.casefold() not in taken:
             return name
         for n in itertools.count(2):

@@ -35,7 +35,9 @@ def guard():
         return None
     if request.path == "/" and "key" in request.args:
         if not hmac.compare_digest(request.args["key"].encode(), room.key.encode()):
-            return "wrong presenter key: use the address printed when the app started", 403
+            return notice(403, "wrong_key", "Wrong presenter key",
+                          "This is not the presenter's address of this class.",
+                          "Use the address the app printed when it started (the key changes at every start).")
         rest = {k: v for k, v in request.args.items() if k != "key"}
         return _cookie(redirect("/" + (f"?{urlencode(rest)}" if rest else "")), PRESENTER_COOKIE, room.key)
     if room.view_code is not None and request.path in VIEW_PATHS:
@@ -68,6 +70,12 @@ def view_guard(room):
     return render_template("view_code.html", path=request.path, message=message), 403
 
 
+def notice(status, code, title, message, hint=None):
+    """A short styled page for a person (a phone, the projector), not a script: why this
+    address answers nothing more (`code` is in its data-code, for tests and scripts)."""
+    return render_template("notice.html", code=code, title=title, message=message, hint=hint), status
+
+
 def _room():
     room = current()
     if room is None:
@@ -79,7 +87,8 @@ def _room():
 def join_page():
     room = current()
     if room is None:
-        return "classroom mode is off: start the app with --classroom", 404
+        return notice(404, "not_classroom", "No class here", "Classroom mode is off on this server.",
+                      "The presenter starts it with --classroom.")
     return render_template("join.html", code_required=room.join_code is not None,
                            max_name=MAX_NAME, max_prompt=MAX_PROMPT)
 
@@ -117,7 +126,8 @@ def refuse_removed():
     if room is None or not request.path.startswith("/join") or not room.removed(request.cookies.get(CLIENT_COOKIE)):
         return None
     if request.path == "/join":
-        return REMOVED, 403
+        return notice(403, "removed", "You were removed from the class", f"{REMOVED[0].upper()}{REMOVED[1:]}.",
+                      "This phone cannot ask the model any more. Ask the presenter if this was a mistake.")
     if request.path == "/join/session" and request.method == "POST":
         room.refuse("removed")
     raise ApiError(403, REMOVED, code="removed")

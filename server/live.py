@@ -7,13 +7,15 @@ the close). Past VIEWERS_PER_TICK open pages a viewer's thread is no longer woke
 to ~0.9 s); it looks at its buffer on its own tick (0.5 s at 1,000 pages): about 2,000 short
 wake-ups a second for a thousand idle pages, spread out instead of herded. At most
 `MAX_VIEWERS` pages are open at once; one more is refused with 503 before its upgrade, except
-the classroom presenter's.
+the classroom presenter's. The place is reserved and counted in one step before the upgrade and
+given back when the request ends (its websocket closed, or the upgrade never made), so a burst
+of handshakes cannot pass the bound together.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
 and that role decides which control messages it may send."""
 import logging
 import time
 
-from flask import Blueprint, current_app, request
+from flask import Blueprint, current_app, g, request
 import flask_sock
 from flask_sock import Sock
 from simple_websocket import Server
@@ -105,27 +107,30 @@ def _idle(conn, backend, sub):
 
 @bp.before_app_request
 def bound_viewers():
-    """Refuse a page past MAX_VIEWERS before its upgrade (the presenter's never: a class's
-    audience must not lock its teacher out)."""
+    """Reserve this page's place before its upgrade, or refuse it past MAX_VIEWERS (the
+    presenter's never: a class's audience must not lock its teacher out)."""
     if request.path != "/ws":
         return None
-    viewers, bound = current().viewers, current_app.config["MAX_VIEWERS"]
+    bound = current_app.config["MAX_VIEWERS"]
     room = classroom.current()
-    if viewers.open < bound or (room is not None and room.is_presenter()):
+    if current().viewers.reserve(bound, exempt=room is not None and room.is_presenter()):
+        g.viewer_place = True
         return None
-    viewers.refuse()
     raise ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
                    code="too_many_viewers", retry_after=10)
 
 
+@bp.teardown_app_request
+def free_viewer_place(_exc):
+    """The page's place back, once its request ends: the websocket closed, or refused after the
+    place was taken (another check, a failed upgrade)."""
+    if g.pop("viewer_place", False):
+        current().viewers.release()
+
+
 @sock.route("/ws", bp=bp)
 def ws(conn):
-    state = current()
-    state.viewers.change(1)
-    try:
-        _serve(conn, state)
-    finally:
-        state.viewers.change(-1)
+    _serve(conn, current())
 
 
 def _serve(conn, state):

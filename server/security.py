@@ -10,10 +10,15 @@ page's script (curl, the openai client, server-side code) and pass.
 
 DNS rebinding: a page on evil.example can point that name at 127.0.0.1 after it loads, and its
 requests then reach an app on loopback with `Host: evil.example` and a matching `Origin`, which
-the check above takes for the app's own pages. So when the app listens on loopback only
-(app.py sets ALLOWED_HOSTS then), every request must name a loopback host or one given with
-`--allow-host` (a reverse proxy's public name), or it gets 403. Bound to other interfaces the
-app is reachable by whatever names the network gives it, and no host list applies.
+the check above takes for the app's own pages. So when the app listens on loopback only (any
+loopback address, 127.0.0.0/8 and ::1, or a name that resolves only to them: `is_loopback`;
+app.py sets ALLOWED_HOSTS then), every request must name a loopback host (a loopback address,
+`localhost`, the address bound) or one given with `--allow-host` (a reverse proxy's public
+name), or it gets 403. Bound to other interfaces the app is reachable by whatever names the
+network gives it, and no host list applies.
+
+Every response says `X-Content-Type-Options: nosniff`: a browser takes its type as given (a
+trace or a JSON error is never sniffed into a script or a page).
 
 Framing (`Content-Security-Policy: frame-ancestors`): /embed is made for iframes on other
 sites (articles, course pages), so any origin may frame it by default; `--frame-ancestors`
@@ -22,6 +27,8 @@ only by this origin ('self', plus X-Frame-Options for old browsers). An /embed p
 websocket is same-origin (the frame's document comes from this app), so framing it grants the
 framing site nothing: that site's scripts cannot reach into the frame or the websocket.
 """
+import ipaddress
+import socket
 from urllib.parse import urlsplit
 
 from flask import current_app, request
@@ -103,13 +110,51 @@ def host_name(host_header):
         return ""
 
 
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def _loopback_ip(text):
+    try:
+        return ipaddress.ip_address(text.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(host):
+    """Whether binding `host` (an address or a name) listens on this machine only: a loopback
+    address (127.0.0.0/8, ::1), or a name every address of which is one (resolved here; a name
+    that does not resolve is not loopback). "" and the wildcards are not."""
+    host = (host or "").strip()
+    if _loopback_ip(host):
+        return True
+    if not host or host in ("0.0.0.0", "::"):
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return False   # an address, not loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(_loopback_ip(info[4][0]) for info in infos)
+
+
+def loopback_hosts(bound, extra=()):
+    """ALLOWED_HOSTS for an app bound to the loopback `bound`: the loopback names, the address or
+    name bound, and `extra` (--allow-host). Any loopback address is answered too (check_host)."""
+    return (*LOOPBACK_NAMES, "127.0.0.1", "::1", bound, *extra)
+
+
 def check_host():
-    """before_request: with ALLOWED_HOSTS set (a loopback bind), refuse any other `Host` (403)."""
+    """before_request: with ALLOWED_HOSTS set (a loopback bind), refuse any other `Host` (403):
+    the names in it and loopback addresses pass."""
     hosts = current_app.config["ALLOWED_HOSTS"]
     if hosts is None:
         return None
     name = host_name(request.host)
-    if name in hosts:
+    if name in hosts or _loopback_ip(name):
         return None
     message = (f"host {name or request.host!r} is not one this app answers to: it listens on this machine "
                "only, and other names could be DNS rebinding; behind a proxy, start it with --allow-host NAME")
@@ -142,6 +187,12 @@ def frame_headers(response):
     return response
 
 
+def nosniff(response):
+    """after_request: the declared content type is the only one (no sniffing), on every response."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
 def init_app(app):
     """Normalise the configured allow-list and frame ancestors once (ValueError names a bad
     entry) and install the checks."""
@@ -153,3 +204,4 @@ def init_app(app):
     app.before_request(check_host)
     app.before_request(check_origin)
     app.after_request(frame_headers)
+    app.after_request(nosniff)

@@ -10,20 +10,28 @@ from .metrics import EngineMetrics
 
 
 class Viewers:
-    """How many pages have the websocket open, and how many were refused (server/live.py)."""
+    """How many pages have the websocket open (or a place reserved for their upgrade), and how
+    many were refused (server/live.py). A place is taken and counted in one step (`reserve`),
+    so a burst of handshakes cannot pass the bound together."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.open = 0
         self.refused = 0
 
-    def change(self, n):
+    def reserve(self, bound, exempt=False):
+        """Take a place: True, counted in `open`; False (counted as refused) when `bound` are
+        open, unless `exempt` (the classroom's presenter)."""
         with self._lock:
-            self.open += n
+            if self.open >= bound and not exempt:
+                self.refused += 1
+                return False
+            self.open += 1
+            return True
 
-    def refuse(self):
+    def release(self):
         with self._lock:
-            self.refused += 1
+            self.open -= 1
 
 
 class State:

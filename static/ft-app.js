@@ -9,6 +9,7 @@
 // Each part gets the shared objects it reads (the state, the view, the UI state, the perf
 // counters) as init arguments, and imports the functions it calls from the modules that own
 // them; the list of imports at the top of a file is everything it may touch.
+import * as busy from "ft/busy";
 import * as canvases from "ft/canvases";
 import * as charts from "ft/charts";
 import * as classroom from "ft/classroom";
@@ -46,6 +47,7 @@ replay.init({s, ui, show});
 server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
 classroom.init({embed});
 weights.init({s});   // the weights format a decode step reads: header, control, floors (ft-weights.js)
+busy.init({s});   // "this machine is busy": decode steps against the engine's own quiet pace (ft-busy.js)
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
@@ -94,14 +96,17 @@ function loop(ts) {
   const t0 = performance.now();
   canvases.draw();
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
-  if (ts - lastDom >= 250) { lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(); }
+  if (ts - lastDom >= 250) {
+    lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(); classroom.update(); busy.update();
+    if (!embed) present.update();
+  }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
   requestAnimationFrame(loop);
 }
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(); charts.update();
+  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(); busy.update(); charts.update();
 }
 
 // For tests, benchmarks and the console.
@@ -112,6 +117,8 @@ const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.label
                        server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
                                    select, refresh, layout}, replay.api);
+// `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
+Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire();
 canvases.wire();
 replay.wire();

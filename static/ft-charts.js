@@ -24,8 +24,18 @@ const PLOT_LAYOUT = {
 // and under presenter mode's CSS zoom plotly measures the zoomed box and draws 1.4x too wide.
 const PLOT_CONFIG = {displayModeBar: false, responsive: false, staticPlot: false};
 const sized = (div, height) => ({width: div.clientWidth, height: height || div.clientHeight});
+
+// Every draw goes through here. With `firstToken.traceCharts` set (the browser tests set it),
+// each is announced on the console first, so an error plotly's SVG logs while drawing comes
+// right after the name and box of the chart that caused it.
+export const trace = {on: false};
+function react(div, data, layout) {
+  if (trace.on) console.debug(`plotly.react #${div.id} ${layout.width}x${layout.height} box ${div.clientWidth}x${div.clientHeight}`);
+  Plotly.react(div, data, layout, PLOT_CONFIG);
+}
 const SHOW_FINISHED = 16;   // requests in the stages chart
 const ROW_PX = 19;          // its least height per request (13 px names, one per row)
+const NAME_CHAR_PX = 8;     // a 13 px monospace character of a row's name, with a little to spare
 // A legend in one row above the plot, out of the way of the points and the floor's label.
 const LEGEND_ABOVE = {orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom", font: {size: 13}};
 const STEPS_MARGIN = {l: 52, r: 20, t: 26, b: 42};   // the steps chart's (either kind)
@@ -94,29 +104,53 @@ function drawStages(div) {
   // (a student who asked twice: both rows, told apart by request id).
   const count = new Map();
   for (const r of done) if (r.label) count.set(r.label, (count.get(r.label) || 0) + 1);
-  const names = done.map((r) => (!r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label));
+  // The names' margin is ours, not plotly's automargin: that lays the chart out a second time,
+  // later, and with a class's long names in a narrow panel (presenter mode at 1024x768) it left
+  // the plot no width, its labels at -Infinity (Chromium logs it). A name that would take more
+  // than 45% of the width is shown as its request id (unique, as every row must be).
+  const room = Math.floor((0.45 * div.clientWidth - 10) / NAME_CHAR_PX);
+  const names = done.map((r) => {
+    const name = !r.label ? r.id : count.get(r.label) > 1 ? `${r.label} · ${r.id}` : r.label;
+    return name.length <= room ? name : r.id;
+  });
   for (const d of data) d.y = names;
+  const left = 14 + NAME_CHAR_PX * Math.max(4, ...names.map((n) => n.length));
   // a row for every name (plotly drops category labels that do not fit): the chart grows with them
   const tall = done.length * ROW_PX + 60;
   div.style.minHeight = `${tall}px`;
-  Plotly.react(div, data, Object.assign({}, PLOT_LAYOUT, {
-    barmode: "stack", showlegend: false, margin: {l: 52, r: 10, t: 4, b: 42}, ...sized(div, Math.max(tall, div.clientHeight)),
-    xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
+  react(div, data, Object.assign({}, PLOT_LAYOUT, {
+    barmode: "stack", showlegend: false, margin: {l: left, r: 10, t: 4, b: 42}, ...sized(div, Math.max(tall, div.clientHeight)),
+    xaxis: Object.assign({title: {text: "ms", standoff: 6}, automargin: false, gridcolor: P.grid, zeroline: false},
                          done.length ? {} : {range: [0, 100]}),   // empty: a positive axis, not plotly's -1…6
-    yaxis: {type: "category", dtick: 1, automargin: true, tickfont: {family: "ui-monospace, monospace", size: 13}},
-  }), PLOT_CONFIG);
+    yaxis: {type: "category", dtick: 1, automargin: false, tickfont: {family: "ui-monospace, monospace", size: 13}},
+  }));
 }
+
+// The largest batch size drawn: the slots, or more where a step held more (a setting changed).
+const mostBatch = (points) => points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
 
 // One tick per batch size while they fit in the chart's width (about 40 px a label).
 function batchTick(points, div) {
-  const most = points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+  const most = mostBatch(points);
   const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
   return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
 }
 
-// At most one y tick per ~26 px of the plot's height (the box less the margins, legend and
-// axis title), so a short chart (presenter mode on a small laptop) never stacks its labels.
-const yTicks = (div) => Math.max(2, Math.floor((div.clientHeight - 26 - 42 - 30) / 26));
+// The steps chart's frame: its legend in rows above the plot, the top margin sized for as many
+// rows as a narrow box wraps it into (plotly otherwise grows the margin itself, past the box:
+// a 277x208 box in presenter mode left the plot no height, and its tick labels were placed at
+// y = -Infinity, which Chromium logs). When the box cannot hold the legend and a plot of 60 px,
+// the legend goes (the heading names the chart). At most one y tick per ~26 px of the plot.
+const LEGEND_ITEM_PX = (name) => 40 + 7.5 * name.length;   // a 13 px legend item: its symbol, text and gap
+function stepsFrame(div, traces) {
+  const names = traces.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
+  const need = names.reduce((a, n) => a + LEGEND_ITEM_PX(n), 0);
+  const rows = Math.max(1, Math.ceil(need / Math.max(1, div.clientWidth - 20)));
+  let margin = {...STEPS_MARGIN, t: Math.max(STEPS_MARGIN.t, 8 + 22 * rows)}, showlegend = true;
+  if (div.clientHeight - margin.t - margin.b < 60) { margin = STEPS_MARGIN; showlegend = false; }
+  const plotH = div.clientHeight - margin.t - margin.b;
+  return {margin, showlegend, legend: LEGEND_ABOVE, nticks: Math.max(2, Math.floor((plotH - 10) / 26))};
+}
 
 // With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
 // chart then plots step time against sequence length (the cache-on steps of the same run too).
@@ -127,11 +161,12 @@ function byLength(div) {
   $("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
   const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
     y: pts.map((p) => p.ms), marker: {color: alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
-  Plotly.react(div, [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], Object.assign({}, PLOT_LAYOUT, sized(div), {
-    legend: LEGEND_ABOVE, margin: STEPS_MARGIN,
-    xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: true, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
-    yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks: yTicks(div)},
-  }), PLOT_CONFIG);
+  const traces = [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)];
+  const {nticks, ...frame} = stepsFrame(div, traces);
+  react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), frame, {
+    xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: false, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
+    yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks},
+  }));
 }
 
 function drawSteps(div) {
@@ -144,12 +179,15 @@ function drawSteps(div) {
   // read, each copy's when they read both (ft-weights.js), inside the scale: plotly's autorange ignores shapes.
   const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(fmts);
   const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-  Plotly.react(div, stepTraces(s.points), Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, {
-    legend: LEGEND_ABOVE, margin: STEPS_MARGIN,
-    xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: true, gridcolor: P.grid, zeroline: false},
-                         s.points.length ? {dtick: batchTick(s.points, div)} : {range: [0.5, (s.settings.slots || 4) + 0.5], dtick: batchTick([], div)}),
-    yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks: yTicks(div)},
-  }), PLOT_CONFIG);
+  const traces = stepTraces(s.points), {nticks, ...frame} = stepsFrame(div, traces);
+  react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, frame, {
+    xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: false, gridcolor: P.grid, zeroline: false},
+                         // a fixed range that always holds a tick: with every point at one batch size,
+                         // plotly's own range (their jitter, ±0.15) held none, and with no tick label
+                         // to stand off from, the axis title's y was -Infinity (Chromium logged it)
+                         {range: [0.5, mostBatch(s.points) + 0.5], dtick: batchTick(s.points, div)}),
+    yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks},
+  }));
 }
 
 // Redrawn when the state moved or a chart's box changed size (the window, presenter mode, a

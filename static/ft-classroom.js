@@ -1,8 +1,7 @@
 // First Token: classroom mode on the main page (hello.role, hello.classroom; server/classroom.py).
 // The presenter's page gets a panel with the join address, its QR code (an SVG made by the
 // server, parsed as XML: no markup from elsewhere runs), the joined students with a remove
-// button each, and "clear the queue"; the presenter can hide it (the header keeps the join
-// address) and bring it back. A
+// button each, and "clear the queue"; or a small join card in a corner (see "presenter"). A
 // viewer's page keeps drawing everything but its controls are disabled: only the presenter
 // changes the engine (the server refuses a viewer's control messages anyway).
 import {send} from "ft/connection";
@@ -16,6 +15,7 @@ export function init(deps) {
   ({embed} = deps);
   // The header wraps as its figures widen: the panel below it follows.
   new ResizeObserver(place).observe(document.querySelector("header.top"));
+  addEventListener("resize", () => update());
 }
 
 function svgNode(text) {
@@ -40,27 +40,73 @@ function viewer(room) {
 }
 
 // ------------------------------------------------------------ presenter
+// Two faces: the panel (the join address and QR code large, the class list, clear the queue)
+// and a small join card (a small QR code, the code, the address, how many joined). The panel
+// shows until the first students join, then gives way to the card; the presenter's own choice
+// (the panel's Collapse, the card's Open, the header's Classroom button) is remembered across
+// reloads. While the tour runs, the card stands in for the panel, and the card takes the first
+// corner of the window where it covers neither the lesson nor anything the step points at
+// (none free: it steps aside, and the header's button carries the code).
+const CHOICE = "ft-classroom";   // localStorage: "open" | "card", the presenter's last choice
+let anyJoined = false;   // students have joined since this page opened
+
+function chosen() {
+  try { return localStorage.getItem(CHOICE); } catch (e) { return null; }
+}
+function choose(mode) {
+  try { localStorage.setItem(CHOICE, mode); } catch (e) { /* private mode: not kept */ }
+  show();
+}
+const wanted = () => chosen() || (anyJoined ? "card" : "open");
+const touring = () => document.body.classList.contains("touring");
+
+function qrBox(cls) {
+  const qr = el("div", cls);
+  qr.append(svgNode(room.qr_svg));
+  return qr;
+}
+
+function codeLine() {
+  const code = el("div", "cls-code");
+  code.append(el("span", "muted", "join code "), el("b", "", room.join_code));
+  return code;
+}
+
+function card() {
+  const box = el("aside", "cls-card");
+  box.id = "cls-card";
+  box.hidden = true;
+  const open = el("button", "mini", "Open");
+  open.id = "cls-open";
+  open.title = "the class list, a large QR code, clear the queue";
+  open.addEventListener("click", () => choose("open"));
+  const count = el("span", "cls-card-count", "");
+  count.id = "cls-card-count";
+  const foot = el("div", "cls-card-foot");
+  foot.append(count, open);
+  const text = el("div", "cls-card-text");
+  text.append(el("b", "", "Join the class"), el("div", "cls-card-url", room.join_url));
+  if (room.join_code) text.append(codeLine());
+  text.append(foot);
+  box.append(qrBox("cls-card-qr"), text);
+  return box;
+}
+
 function panel(joined) {
   room = joined;
-  let box = $("classroom");
-  if (box) box.remove();
-  box = el("aside", "classroom-panel");
+  for (const id of ["classroom", "cls-card"]) if ($(id)) $(id).remove();
+  const box = el("aside", "classroom-panel");
   box.id = "classroom";
   const head = el("div", "cls-head");
-  const hide = el("button", "", "Hide");
+  const hide = el("button", "", "Collapse");
   hide.id = "cls-hide";
-  hide.addEventListener("click", () => show(false));
+  hide.title = "a small join card instead (remembered)";
+  hide.addEventListener("click", () => choose("card"));
   head.append(el("h2", "", "Join the class from your phone"), hide);
-  const qr = el("div", "cls-qr");
-  qr.append(svgNode(room.qr_svg));
   const url = el("div", "cls-url", room.join_url);
   url.id = "cls-url";
-  box.append(head, qr, url);
-  if (room.join_code) {
-    const code = el("div", "cls-code");
-    code.append(el("span", "muted", "join code "), el("b", "", room.join_code));
-    box.append(code);
-  }
+  box.append(head, qrBox("cls-qr"), url);
+  if (room.join_code) box.append(codeLine());
   if (room.view_url) {
     const view = el("div", "cls-view");
     view.id = "cls-view";
@@ -86,36 +132,90 @@ function panel(joined) {
   refused.id = "cls-refused";
   refused.hidden = true;
   box.append(listHead, refused, list);
-  document.body.append(box);
+  document.body.append(box, card());
 
   let toggle = $("btn-classroom");
   if (!toggle) {
     toggle = el("button", "cls-toggle", "Classroom");
     toggle.id = "btn-classroom";
-    toggle.addEventListener("click", () => show(box.hidden));
+    toggle.title = "the class panel or the small join card (remembered)";
+    toggle.addEventListener("click", () => choose($("classroom").hidden ? "open" : "card"));
     $("conn").after(toggle);
   }
-  show(true);
+  show();
+  clearInterval(pollTimer);
+  poll();
+  pollTimer = setInterval(poll, POLL_MS);
 }
 
-// The panel sits over the request panel, below the header.
+const zoom = () => parseFloat(getComputedStyle(document.body).zoom) || 1;
+
+// The panel sits over the request panel, below the header (CSS px inside the zoomed body).
 function place() {
   const box = $("classroom");
   if (!box) return;
-  const top = Math.round(document.querySelector("header.top").getBoundingClientRect().bottom) + 8;
+  const z = zoom(), top = Math.round(document.querySelector("header.top").getBoundingClientRect().bottom / z) + 8;
   box.style.top = `${top}px`;
-  box.style.maxHeight = `calc(100vh - ${top + 12}px)`;
+  box.style.maxHeight = `calc(${100 / z}vh - ${top + 12}px)`;
 }
 
-// Hidden, the panel leaves its address on the toggle, so a late student can still join.
-function show(on) {
-  const box = $("classroom");
-  box.hidden = !on;
-  $("btn-classroom").textContent = on ? "Classroom" :
-    `Join: ${room.join_url}${room.join_code ? ` · code ${room.join_code}` : ""}`;
+// What the card must not cover: the lesson banner and every part a tour step points at.
+function obstacles() {
+  const out = [];
+  const add = (e) => { if (e && e.getClientRects().length) out.push(e.getBoundingClientRect()); };
+  if ($("lesson") && !$("lesson").hidden) add($("lesson"));
+  for (const e of document.querySelectorAll(".spot")) if (!e.matches("h2, h3, .strip-head")) add(e);
+  return out;
+}
+
+const MARGIN = 10;   // screen px between the card and the window's edge
+// The first corner (bottom right, bottom left, top right, top left under the header) where the
+// card covers nothing in the way; null when every corner does.
+function corner(w, h) {
+  const top = document.querySelector("header.top").getBoundingClientRect().bottom + MARGIN;
+  const spots = [[innerWidth - w - MARGIN, innerHeight - h - MARGIN], [MARGIN, innerHeight - h - MARGIN],
+                 [innerWidth - w - MARGIN, top], [MARGIN, top]];
+  const hit = (x, y, r) => x < r.right && r.left < x + w && y < r.bottom && r.top < y + h;
+  const away = obstacles();
+  return spots.find(([x, y]) => y >= top - MARGIN && !away.some((r) => hit(x, y, r))) || null;
+}
+
+function placeCard() {
+  const box = $("cls-card");
+  if (!box || box.hidden) return;
+  box.style.visibility = "hidden";
+  box.style.left = "0px"; box.style.top = "0px";
+  const r = box.getBoundingClientRect(), z = zoom(), at = corner(r.width, r.height);
+  box.dataset.covered = String(!at);
+  if (at) {
+    box.style.left = `${at[0] / z}px`; box.style.top = `${at[1] / z}px`;
+    box.style.visibility = "";
+  }
+  label();
+}
+
+// The header's button: the code stays on screen when the card has stepped aside.
+function label() {
+  const box = $("cls-card"), aside = box && !box.hidden && box.dataset.covered === "true";
+  $("btn-classroom").textContent = aside && room.join_code ? `Join · code ${room.join_code}` : "Classroom";
+}
+
+function show() {
+  const box = $("classroom"), small = $("cls-card");
+  if (!box) return;
+  const mode = touring() ? "card" : wanted();
+  box.hidden = mode !== "open";
+  small.hidden = mode !== "card";
+  document.body.dataset.classroom = mode;
+  $("btn-classroom").classList.toggle("primary", mode === "open");
   place();
-  clearInterval(pollTimer);
-  if (on) { poll(); pollTimer = setInterval(poll, POLL_MS); }
+  placeCard();
+  label();
+}
+
+// The 4 Hz tick: a tour step started or ended, the page scrolled: the card finds its corner again.
+export function update() {
+  if (room && $("classroom")) show();
 }
 
 async function poll() {
@@ -133,7 +233,11 @@ async function poll() {
     box.textContent = `${refused.total} join${refused.total === 1 ? "" : "s"} refused: ${why.join(", ")}`;
   }
   const here = clients.filter((c) => !c.removed);
+  const first = !anyJoined && here.length > 0;
+  anyJoined = anyJoined || here.length > 0;
   $("cls-count").textContent = `Students (${here.length})`;
+  $("cls-card-count").textContent = `${here.length} joined`;
+  if (first) show();   // the first students: the panel gives way to the card (unless chosen)
   $("cls-list").replaceChildren(...(here.length ? here.map(row) : [el("li", "muted", "nobody has joined yet")]));
 }
 

@@ -239,15 +239,20 @@ export const proof = {
       `(injected network delay: ${s.settings.net_latency_ms || 0} ms` +
       `${s.settings.net_jitter_ms ? ` + up to ${s.settings.net_jitter_ms} ms jitter` : ""})`;
   },
+  // Counted as the rows are drawn (drawLoadWaits): every request whose wait overlapped the load,
+  // finished or still waiting, not only the finished ones ("0 requests waited" beside two rows
+  // waiting in the load colour). Their TTFT and load stage once they have them.
   "cold-start"(s, t0) {
     const l = s.loads[s.loads.length - 1];
     if (!l || l.start < t0 - 1) return null;
-    const done = [];
-    for (const id of s.order) { const r = s.reqs.get(id); if (r.arrival >= t0 && r.stages) done.push(r); }
-    const waited = done.filter((r) => (r.stages.load || 0) > 0), after = done.filter((r) => !r.stages.load);
-    return `model load ${fmtS(l.seconds)} · ${waited.length} request${waited.length === 1 ? "" : "s"} waited for it ` +
-      (waited.length ? `(TTFT ${fmtS(percentile(waited.map((r) => r.ttft), 50))}, load stage ` +
-        `${fmtS(percentile(waited.map((r) => r.stages.load), 50))})` : "") +
+    const since = [];
+    for (const id of s.order) { const r = s.reqs.get(id); if (r.arrival >= t0 && !r.rejected) since.push(r); }
+    const waited = since.filter((r) => loadWait(r, s) > 0), after = since.filter((r) => r.stages && !(loadWait(r, s) > 0));
+    const done = waited.filter((r) => r.stages && r.ttft !== null), still = waited.length - done.length;
+    return `model load ${fmtS(l.seconds)} · ${waited.length} request${waited.length === 1 ? "" : "s"} waited for it` +
+      (still ? ` (${still} still waiting)` : "") +
+      (done.length ? ` (TTFT ${fmtS(percentile(done.map((r) => r.ttft), 50))}, load stage ` +
+        `${fmtS(percentile(done.map((r) => r.stages.load || loadWait(r, s)), 50))})` : "") +
       (after.length ? ` · later: TTFT ${fmtS(percentile(after.map((r) => r.ttft), 50))}, no load` : "");
   },
 };

@@ -6,12 +6,13 @@
 // names the largest, and says so with the numbers, as a hypothesis; for a request that
 // speculated, also whether its guesses helped or hurt (its forwards against plain ones measured
 // here). The panel shows it.
+import {busySuspect} from "ft/busy";
 import {diagnoseDelivery, firstShapeNote} from "ft/delivery";
 import {selectedReq} from "ft/panels";
 import {diagnoseClient, observing} from "ft/server";
 import {pct, rates, requestCounts, tally} from "ft/speculate";
 import {percentile, prefillTime, running, stepMedians} from "ft/state";
-import {missed} from "ft/targets";
+import {missed, targetBelowEngine} from "ft/targets";
 import {$, el, fmtS} from "ft/util";
 
 const sum = (xs) => xs.reduce((a, b) => a + b, 0);
@@ -173,6 +174,8 @@ export function diagnose(r, s) {
   delete d.extra;
   const spec = speculation(r, s);   // what speculative decoding did for its later tokens, when it guessed
   if (spec) { d.text += ` ${spec.text}`; d.spec = spec.verdict; }
+  const busy = busySuspect(r);   // the machine shared with another program while it ran (measured)
+  if (busy) { d.text += ` ${busy}`; d.busy = true; }
   sloVerdict(d, r);
   return d;
 }
@@ -223,8 +226,9 @@ function sloVerdict(d, r) {
   const bits = [];
   if (!o.ttft_met) bits.push(`its TTFT was ${fmtS(r.ttft)} against a ${fmtS(o.ttft_target_s)} target`);
   if (!o.tpot_met) bits.push(`its later tokens took ${fmtS(r.tpot)} each against a ${fmtS(o.tpot_target_s)} target`);
+  const below = targetBelowEngine(r, s.points);
   d.text = `It missed its service-level objective${miss.length > 1 ? "s" : ""} (${miss.join(" and ")}): ${bits.join(", and ")}, ` +
-    `so it does not count towards goodput. ${d.text}`;
+    `so it does not count towards goodput.${below ? ` ${below}` : ""} ${d.text}`;
 }
 
 const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",

@@ -9,7 +9,7 @@ import {STAGES, reqColor} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {WINDOW_S, pct, rates, recent, requestLine, speculating} from "ft/speculate";
 import {percentile, prefillTime, running} from "ft/state";
-import {sloText} from "ft/targets";
+import {sloText, targetBelowEngine} from "ft/targets";
 import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
 import {apply as applyPreset} from "ft/teach";
 import {$, el, fmtBytes, fmtS} from "ft/util";
@@ -30,8 +30,8 @@ const LATER = [["decode", "decode step"], ["mixed", "step shared with others' pr
 const SHOW_WAITING = 40;
 
 // One stacked bar with its legend: parts [{cls, name, v}] in seconds.
-function stackedBar(parts, total, label) {
-  const wrap = el("div", "acc");
+function stackedBar(parts, total, label, cls = "") {
+  const wrap = el("div", `acc ${cls}`.trim());
   wrap.append(el("div", "acc-label", label));
   const bar = el("div", "bar");
   const legend = el("div", "acc-legend");
@@ -59,7 +59,7 @@ function accountingBars(r) {
                       `= TTFT ${fmtS(r.ttft)} measured by the engine` +
                       (here !== null ? ` · TTFT here ${fmtS(here)} as this page saw it (+${fmtS(here - r.ttft)}` +
                         `${way && way.injected ? ", with injected network delay" : ""}${way && way.buffered ? ", through a buffering proxy" : ""})` : ""),
-                      "time to first token"));
+                      "time to first token", "acc-ttft"));
   if (r.later) {
     const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
     lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});
@@ -74,7 +74,8 @@ function sloLine(r) {
   if (!text) return [];
   const line = el("div", "slo-line", text);
   line.dataset.met = String(r.slo.met);
-  return [line];
+  const why = targetBelowEngine(r, s.points);   // missed because the target is under this engine's own step
+  return why ? [line, el("p", "slo-why", why)] : [line];
 }
 
 function accounting(r) {

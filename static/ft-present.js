@@ -5,12 +5,14 @@
 // `p` presenter mode, `?` the list, Esc closes it (space pauses: ft-canvases.js). None fires
 // while typing in a field.
 import * as replay from "ft/replay";
+import * as stage from "ft/stage";
 import {apply, presets} from "ft/teach";
 import * as tour from "ft/tour";
 import {$, toast} from "ft/util";
 
 function setPresent(on) {
   document.body.classList.toggle("present", on);
+  stage.dock(on);   // the lesson banner across the top, the request panel beside (ft-stage.js)
   const q = new URLSearchParams(location.search);
   if (on) q.set("present", "1"); else q.delete("present");
   const qs = q.toString();
@@ -55,7 +57,11 @@ function onKey(e) {
   e.preventDefault();
 }
 
+// The 4 Hz tick: a figure that appeared (goodput, speculation) may need the header's room.
+export const update = () => stage.fitHeader();
+
 export function init() {
+  stage.init();
   document.addEventListener("keydown", onKey);
   $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
   $("btn-help").addEventListener("click", help);

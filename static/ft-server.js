@@ -66,9 +66,18 @@ function ageNow(L) {
   return v ? v.age_s + Math.max(0, engineNow() - L.t) : null;
 }
 
+// Whether the server's latest scrape is older than twice its period: its figures are not the
+// server's now (shown greyed, "stale"; a scrape that answers late, or not again).
+export function stale(L) {
+  const v = L && L.server;
+  return !!v && ageNow(L) > 2 * (v.period_s || v.every_s);
+}
+
 export function tag(name) {
   const L = s.last, by = L && L.measured_by ? L.measured_by[name] : null;
-  if (by === "server") return L.server ? `server, ${ageNow(L).toFixed(1)} s ago` : "server: /metrics not readable";
+  if (by === "server") {
+    return L.server ? `server, ${ageNow(L).toFixed(1)} s ago${stale(L) ? " · stale" : ""}` : "server: /metrics not readable";
+  }
   if (by === "client") return "this client";
   return "";
 }
@@ -94,9 +103,10 @@ function headline(on) {
     const fig = v.parentElement, k = fig.querySelector(".k"), t = byTag(fig);
     if (!(id in saved)) saved[id] = k.textContent;
     t.hidden = !on;
-    if (!on) { k.textContent = saved[id]; continue; }
+    if (!on) { k.textContent = saved[id]; fig.dataset.stale = "false"; continue; }
     t.textContent = FIGS[id] ? tag(FIGS[id]) : "this page";
     t.dataset.by = FIGS[id] ? (s.last && s.last.measured_by ? s.last.measured_by[FIGS[id]] || "" : "") : "page";
+    fig.dataset.stale = String(t.dataset.by === "server" && stale(s.last));   // greyed (ft.css)
   }
   if (!on) return;
   const L = s.last, v = L && L.server, n = v && v.slots ? v.slots.length : null;
@@ -137,25 +147,37 @@ function scrapeLine() {
     line.dataset.stale = "true";
     return;
   }
-  const age = ageNow(L), stale = age > 2 * (v.period_s || v.every_s);
-  line.textContent = `scraped every ${v.every_s} s · last ${age.toFixed(1)} s ago · period ` +
-    `${v.period_s === null ? "—" : `${v.period_s.toFixed(2)} s`}${stale ? " · stale" : ""}`;
-  line.dataset.stale = String(stale);
+  const old = stale(L);
+  line.textContent = `scraped every ${v.every_s} s · last ${ageNow(L).toFixed(1)} s ago · period ` +
+    `${v.period_s === null ? "—" : `${v.period_s.toFixed(2)} s`}${old ? " · stale" : ""}`;
+  line.dataset.stale = String(old);
+}
+
+// Why a figure the server exposes has no value now: never in its /metrics so far (its build does
+// not report it), none this interval (a ratio with nothing to divide: no lookups, no drafts), or
+// not in this scrape.
+function missingWhy(group, name) {
+  const seen = s.scrapes.some((p) => p.server && p.server[group] && p.server[group][name] !== null &&
+                                     p.server[group][name] !== undefined);
+  if (!seen) return "none in this server's /metrics so far";
+  return group === "ratios" ? "none this interval (nothing to divide)" : "not in this scrape";
 }
 
 function gauges() {
-  const v = s.last && s.last.server, box = $("server-gauges"), n = notes();
-  const key = JSON.stringify([v && v.scraped_t, v && v.profile, !!profile().exposed]);
+  const v = s.last && s.last.server, box = $("server-gauges"), n = notes(), old = stale(s.last);
+  const key = JSON.stringify([v && v.scraped_t, v && v.profile, !!profile().exposed, old]);
   if (box.dataset.key === key) return;
   box.dataset.key = key;
   box.replaceChildren(...GAUGES.map(([group, name, label, fmt]) => {
     const on = exposedOf(group).has(name), value = v ? v[group][name] : null;
+    const has = value !== null && value !== undefined;
     const item = el("div", "sg");
     item.dataset.name = name; item.dataset.exposed = String(on);
+    item.dataset.stale = String(on && has && old);
     item.append(el("span", "sg-k", label), el("span", "sg-v", on ? fmt(value) : "—"));
-    const note = on ? n[name] || n[name.replace(/_per_s$/, "")] || "" : NOT_EXPOSED;
-    item.append(el("span", "sg-n", on ? `server${note ? `: ${note}` : ""}` : note));
-    item.title = `${label}: ${on ? `${fmt(value)}, measured by the server` : NOT_EXPOSED}`;
+    const note = !on ? NOT_EXPOSED : !has && v ? missingWhy(group, name) : n[name] || n[name.replace(/_per_s$/, "")] || "";
+    item.append(el("span", "sg-n", on ? `server${note ? `: ${note}` : ""}${has && old ? " · stale" : ""}` : note));
+    item.title = `${label}: ${on ? `${fmt(value)}, measured by the server${note ? ` (${note})` : ""}` : NOT_EXPOSED}`;
     return item;
   }));
 }

@@ -5,6 +5,7 @@
 // the measured bandwidth and its flops at the measured matmul rate, an estimate). Pure
 // functions of events; the hover read-outs, request panel, diagnosis, measure sheet and
 // comparison read them.
+import {stepMedians} from "ft/state";
 import {fmtS} from "ft/util";
 
 // The targets a request missed, by name ([] when it met both; null when it was not judged).
@@ -30,6 +31,24 @@ export function sloText(r) {
                  against("per later token", r.tpot, o.tpot_target_s, o.tpot_met)];
   if (o.met) return `SLO met: ${parts.join(" · ")}`;
   return `SLO missed (${missed(o).join(" and ")}): ${parts.join(" · ")}`;
+}
+
+// Why a per-token objective is missed by (nearly) everyone: a target tighter than this engine's
+// own decode step. The default objectives are a serving benchmark's, for GPU servers; on a CPU
+// a plain decode step (KV cache on, no guesses) alone can take longer. When the smallest batch's
+// median step measured here is 80% of the target or more, a sentence saying so, with the
+// numbers and the setting to change; else null. `points`: the state's decode steps.
+export function targetBelowEngine(r, points) {
+  const o = r.slo;
+  if (!o || o.tpot_met) return null;
+  const medians = stepMedians(points.filter((p) => p.kv && !p.guesses));
+  if (!medians.size) return null;
+  const batch = Math.min(...medians.keys()), step = medians.get(batch) / 1000;
+  if (step < 0.8 * o.tpot_target_s) return null;
+  return `The per-token objective (${fmtS(o.tpot_target_s)}) is tighter than this engine's own decode step: ` +
+    `${fmtS(step)} at batch ${batch} (median, measured here), so on this machine hardly any request can meet it. ` +
+    "The defaults are a serving benchmark's, sized for GPU servers; set the per-token objective to about " +
+    `${fmtS(Math.ceil(step * 2 * 20) / 20)} to judge this engine by its own pace.`;
 }
 
 // Measured against the roofline's estimate, in words when they differ by more than 2×.

@@ -71,6 +71,19 @@ function buildPresets() {
     b.addEventListener("click", () => apply(p.name));
     return b;
   }));
+  // Presenter mode hides the controls: its own list, in the timeline's head.
+  const pick = $("present-lessons");
+  if (!pick) return;
+  pick.replaceChildren(el("option", "", "Lessons…"), ...list.map((p, i) => {
+    const o = el("option", "", `${i < 9 ? `${i + 1} · ` : ""}${p.title}`);
+    o.value = p.name;
+    return o;
+  }));
+  pick.firstChild.value = "";
+  if (!pick.dataset.wired) {
+    pick.dataset.wired = "1";
+    pick.addEventListener("change", () => { if (pick.value) apply(pick.value); pick.value = ""; pick.blur(); });
+  }
 }
 
 // `/?preset=NAME` is sent once, after the first hello, before the URL's settings (which then
@@ -118,10 +131,11 @@ function banner() {
   $("lesson-moved").textContent = moved.length ? `settings changed since: ${moved.join(", ")}` : "";
 }
 
-// The 4 Hz DOM tick.
+// The 4 Hz DOM tick: the parts first (the tour writes its step's live figure), then the banner,
+// so the banner's figure is this tick's, as the header's and the strips' are (it lagged a tick:
+// "with 0 running" beside a header's 2/4).
 export function update() {
+  if (!embed) for (const part of parts) if (part.update) part.update();
   banner();
-  if (embed) return;
-  for (const part of parts) if (part.update) part.update();
-  document.body.dataset.focus = focus();
+  if (!embed) document.body.dataset.focus = focus();
 }

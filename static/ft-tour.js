@@ -8,6 +8,7 @@ import {diagnosis} from "ft/diagnose";
 import {median, proofText} from "ft/figures";
 import {selectedReq as selected} from "ft/panels";
 import {pct, rates, recent} from "ft/speculate";
+import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
 import {$, fmtS, toast} from "ft/util";
 import * as weights from "ft/weights";
@@ -77,12 +78,16 @@ export const STEPS = [
    text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
      "did not get slower — but the time to first token grows with the wait.",
    live: () => live("queueing")},
-  {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting"],
+  {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting .acc-ttft"],
    watch: "the request panel: its measured stages and the largest one",
    text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
      "behind others' prefill (chunked prefill).",
-   live() { const d = diagnosis(); return d ? d.text : ""; }},
+   // the diagnosis itself is in the request panel, outlined: the banner names its suspect only
+   live() {
+     const d = diagnosis(), r = selected();
+     return d && r ? `${r.label || r.id}: the suspect is ${d.cause} — the request panel gives its measured stages` : "";
+   }},
   {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
    spot: [".timeline-wrap", ".fig:has(#h-spec)"],
    watch: "the guesses on the request's row (filled: accepted, hollow: rejected) and the share of guesses accepted",
@@ -136,8 +141,10 @@ function spot(step) {
 // What the step points at is on screen: each part scrolled into its panel's view (and the
 // page's); again for a moment while the step's preset fills the panels and moves them.
 function scrollToSpots() {
-  // (the sticky header covers the top of the window: scrolled clear of it)
-  document.documentElement.style.scrollPaddingTop = `${document.querySelector(".top").getBoundingClientRect().bottom}px`;
+  // (the sticky header, and in presenter mode the lesson docked under it, cover the top of the
+  // window: scrolled clear of them, ft-stage.js)
+  document.documentElement.style.scrollPaddingTop = `${dockBottom()}px`;
+  document.documentElement.style.scrollPaddingBottom = "8px";   // the outline too
   for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
 }
 
@@ -171,7 +178,7 @@ export const prev = () => go(index < 0 ? 0 : index - 1);
 let urlDone = false;
 export function init(deps) {
   ({s} = deps);
-  $("btn-tour").addEventListener("click", () => (index < 0 ? start() : stop()));
+  for (const id of ["btn-tour", "btn-tour-present"]) $(id).addEventListener("click", () => (index < 0 ? start() : stop()));
   $("tour-prev").addEventListener("click", prev);
   $("tour-next").addEventListener("click", next);
   $("tour-end").addEventListener("click", stop);
@@ -187,7 +194,8 @@ export function onEvent(ev) {
 }
 
 export function update() {
-  $("btn-tour").textContent = index < 0 ? "Guided tour" : "End tour";
+  for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
   if (index >= 0) lesson();
-  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) scrollToSpots();
+  // (after this tick's banner is written: its height decides where the parts go)
+  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }

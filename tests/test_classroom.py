@@ -191,7 +191,7 @@ def test_the_class_together_has_a_bound_on_requests_in_flight(room):
 
 def test_join_code_names_and_prompts_are_checked(room):
     s = requests.Session()
-    for code in (None, "", "OWL", "owl ", 5):
+    for code in (None, "", "owls", "o wl", "0wl", 5):
         r = s.post(room.url + "/join/session", json={"name": "Eve", "code": code}, timeout=10)
         assert r.status_code == 403 and r.json()["error"]["code"] == "bad_code", code
     for bad in ("", "   ", "\n\t\r", "\x00\x07\u200b\u202e", None, 12, ["Ada"]):
@@ -342,7 +342,28 @@ def test_a_removed_device_is_refused_on_every_join_route(room):
     assert join_as(fresh, "Ada").get_json()["error"]["code"] == "removed"
     assert join_as(phone(room, "10.0.0.13"), "Grace").status_code == 200   # other addresses join
     room.classroom._blocked["10.0.0.12"] = time.monotonic()   # as after removed_address_s
-    assert join_as(fresh, "Ada").get_json()["name"] == "Ada (2)"
+    # the same person joining again keeps the name: a removed student's is free again
+    assert join_as(fresh, "Ada").get_json()["name"] == "Ada"
+    page = ada.get("/join")                          # a reload of the removed phone: a page that says so
+    assert page.status_code == 403 and page.headers["Content-Type"].startswith("text/html")
+    assert 'data-code="removed"' in page.text and "removed you from the class" in page.text
+    assert "ft-classroom.css" in page.text           # styled as the join page is
+
+
+def test_join_codes_are_compared_case_insensitively_with_spaces_trimmed(room):
+    """A phone typing "OWL", or capitalising it to "Owl", or a stray space: the same code; none
+    counts as a bad code. Anything else is still refused."""
+    c = room.classroom
+    names = []
+    for i, code in enumerate(("OWL", " Owl ", "owl", "oWl\t")):
+        r = phone(room, f"10.0.1.{i}").post("/join/session", json={"name": f"P{i}", "code": code})
+        assert r.status_code == 200, (code, r.get_json())
+        names.append(r.get_json()["name"])
+    assert names == ["P0", "P1", "P2", "P3"]
+    assert c.refused_joins() == {"total": 0, "by_code": {}}
+    r = phone(room, "10.0.1.9").post("/join/session", json={"name": "Eve", "code": "OWLS"})
+    assert r.status_code == 403 and r.get_json()["error"]["code"] == "bad_code"
+    assert c.refused_joins() == {"total": 1, "by_code": {"bad_code": 1}}
 
 
 def test_clean_name():

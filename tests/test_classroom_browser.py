@@ -89,11 +89,12 @@ def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context)
     presenter.reload()   # the cookie keeps it the presenter
     presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
     assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
-    presenter.click("#cls-hide")
-    assert not presenter.is_visible("#classroom")
-    assert presenter.text_content("#btn-classroom") == f"Join: {room.url}/join · code owl"   # late students
+    presenter.click("#cls-hide")   # collapsed to the small join card: late students still join
+    assert not presenter.is_visible("#classroom") and presenter.is_visible("#cls-card")
+    card = presenter.text_content("#cls-card")
+    assert f"{room.url}/join" in card and "owl" in card and presenter.is_visible("#cls-card svg")
     presenter.click("#btn-classroom")
-    assert presenter.is_visible("#classroom") and presenter.text_content("#btn-classroom") == "Classroom"
+    assert presenter.is_visible("#classroom") and presenter.is_hidden("#cls-card")
     assert viewer.errors == [] and presenter.errors == []
 
 
@@ -110,6 +111,9 @@ def test_the_presenter_sees_students_on_the_timeline_and_removes_one(room, conte
         t.join(30)
     presenter.wait_for_function("[...firstToken.state.reqs.values()].filter(r => r.label).length === 3")
     assert sorted(presenter.evaluate("[...firstToken.state.reqs.values()].map(r => r.label)")) == ["Ada", "Alan", "Grace"]
+    # students joined: the panel gave way to the small card; the presenter opens the class list
+    presenter.wait_for_function("() => document.getElementById('cls-card-count').textContent === '3 joined'")
+    presenter.click("#cls-open")
     presenter.wait_for_selector("#cls-list li[data-client] >> text=Grace")
     assert presenter.text_content("#cls-count") == "Students (3)"
     presenter.screenshot(path=str(ARTIFACTS / "classroom-presenter-1920x1080.png"))

@@ -414,6 +414,50 @@ def test_limit_flags_are_validated():
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("bind", ["127.0.0.3", "127.0.0.2", "127.255.255.254", "::1", "localhost"])
+def test_every_loopback_address_is_guarded_against_dns_rebinding(live, bind):
+    """Bound to any loopback address (not only the three usual strings), a rebound name is
+    refused: the API and the websocket from its origin; --allow-host is honoured there; the
+    address itself and other loopback names answer; a classroom there prints no warning that
+    the network can reach it."""
+    from app import allowed_hosts, classroom_banner, parse_args
+    from server import create_app
+    from server.classroom import Classroom
+    args = parse_args(["--host", bind, "--port", "5123", "--allow-host", "proxy.example.org"])
+    hosts = allowed_hosts(args)
+    assert hosts is not None
+    app = create_app({"ALLOWED_HOSTS": hosts}, backend=live.driver).test_client()
+    evil = "evil.example:5123"
+    r = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                 headers={"Host": evil, "Origin": f"http://{evil}"})
+    assert r.status_code == 403 and r.json["error"]["code"] == "host_not_allowed"
+    r = app.get("/ws", headers={"Host": evil, "Origin": f"http://{evil}", "Upgrade": "websocket",
+                                "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert r.status_code == 403 and r.json["error"]["code"] == "host_not_allowed"
+    own = f"[{bind}]:5123" if ":" in bind else f"{bind}:5123"
+    for host in (own, "127.0.0.3:5123", "localhost:5123", "proxy.example.org"):
+        assert app.get("/healthz", headers={"Host": host}).status_code == 200, host
+    room = Classroom(base=f"http://{own}")
+    assert not any("WARNING" in line for line in classroom_banner(args, room))
+
+
+def test_loopback_is_judged_by_address_after_resolving():
+    from app import allowed_hosts, parse_args
+    from server.security import is_loopback
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.3", "127.1.2.3", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "10.0.0.1", "192.168.1.5", "no-such-host.invalid"))
+    assert allowed_hosts(parse_args(["--host", "0.0.0.0"])) is None   # beyond loopback: any name
+
+
+def test_every_response_says_nosniff(live):
+    """X-Content-Type-Options: nosniff on pages, static files, JSON, errors and the API."""
+    c = live.app.test_client()
+    for r in (c.get("/"), c.get("/static/ft.css"), c.get("/healthz"), c.get("/metrics"), c.get("/v1/models"),
+              c.get("/no-such-page"), c.post("/v1/completions", data="not json"), c.get("/join")):
+        assert r.headers.get("X-Content-Type-Options") == "nosniff", (r.request.path, r.status_code)
+
+
 def test_default_bind_is_loopback():
     from app import parse_args
     assert parse_args([]).host == "127.0.0.1"

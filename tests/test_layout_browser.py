@@ -101,6 +101,10 @@ def test_embed_in_a_small_frame_keeps_its_strips(busy, browser):
         page.wait_for_function("() => firstToken.state.finishedCount >= 5", timeout=20_000)
         r = assert_readable(page, "embed-640x400", timeline_min=150)
         assert "kv" in {s["id"] for s in r["strips"]}
+        # every strip the URL asked for is inside the frame, with nothing to scroll to
+        fold = page.evaluate("""() => ({scroll: document.scrollingElement.scrollHeight, h: innerHeight,
+          bottoms: ['timeline', 'kv'].map(id => document.getElementById(id).getBoundingClientRect().bottom)})""")
+        assert fold["scroll"] <= fold["h"] and max(fold["bottoms"]) <= fold["h"], fold
     finally:
         ctx.close()
 
@@ -120,6 +124,11 @@ def test_an_exported_replay_is_readable_from_file(live, browser, tmp_path, name,
         # a phone sees every panel of the export, not only the timeline
         ids = {s["id"] for s in r["strips"]}
         assert {"timeline", "kv", "queue", "chart-stages"} <= ids, ids
+        # and its replay controls on the first screen, before the strips
+        page.evaluate("window.scrollTo(0, 0)")
+        for control in ("#rp-play", "#rp-scrub", "#rp-speed"):
+            box = page.locator(control).bounding_box()
+            assert box and box["y"] + box["height"] <= height, (control, box)
     finally:
         ctx.close()
 

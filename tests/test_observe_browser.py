@@ -176,6 +176,17 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         # llama.cpp's batch size is a mean since it started: the note says so beside the number.
         (batch,) = [g for g in v["gauges"] if g["name"] == "batch_size"]
         assert trace[0]["server"]["exposed"]["notes"]["batch_size"] in batch["text"]
+        # llama.cpp's prefix hits / lookups: exposed, with a value only in intervals with lookups; in
+        # one without, the gauge says so rather than a bare "—" tagged "server"; its draft acceptance,
+        # never reported by this build, says that
+        seen = [e for e in stats if e["server"]["ratios"]["prefix_hit_ratio"] is not None]
+        quiet = next(e for e in stats if e["t"] > seen[0]["t"] and e["server"]["ratios"]["prefix_hit_ratio"] is None)
+        assert not any(e["server"]["ratios"]["spec_acceptance"] is not None for e in stats)
+        page.evaluate("t => firstToken.replay.seek(t)", quiet["t"] + 0.01)
+        text = {g["name"]: g["text"] for g in page.evaluate(READ)["gauges"]}
+        assert text["prefix_hit_ratio"].endswith("—server: none this interval (nothing to divide)"), text
+        assert text["spec_acceptance"].endswith("—server: none in this server's /metrics so far"), text
+        page.evaluate("t => { firstToken.replay.seek(t); firstToken.refresh(); }", busiest["t"] + 0.01)
         # A slot's strip holds the request the server's /slots said it held.
         ours = [row for row in busiest["server"]["slots"] if row["request"]]
         assert ours
@@ -269,6 +280,18 @@ def test_a_server_gone_unreadable_is_a_gap_and_an_old_scrape_is_stale(live, brow
         v = page.evaluate(READ)
         assert v["scrape"].endswith(" · stale") and page.evaluate(
             "document.getElementById('server-scrape').dataset.stale") == "true"
+        # the headline's server figures and the gauges from that scrape are greyed and say so, at
+        # the same moment: a stale count is not shown as the server's now
+        marks = page.evaluate("""() => ({figs: ['h-running', 'h-waiting'].map(id => document.getElementById(id).parentElement.dataset.stale),
+          gauges: [...document.querySelectorAll('#server-gauges .sg')].filter(g => g.dataset.stale === 'true').map(g => g.dataset.name),
+          grey: getComputedStyle(document.getElementById('h-running')).color,
+          white: getComputedStyle(document.getElementById('h-ttft50')).color})""")
+        assert marks["figs"] == ["true", "true"] and "stale" in v["tags"]["running"] and "stale" in v["tags"]["waiting"]
+        assert "batch_size" in marks["gauges"] and marks["grey"] != marks["white"]
+        page.evaluate("t => firstToken.replay.seek(t)", held["t"] + 0.01)   # the same scrape while fresh
+        v = page.evaluate(READ)
+        assert "stale" not in v["tags"]["running"] and page.evaluate(
+            "document.getElementById('h-running').parentElement.dataset.stale") == "false"
         page.evaluate("t => firstToken.replay.seek(t)", trace[-1]["t"])
         v = page.evaluate(READ)
         assert v["last"]["server"] is None

@@ -209,3 +209,16 @@ def test_api_requests_are_on_the_timeline_and_a_dropped_stream_frees_its_slot(li
     finished = [e for e in mine if e["type"] == "finished"]
     assert finished and finished[0]["reason"] == "cancelled" and finished[0]["output_tokens"] < max_tokens
     assert clean(live)   # the slot was freed before `finished` was published
+
+
+def test_a_rows_preview_is_what_was_asked_not_the_chat_template(live, client, model):
+    """`request.preview` is the user's message of a chat (the template around it, the same for
+    every row, is not shown) and a completion's prompt."""
+    sub = live.driver.events.subscribe(replay=False)
+    client.chat.completions.create(model=model, max_tokens=2, messages=[
+        {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour, please."}])
+    client.completions.create(model=model, max_tokens=2, prompt="Once upon a time")
+    previews, deadline = [], time.time() + 20
+    while len(previews) < 2 and time.time() < deadline:
+        previews += [e["preview"] for e in sub.get(0.2) if e["type"] == "request"]
+    assert previews == ["Name a colour, please.", "Once upon a time"]
