@@ -177,7 +177,7 @@ function drawSteps(div) {
     (k !== null && k > 2 ? ` · measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model` : "");
   // The estimated floor (weight bytes ÷ measured bandwidth) of the copy of the weights the steps
   // read, each copy's when they read both (ft-weights.js), inside the scale: plotly's autorange ignores shapes.
-  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(fmts);
+  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(fmts, undefined, div.clientWidth < 340);
   const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
   const traces = stepTraces(s.points), {nticks, ...frame} = stepsFrame(div, traces);
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, frame, {

@@ -94,7 +94,9 @@ export const colorOf = (fmt) => (COLORS[fmt] || (() => P.decode))();
 // Dashed floors for `fmts` (or the format in force), each labelled an estimate, for plotly. Two
 // floors: each in its format's colour, labelled short (format and bytes), one at each end of its
 // line so that the labels never sit on each other in a phone's chart.
-export function floorMarks(fmts, st = s) {
+// `narrow`: a chart too narrow for the figures (a phone's; a presenter's panel, whose type is
+// larger) gets the short label; the chart's heading says the rest.
+export function floorMarks(fmts, st = s, narrow = false) {
   const list = (fmts && fmts.length ? fmts : [inForce(st)]).map((f) => floorOf(f, st)).filter(Boolean);
   const shapes = [], annotations = [], two = list.length > 1;
   list.forEach((fl, i) => {
@@ -102,7 +104,8 @@ export function floorMarks(fmts, st = s) {
     shapes.push({type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: c, width: 2, dash: "dash"}});
     annotations.push({xref: "paper", x: two && i ? 0.99 : 0.01, xanchor: two && i ? "right" : "left", y, yanchor: "bottom",
                       showarrow: false, font: {color: c, size: 13},
-                      text: two ? `est. floor, ${name(fl.fmt, "short", st)}: ${mb(fl.bytes)}` : floorLabel(fl)});
+                      text: narrow ? (two ? `est. floor, ${name(fl.fmt, "short", st)}` : "estimated floor")
+                        : two ? `est. floor, ${name(fl.fmt, "short", st)}: ${mb(fl.bytes)}` : floorLabel(fl)});
   });
   return {shapes, annotations, top: Math.max(0, ...list.map((fl) => fl.floorS * 1000))};
 }
