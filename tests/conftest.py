@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from engine import model as model_mod
-from helpers import start_app, tiny_bundle
+from helpers import start_app, tiny_bundle, tiny_quant_bundle
 
 
 @pytest.fixture(scope="session")
@@ -67,10 +67,27 @@ class LiveApp:
         self.driver.shutdown()
 
 
-@pytest.fixture
-def live(tiny):
-    """A fresh in-process app on the tiny model (4 slots) for one test."""
+def _live_app(bundle):
+    """A fresh in-process app on `bundle` (4 slots) for one test."""
     from engine import EngineConfig
-    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
+    app = LiveApp(bundle, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
     yield app
     app.stop()
+
+
+@pytest.fixture
+def live(tiny):
+    """The tiny model's app."""
+    yield from _live_app(tiny)
+
+
+@pytest.fixture(scope="module")
+def quant():
+    """The tiny model stored as Q4_1 blocks (tests/helpers.py tiny_quant_bundle)."""
+    return tiny_quant_bundle()
+
+
+@pytest.fixture
+def qlive(quant):
+    """The app on the tiny model with its blocks: both weights formats switchable."""
+    yield from _live_app(quant)

@@ -12,27 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, EngineDriver, kernels
 from engine.events import Settings, Step
-from helpers import collect, schema_validator, tiny_quant_bundle
+from helpers import collect, schema_validator
 from server import control
 from server.classroom import VIEWER_REFUSED
 from server.metrics import EngineMetrics
-
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="the 4-bit kernel is not built here")
-
-
-@pytest.fixture(scope="module")
-def quant():
-    return tiny_quant_bundle()
-
-
-@pytest.fixture
-def qlive(quant):
-    """A fresh in-process app on the tiny model with its blocks: both formats switchable."""
-    from conftest import LiveApp
-    app = LiveApp(quant, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
-    yield app
-    app.stop()
-
 
 def of(events, kind):
     return [e for e in events if e["type"] == kind]

@@ -7,25 +7,9 @@ process; one test on the real model takes the screenshots (1366x768, 1280x800, 3
 is decided by which format is faster: that is the machine's to say, the page only quotes it."""
 import pytest
 
-from engine import EngineConfig, kernels
-from helpers import ARTIFACTS, page_module, tiny_quant_bundle
+from engine import EngineConfig
+from helpers import ARTIFACTS, page_module
 from test_layout_browser import open_page
-
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="the 4-bit kernel is not built here")
-
-
-@pytest.fixture(scope="module")
-def quant():
-    return tiny_quant_bundle()
-
-
-@pytest.fixture
-def qlive(quant):
-    from conftest import LiveApp
-    app = LiveApp(quant, EngineConfig(slots=4, kv_tokens=4096, max_context=512))
-    yield app
-    app.stop()
-
 
 def mb(b):
     """As the page writes bytes (ft-weights.js mb, ft-util.js fmtBytes)."""
