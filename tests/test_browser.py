@@ -259,7 +259,9 @@ def test_load_slider_gives_more_queueing(page):
 
 
 def test_prompt_box_streams_and_renders_markup_as_text(page):
-    page.slide("max_new_tokens", 32)   # long enough to stream over several 4 Hz panel ticks
+    # long enough to stream over several 4 Hz panel ticks: 32 tokens took under a second once the
+    # engine read the 4-bit blocks (25 ms a token alone), too few ticks to see it grow
+    page.slide("max_new_tokens", 160)
     scripts = page.js("document.scripts.length")
     page.page.fill("#prompt", "Name three colours.")
     page.page.press("#prompt", "Enter")

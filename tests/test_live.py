@@ -51,7 +51,7 @@ def test_control_submit_and_sync(live):
     while time.time() < deadline and not any(e["type"] == "finished" for e in evs):
         evs += sub.get(timeout=1)
     (req,) = [e for e in evs if e["type"] == "request"]
-    assert req["source"] == "page" and req["preview"] == "<|user|><script>x</script><eos><|assistant|>"
+    assert req["source"] == "page" and req["preview"] == "<script>x</script>"   # what was asked, not the template
     (fin,) = [e for e in evs if e["type"] == "finished"]
     assert fin["id"] == req["id"] and fin["source"] == "page" and 1 <= fin["output_tokens"] <= 2
 
