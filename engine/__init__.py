@@ -7,7 +7,8 @@ Data flows one way:
       settings, tokenizer, in the caller's thread) -> inbox
       -> engine thread: Engine.add / step(): Scheduler (queue, slots, KV blocks)
          -> Runner (one forward over every scheduled token) -> sampler -> typed events
-         (the StepRecorder reads the clock and keeps each request's stages as it goes)
+         -> StepOutput (what the step did, its clock reads) -> StepRecorder (each request's
+         stages, the step's events in order)
       -> Broadcaster -> every subscriber (websockets, metrics, traces); a streaming request's
          own events also go to its RequestHandle (the API's and /join's answers)
 
@@ -18,7 +19,7 @@ Modules, one job each:
     request    GenerateRequest: the one typed request every client submits, validated once;
                RequestHandle: what submit returns, the request's own token/finished/rejected
                events (the objects pages get), its one output path
-    sequence   one request's state and measured timestamps; when it decodes, why it stops
+    sequence   one request's state; when it decodes, why it stops
     intake     a request's way in: its defaults resolved, tokenization, its first events,
                refusals
     kv_cache   the paged KV memory, the block manager (free list, reference counts) and
@@ -37,8 +38,12 @@ Modules, one job each:
     measure    the page's decode-cost sweep (batch x context; KV cache on vs off), run on
                an engine by the driver
     presets    the teaching presets: settings plus timed bursts, one name each (`Preset.apply`)
-    timing     the step recorder: clock reads, per-request stage accounting, rolling stats
-               and the events that carry them
+    step_output  what one step did, as facts: its scheduling, its forward's and sampling's
+               times, each token handed out, each request ended
+    request_times  one request's measured times and speculation counts; its TTFT stages
+    timing     the step recorder: reads each StepOutput into per-request stage accounting,
+               rolling stats and the events that carry them
+    stepcost   what a forward costs lately (the step-time target's model; the engine feeds it)
     engine     Engine: step() = schedule, run (one forward), postprocess (sample, hand out,
                finish) -> events (no threads)
     driver     EngineDriver: the engine thread, the inbox (small typed commands), the load

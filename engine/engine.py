@@ -1,8 +1,12 @@
 """The engine as a step function: `Engine.step()` is schedule (preemptions, refusals,
 admissions), run (one forward over the scheduled tokens) and postprocess (sample, hand each
-token out, finish what stopped), returning the typed events it produced. Clock reads, each
-request's stage accounting and the events that carry them are the step recorder's
-(engine/timing.py), called at fixed points of the step.
+token out, finish what stopped), returning the typed events it produced. The step writes what
+it did, with the clock read at its fixed points, into one `StepOutput`
+(engine/step_output.py); the step recorder (engine/timing.py) reads that once at the step's
+end and makes each request's stage accounting and the events that carry it. Commands that
+end requests outside a step (cancel, clear the queue, reset, fail all) go the same way. The
+step-cost model the scheduler sizes prompt work by (engine/stepcost.py) is the engine's, fed
+each forward's time from the step's output.
 
 It owns no thread and takes no locks: one caller (the driver thread in engine/driver.py,
 or a test) calls `add`, `cancel`, `apply_settings`, `reset` and `step` in turn, and
@@ -23,7 +27,9 @@ from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
 from .settings import make_settings
-from .timing import StepRecorder
+from .step_output import Ended, Placed, StepOutput
+from .stepcost import StepCost
+from .timing import SloTargets, StepRecorder, stats_view
 
 
 class Engine:
@@ -37,7 +43,8 @@ class Engine:
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
-        self.scheduler = Scheduler(self.blocks, config.slots)
+        self.step_cost = StepCost()     # fed every forward's time (`_run`)
+        self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost)
         self.settings = {}   # live: updated in place (the intake and the driver hold it too)
         self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
         self._out = []
@@ -49,7 +56,7 @@ class Engine:
         # What a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
         self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
-        self.timing = StepRecorder(self.clock, self._emit, self.scheduler, self.roofline, self.settings)
+        self.timing = StepRecorder(self.clock, self.roofline)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context, self.runner.formats.available)
         self.apply_settings({name: spec.default for name, spec in self.specs.items()})
@@ -97,12 +104,17 @@ class Engine:
         out, self._out = self._out, []
         return out
 
+    def _record(self, out):
+        """A step's (or a command's) outcome through the step recorder: its events, in order,
+        join those the caller returns."""
+        self._out += self.timing.record(out)
+
     def add(self, seq):
         """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
         self._out += self.intake.announce(seq)
         refusal = self.intake.refusal(seq)
         if refusal:
-            self._reject(seq, *refusal)
+            self._emit(self._reject(seq, *refusal))
             return self._take()
         seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
         seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
@@ -111,32 +123,39 @@ class Engine:
         return self._take()
 
     def _reject(self, seq, reason, code):
+        """The request's `rejected` event (already with its client); it is no longer known."""
         self._by_id.pop(seq.id, None)
-        self._emit(self.intake.reject(seq, reason, code))
+        return self.intake.reject(seq, reason, code)
+
+    def _end_all(self, seqs, reason, error=None):
+        """End `seqs` outside a step (a command's work); their `finished` events join those the
+        caller returns."""
+        out = StepOutput(self.clock)
+        for seq in list(seqs):
+            self._finish(out, seq, reason, error)
+        self._record(out)
 
     def cancel(self, rid):
         seq = self._by_id.get(rid)
-        if seq is not None:
-            self._finish(seq, "cancelled")
+        self._end_all([seq] if seq is not None else [], "cancelled")
         return self._take()
 
     def clear_queue(self):
         """Cancel every waiting request (running ones carry on): the classroom's "clear the queue"."""
-        for seq in list(self.scheduler.waiting):
-            self._finish(seq, "cancelled")
+        self._end_all(self.scheduler.waiting, "cancelled")
         return self._take()
 
     def apply_settings(self, changes):
         """Apply validated changes (`settings.validate`); return the `settings` event."""
         self.settings.update(changes)
         self.scheduler.apply(self.settings)
+        self.timing.targets = SloTargets(self.settings["slo_ttft_ms"] / 1000, self.settings["slo_tpot_ms"] / 1000)
         self.runner.formats.stored = self.settings["weights"] == "stored"
         self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
         return self._take()
 
     def reset(self):
-        for seq in list(self._by_id.values()):
-            self._finish(seq, "cancelled")
+        self._end_all(self._by_id.values(), "cancelled")
         self.timing.reset()
         self.blocks.reset_counters()
         self.scheduler.reset_counters()
@@ -148,8 +167,7 @@ class Engine:
     def fail_all(self, message):
         """End every request in flight with reason "error" (the driver's answer to a fault
         outside any forward), best effort: their clients must hear of it."""
-        for seq in list(self._by_id.values()):
-            self._finish(seq, "error", message)
+        self._end_all(self._by_id.values(), "error", message)
         return self._take()
 
     # ------------------------------------------------------------------ the step
@@ -164,87 +182,102 @@ class Engine:
 
     def step(self):
         """Schedule, run one forward over the scheduled tokens, postprocess (sample, hand out,
-        finish); return the events."""
-        plan = self._schedule()
-        if plan.segments:
-            try:
-                logits = self._run(plan.segments)
-                self._postprocess(plan.segments, logits)
-            except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
-                self._fail([seg.seq for seg in plan.segments], e)
+        finish); return the events (the recorder's, of what the step did: even if it raised)."""
+        out = StepOutput(self.clock)
+        try:
+            self._schedule(out)
+            if out.segments:
+                try:
+                    logits = self._run(out)
+                    self._postprocess(out, logits)
+                except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
+                    self._fail(out, [seg.seq for seg in out.segments], e)
+        finally:
+            self._record(out)
         return self._take()
 
-    def _schedule(self):
-        """The scheduler's plan for this step, its preemptions, refusals and admissions recorded;
-        then stats when due, so whoever still waits really is blocked (stats say on what)."""
-        plan = self.scheduler.schedule(self.settings["kv_cache"])
-        at = self.timing.preempted(plan.preempted)
+    def _schedule(self, out):
+        """The scheduler's plan for this step, its preemptions, refusals and admissions noted;
+        then the queue as stats show it when due, so whoever still waits really is blocked
+        (stats say on what)."""
+        kv_cache_on = self.settings["kv_cache"]
+        plan = self.scheduler.schedule(kv_cache_on)
+        out.scheduled = self.clock.now()
+        out.preempted = [Placed.of(seq) for seq in plan.preempted]
         for seq, reason in plan.refused:    # the lowered cache budget can never hold it: not left waiting
             if seq.output_ids:              # it started before a preemption
-                self._finish(seq, "error", reason)
+                out.refused.append(self._end(seq, "error", reason))
             else:
-                self._reject(seq, reason, "exceeds_cache")
-        self.timing.admitted(plan.admitted, at)
-        self.timing.stats_if_due(self.settings["kv_cache"], self.subscribers)
-        return plan
+                out.refused.append(self._reject(seq, reason, "exceeds_cache"))
+        out.admitted = [Placed.of(seq) for seq in plan.admitted]
+        now = self.clock.now()
+        if self.timing.stats_due(now):
+            out.stats = stats_view(self.scheduler, kv_cache_on, self.subscribers(), now)
+        out.running, out.segments = list(self.scheduler.running), plan.segments
 
-    def _run(self, segments):
-        """One forward over `segments`; their positions are computed after it. The logits of
-        those that sample."""
-        self.timing.forward_started()
-        logits = self.runner.forward(segments)
-        self.timing.forward_ended()
-        for seg in segments:
+    def _run(self, out):
+        """One forward over the step's segments; their positions are computed after it. The
+        logits of those that sample."""
+        start = self.clock.now()
+        logits = self.runner.forward(out.segments)
+        out.forward = (start, self.clock.now())
+        for seg in out.segments:
             self.scheduler.computed(seg)
-        self.timing.forward_recorded(segments, self.runner.first_shape, self.runner.path)
+        out.first_shape, out.path = self.runner.first_shape, self.runner.path
+        out.cache = (self.scheduler.kv_tokens_in_use, self.blocks.used)
+        self.step_cost.observe(*out.work(), out.forward[1] - out.forward[0])
         return logits
 
-    def _postprocess(self, segments, logits):
+    def _postprocess(self, out, logits):
         """Tokens for each segment that wanted them (a speculating one's guesses verified), handed
         out; requests that stopped finish. A request whose own sampling raised fails alone."""
-        segs = [seg for seg in segments if seg.logits]
+        segs = [seg for seg in out.segments if seg.logits]
         if not segs:
             return
-        self.timing.sampling_started()
+        start = self.clock.now()
         runs, failed = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
                                       [g.draft for g in segs])
-        self.timing.sampled()
+        out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
-        delivered = [(seg.seq, self._deliver_run(seg, run)) for seg, run in zip(segs, runs) if run is not None]
+        delivered = [(seg.seq, self._deliver_run(out, seg, run)) for seg, run in zip(segs, runs) if run is not None]
         for i, error in failed.items():
-            self._fail([segs[i].seq], error, "sampling")
+            self._fail(out, [segs[i].seq], error, "sampling")
         for seq, stop in delivered:
             if stop:
-                self._finish(seq, stop)
+                self._finish(out, seq, stop)
 
-    def _deliver_run(self, seg, run):
+    def _deliver_run(self, out, seg, run):
         """One request's tokens from this forward, in order; why the request ends, if one ends it."""
         if seg.draft:       # the rejected guesses' positions are given back first
             self.scheduler.accepted(seg, len(run) - 1)
-            self.timing.speculated(seg, len(run) - 1)
+            out.accepted[seg.seq.id] = len(run) - 1
         kinds = speculate.kinds(len(run), len(seg.draft))   # map is lazy: none delivered after a stop
-        return next(filter(None, map(self._deliver, [seg.seq] * len(run), run, kinds)), None)
+        return next(filter(None, map(self._deliver, [out] * len(run), [seg.seq] * len(run), run, kinds)), None)
 
-    def _deliver(self, seq, tid, spec=None):
+    def _deliver(self, out, seq, tid, spec=None):
         """Append the token and hand its `token` event out (to pages, and to the request's
         client: its text under the stop rule, `Sequence.append`); return why it ends the
         request, if it does."""
         text, client_text, stop = seq.append(tid, tid in self.eos)
-        seq.handle.put(self.timing.token(seq, tid, text, client_text, spec))
-        self.timing.delivered(seq)
+        out.hand_out(seq, tid, text, client_text, spec)
         return stop
 
-    def _fail(self, seqs, error, what="a step"):
+    def _fail(self, out, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
         reason "error", free their slots and blocks, say so, and keep serving the rest."""
         message = f"{what} failed for {', '.join(s.id for s in seqs)}: {type(error).__name__}: {error}"
-        self._emit(Error(t=self.clock.now(), message=message))
+        out.ended.append(Error(t=self.clock.now(), message=message))
         for seq in seqs:
             if seq.id in self._by_id:
-                self._finish(seq, "error", message)
+                self._finish(out, seq, "error", message)
 
-    def _finish(self, seq, reason, error=None):
+    def _finish(self, out, seq, reason, error=None):
+        out.ended.append(self._end(seq, reason, error))
+
+    def _end(self, seq, reason, error=None):
+        """The request is done: freed, forgotten, and noted as ended now (its `finished` event is
+        the recorder's)."""
         self._by_id.pop(seq.id, None)
         self.scheduler.remove(seq)
         seq.finish_reason = reason
-        seq.handle.put(self.timing.finished(seq, reason, error))
+        return Ended(seq, reason, error, self.clock.now())

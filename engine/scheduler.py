@@ -28,7 +28,7 @@ token (vLLM V1), never taking the one token each later decode of the step is owe
 as many as free blocks hold without preempting anyone. After verification (`accepted`) its
 block table is cut back to the positions that hold accepted tokens: blocks emptied are freed.
 Prefix hashes only ever name prompt blocks, so no guess is ever findable. Under a step-time
-target the guesses count as decode rows (the step recorder measures them so): they leave
+target the guesses count as decode rows (the step's output counts them so): they leave
 less room for prompt work, and are never cut for it.
 """
 from collections import deque
@@ -38,7 +38,6 @@ from .kv_cache import block_hashes
 from .runner import Segment
 from .settings import Policy
 from .speculate import Speculator
-from .stepcost import StepCost
 
 
 @dataclass
@@ -50,7 +49,9 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, blocks, max_slots, max_waiting=512):
+    def __init__(self, blocks, max_slots, step_cost, max_waiting=512):
+        """`step_cost`: what forwards cost lately (engine/stepcost.py), which its owner feeds
+        after every forward; the step-time target sizes prompt work by it."""
         self.blocks = blocks
         self.max_slots = max_slots
         self.slot_limit = max_slots     # live settings (`apply`)
@@ -64,7 +65,7 @@ class Scheduler:
         self.preemptions = 0
         self.budget_left = 0            # of the last step's token budget
         self.max_step_s = None          # live: the step-time target (None: off)
-        self.step_cost = StepCost()     # fed every forward's time by the step recorder
+        self.step_cost = step_cost
         self.prefill_cap = None         # prompt tokens the target allowed in the last mixed step
         self.speculator = Speculator()
 

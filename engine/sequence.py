@@ -1,4 +1,4 @@
-"""One request's state and its measured timestamps (engine clock, seconds).
+"""One request's state: its tokens, its place in the cache, how it ends.
 
 A request is its tokens (prompt, then outputs) and how many of them have keys/values in the
 cache (`num_computed`). Each step computes some of the rest: a prompt chunk, or the one new
@@ -39,36 +39,15 @@ class Sequence:
     cached_tokens: int = 0    # prompt tokens found in the prefix cache at its first admission
     admitted_cached: int = 0  # tokens found there at its latest admission (a recompute's too)
     preemptions: int = 0
-    preempted_at: float | None = None
     output_ids: list = field(default_factory=list)
     detok: object = None      # detok.Detokenizer: its text so far, token by token
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
-    # --- speculative decoding (engine/speculate.py), vLLM's counts
-    spec_drafts: int = 0            # steps in which it verified guesses
-    spec_draft_tokens: int = 0      # guesses verified
-    spec_accepted: int = 0          # ... of which accepted
-    # --- measured times (engine clock)
+    # --- the request's own times (engine clock), measured by intake; everything timed later is
+    # the step recorder's (engine/request_times.py)
     arrival: float = 0.0
     tokenize_end: float = 0.0
-    admitted: float | None = None
-    prefill_start: float | None = None
-    prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
-    requeue_s: float = 0.0          # waiting again after a preemption, before its first token
-    load_s: float = 0.0             # of its wait before admission, the part the model was loading
-    first_sample_s: float = 0.0
-    first_sampled: float | None = None
-    first_delivered: float | None = None
-    last_delivered: float | None = None
-    # summed over later tokens (Later in engine/events.py says what each holds)
-    later_decode_s: float = 0.0
-    later_mixed_s: float = 0.0
-    later_stalled_s: float = 0.0
-    later_preempted_s: float = 0.0
-    later_sample_s: float = 0.0
-    later_delivery_s: float = 0.0
-    recovering_since: float | None = None   # preempted after its first token, not yet back to a new one
     # its client's end (engine/request.py's RequestHandle): its own token, finished or rejected
     # events go there as they are emitted
     handle: object = None
@@ -117,23 +96,3 @@ class Sequence:
         if n >= p.max_new_tokens:
             return "length"
         return None
-
-    def stage_summary(self):
-        """The article's accounting: stages that add up to the measured TTFT, remainder as 'other'."""
-        ttft = self.first_delivered - self.arrival
-        stages = {
-            "tokenize": self.tokenize_end - self.arrival,
-            "load": self.load_s,
-            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s,
-            "prefill": self.prefill_s,
-            "first_sample": self.first_sample_s,
-            "delivery": self.first_delivered - self.first_sampled,
-        }
-        stages["other"] = ttft - sum(stages.values())
-        n_later = len(self.output_ids) - 1
-        later = None
-        if n_later > 0:
-            later = {k: getattr(self, f"later_{k}_s") / n_later
-                     for k in ("decode", "mixed", "stalled", "preempted", "sample", "delivery")}
-        tpot = (self.last_delivered - self.first_delivered) / n_later if n_later > 0 else None
-        return ttft, tpot, stages, later

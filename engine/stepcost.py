@@ -8,7 +8,7 @@ close to linear in the two counts on one machine and model:
 
 (c0: reading the weights and per-forward overhead; the two slopes: each row's and each prompt
 token's share of the arithmetic and attention). The model is fitted by least squares over the
-last WINDOW forwards the step recorder reports, so it follows the machine as it is now (a
+last WINDOW forwards the engine reports, so it follows the machine as it is now (a
 busier CPU, a longer context). The scheduler asks it how many prompt tokens fit beside this
 step's decode rows under the target; until enough varied forwards were seen it says "no
 limit" rather than guess.

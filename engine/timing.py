@@ -1,229 +1,247 @@
-"""The step recorder: every clock read of a step, what each request is charged, and the events
-that carry those figures.
+"""The step recorder: what each request is charged, and the events that carry those figures.
 
-`Engine.step()` does the work (schedule, forward, sample, hand out, finish) and calls the
-recorder at fixed points of it: after scheduling (preemptions, admissions), around the
-forward, around sampling, as each token is handed out and delivered, and as a request
-finishes. The recorder reads the engine clock there and only there, keeps the per-request
-stage accounting on the Sequence (`prefill_s`, `first_sampled`, `later_*_s`, ...: what
-`Sequence.stage_summary` and docs/engine.md explain), feeds the rolling stats, and emits the
-`preempted`, `admitted`, `prefill`, `step`, `token`, `finished` and `stats` events.
+`Engine.step()` does the work (schedule, forward, sample, hand out, finish) and reads the
+clock at its fixed points into a `StepOutput` (engine/step_output.py). The recorder reads
+that once per step (`record`) and turns it, in the order things happened, into each
+request's stage accounting (a `RequestTimes`, engine/request_times.py, kept from its
+admission to its end), the rolling stats, and the `preempted`, `admitted`, `stats`,
+`prefill`, `step`, `token` and `finished` events. It is never called from inside a step and
+never changes an event it has returned.
 """
-from .events import Admitted, Finished, Preempted, Prefill, Stats, Step, Token
 from collections import deque
+from dataclasses import dataclass
 
+from .events import Admitted, Finished, Preempted, Prefill, Rejected, Stats, Step
+from .request_times import RequestTimes
 from .stats import RollingStats
+from .step_output import Ended
 
 STATS_EVERY_S = 0.5
 COMPLETED = ("stop", "stop_string", "length")   # finish reasons judged against the SLOs (not cancels, errors)
 
 
+def stats_view(sched, kv_cache_on, subscribers, now):
+    """The queue and the cache as a `stats` event at `now` shows them (its fields other than
+    the rolling figures); `subscribers`: how many pages listen."""
+    blocks = sched.blocks
+    busy = max([sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])
+    return dict(
+        t=now, queue=len(sched.waiting), running=len(sched.running),
+        waiting_ids=[s.id for s in list(sched.waiting)[:50]],
+        # every slot up to the limit, plus any still busy above a lowered limit
+        slots=[s.id if s else None for s in sched.slots[:busy]],
+        cache_blocks_used=blocks.used, cache_blocks=blocks.block_budget,
+        cache_tokens=sched.kv_tokens_in_use, cache_blocks_shared=blocks.shared,
+        cache_blocks_cached=blocks.cached_free,
+        block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
+        prefix_queries=blocks.queries, prefix_hits=blocks.hits, preemptions=sched.preemptions,
+        prefill_cap=sched.prefill_cap, subscribers=subscribers, blocked_on=sched.blocked_on(kv_cache_on))
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """The service-level objectives completed requests are judged by (seconds)."""
+    ttft_s: float
+    tpot_s: float
+
+
 class StepRecorder:
-    def __init__(self, clock, emit, scheduler, roofline=None, settings=None):
-        """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events;
-        `settings`: the engine's live settings (the SLO targets finished requests are judged by)."""
+    def __init__(self, clock, roofline=None):
+        """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events."""
         self.clock = clock
         self.roofline = roofline
-        self.settings = {} if settings is None else settings   # the live dict itself, not a copy
-        self._emit = emit
-        self.scheduler = scheduler
+        # What completed requests are judged by (anything with `ttft_s` and `tpot_s`), handed in
+        # by the engine whenever its settings change; None: nobody is judged.
+        self.targets = None
         self.stats = RollingStats(started=clock.now())
         self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/reload.py)
         self._next_stats = 0.0
-        # this step's forward (start, end) and sampling (start, end, seconds): every token of a
-        # step is sampled at once, so each has the step's sampling times
-        self._forward_start = self._forward_end = 0.0
-        self._sampling = self._sampled = self._sample_s = 0.0
-        self._step = None   # this step's `step` event (speculation's counts are filled in after sampling)
+        self._times = {}               # request id -> RequestTimes, from its admission to its end
 
     def reset(self):
         """Start the rolling stats afresh (the engine's reset)."""
         self.stats = RollingStats(started=self.clock.now())
 
-    # ------------------------------------------------------------------ scheduling
-    def preempted(self, seqs):
-        """The step's scheduling time (one clock read, returned for `admitted`); `seqs` were
-        preempted then. A request past its first token is recovering until its next one."""
-        now = self.clock.now()
-        for seq in seqs:
-            seq.preempted_at = now
-            if seq.first_delivered is not None and seq.recovering_since is None:
-                seq.recovering_since = now
-            self._emit(Preempted(t=now, id=seq.id, tokens=seq.num_tokens, preemptions=seq.preemptions))
-        return now
-
-    def admitted(self, seqs, now):
-        """`seqs` took a slot at `now`: how long each waited, since it arrived or was preempted
-        (before its first token that wait is its queue stage too)."""
-        for seq in seqs:
-            resumed = seq.admitted is not None
-            waited = now - (seq.preempted_at if resumed else seq.arrival)
-            if resumed and seq.first_delivered is None:
-                seq.requeue_s += waited
-            if not resumed:     # the part of its wait the model was loading: its `load` stage
-                seq.load_s = sum(max(0.0, min(e, now) - max(s, seq.tokenize_end)) for s, e in self.loads)
-            seq.admitted = seq.admitted or now
-            self._emit(Admitted(t=now, id=seq.id, slot=seq.slot, queue_s=waited, blocks=len(seq.block_table),
-                                prompt_tokens=seq.num_tokens, cached_tokens=seq.admitted_cached, resumed=resumed))
-
     def model_loaded(self, start, end):
         """The model was (re)loaded from `start` to `end`: requests waiting then are charged it."""
         self.loads.append((start, end))
+
+    def stats_due(self, now):
+        """Whether a step scheduled at `now` carries a `stats` event (one every STATS_EVERY_S)."""
+        return now >= self._next_stats
 
     def idle_timeout(self):
         """How long until the next `stats` event is due (at most STATS_EVERY_S)."""
         return max(0.0, min(self._next_stats - self.clock.now(), STATS_EVERY_S))
 
-    def stats_if_due(self, kv_cache_on, subscribers):
-        """A `stats` event every STATS_EVERY_S; `subscribers()` says how many pages listen."""
-        if self.clock.now() < self._next_stats:
-            return
-        now = self.clock.now()
-        self._next_stats = now + STATS_EVERY_S
-        sched, blocks = self.scheduler, self.scheduler.blocks
-        busy = max([sched.slot_limit] + [i + 1 for i, s in enumerate(sched.slots) if s])
-        self._emit(Stats(
-            t=now, queue=len(sched.waiting), running=len(sched.running),
-            waiting_ids=[s.id for s in list(sched.waiting)[:50]],
-            # every slot up to the limit, plus any still busy above a lowered limit
-            slots=[s.id if s else None for s in sched.slots[:busy]],
-            cache_blocks_used=blocks.used, cache_blocks=blocks.block_budget,
-            cache_tokens=sched.kv_tokens_in_use, cache_blocks_shared=blocks.shared,
-            cache_blocks_cached=blocks.cached_free,
-            block_tables={s.id: list(s.block_table) for s in sched.running if s.kv_cache},
-            prefix_queries=blocks.queries, prefix_hits=blocks.hits, preemptions=sched.preemptions,
-            prefill_cap=sched.prefill_cap,
-            subscribers=subscribers(), blocked_on=sched.blocked_on(kv_cache_on), **self.stats.snapshot(now)))
+    # ------------------------------------------------------------------ the one entry
+    def record(self, out):
+        """A step's outcome (or a command's: only requests ended) as its events, in the order
+        they happened: scheduling's, the forward's, each token handed out, then each end."""
+        events = []
+        if out.scheduled is not None:
+            events += [self._preempted(p, out.scheduled) for p in out.preempted]
+            events += [self._end(e) for e in out.refused]
+            events += [self._admitted(p, out.scheduled) for p in out.admitted]
+            if out.stats is not None:
+                self._next_stats = out.stats["t"] + STATS_EVERY_S
+                events.append(Stats(**out.stats, **self.stats.snapshot(out.stats["t"])))
+        if out.forward is not None:
+            events += self._forward(out)
+        for handed in out.tokens:
+            self._delivered(handed, out.sampling)
+            events.append(handed.event)
+        events += [self._end(e) for e in out.ended]
+        return events
+
+    def _times_of(self, seq):
+        times = self._times.get(seq.id)
+        if times is None:
+            times = self._times[seq.id] = RequestTimes(seq.arrival, seq.tokenize_end)
+        return times
+
+    # ------------------------------------------------------------------ scheduling
+    def _preempted(self, placed, now):
+        """Preempted at `now`: a request past its first token is recovering until its next one."""
+        times = self._times_of(placed.seq)
+        times.preempted_at = now
+        if times.first_delivered is not None and times.recovering_since is None:
+            times.recovering_since = now
+        return Preempted(t=now, id=placed.seq.id, tokens=placed.tokens, preemptions=placed.preemptions)
+
+    def _admitted(self, placed, now):
+        """Took a slot at `now`: how long it waited, since it arrived or was preempted (before
+        its first token that wait is its queue stage too)."""
+        seq, times = placed.seq, self._times_of(placed.seq)
+        resumed = times.admitted is not None
+        waited = now - (times.preempted_at if resumed else times.arrival)
+        if resumed and times.first_delivered is None:
+            times.requeue_s += waited
+        if not resumed:     # the part of its wait the model was loading: its `load` stage
+            times.load_s = sum(max(0.0, min(e, now) - max(s, times.tokenize_end)) for s, e in self.loads)
+            times.admitted = now
+        return Admitted(t=now, id=seq.id, slot=placed.slot, queue_s=waited, blocks=placed.blocks,
+                        prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=resumed)
 
     # ------------------------------------------------------------------ the forward
-    def forward_started(self):
-        self._forward_start = self.clock.now()
-
-    def forward_ended(self):
-        """The forward is done (the runner synchronised the device): its end, before any bookkeeping."""
-        self._forward_end = self.clock.now()
-
-    def forward_recorded(self, segments, first_shape, path=None):
-        """Charge the forward that just ran over `segments` (their positions already marked
-        computed, so the cache figures are after it): `prefill` events and prefill time for
-        prompt work, each running request's later-token share, and the `step` event
-        (`first_shape`: no forward of its shape had run in this process: engine/runner.py)."""
-        t0, t1 = self._forward_start, self._forward_end
-        prefill_tokens = decode_tokens = 0
+    def _forward(self, out):
+        """Charge the forward: `prefill` events and prefill time for prompt work, each running
+        request's later-token share, its guesses' counts, and the `step` event (the cache
+        figures as the forward left them, the guesses kept as sampling found them)."""
+        (t0, t1), segments = out.forward, out.segments
+        events = []
         for seg in segments:
-            seq = seg.seq
             if seg.decode:
-                decode_tokens += seg.n      # its one token (its guesses too; KV cache off: all of them)
                 continue
-            prefill_tokens += seg.n
-            if seq.first_delivered is None:       # the shared forward is each one's prefill time
-                seq.prefill_start = seq.prefill_start if seq.prefill_start is not None else t0
-                seq.prefill_s += t1 - t0
-            self._emit(Prefill(t=t1, id=seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n, done=seg.logits))
-        self._charge_later(segments, t1 - t0, prefill_tokens)
-        self.scheduler.step_cost.observe(decode_tokens, prefill_tokens, t1 - t0)
-        kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
+            times = self._times_of(seg.seq)
+            if times.first_delivered is None:       # the shared forward is each one's prefill time
+                times.prefill_start = times.prefill_start if times.prefill_start is not None else t0
+                times.prefill_s += t1 - t0
+            events.append(Prefill(t=t1, id=seg.seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n, done=seg.logits))
+        decode_tokens, prefill_tokens = out.work()
+        self._charge_later(out.running, segments, t1 - t0, prefill_tokens)
+        spec = {}
+        for seg in segments:
+            if seg.draft:
+                spec[seg.seq.id] = {"proposed": len(seg.draft), "accepted": out.accepted.get(seg.seq.id, 0)}
+                self._speculated(seg, out.accepted)
+        path = out.path
         read = path.weight_bytes if path else None
         predicted_s, bound = self.roofline.predict_segments(segments, read) if self.roofline else (None, None)
-        spec = {g.seq.id: {"proposed": len(g.draft), "accepted": 0} for g in segments if g.draft}
-        self._step = Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
-                          predicted_s=predicted_s, bound=bound,
-                          tokens=sum(g.n for g in segments), prefill_tokens=prefill_tokens,
-                          decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
-                          cache_tokens=self.scheduler.kv_tokens_in_use, cache_blocks_used=self.scheduler.blocks.used,
-                          per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None,
-                          first_shape=first_shape, weights=path and path.weights,
-                          kernel=path and path.kernel, weight_bytes=read)
-        self._emit(self._step)
+        kind = "mixed" if prefill_tokens and decode_tokens else "decode" if decode_tokens else "prefill"
+        events.append(Step(t=t1, kind=kind, start=t0, end=t1, ids=[g.seq.id for g in segments],
+                           predicted_s=predicted_s, bound=bound,
+                           tokens=decode_tokens + prefill_tokens, prefill_tokens=prefill_tokens,
+                           decode_tokens=decode_tokens, kv_cache=segments[0].seq.kv_cache,
+                           cache_tokens=out.cache[0], cache_blocks_used=out.cache[1],
+                           per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None,
+                           first_shape=out.first_shape, weights=path and path.weights,
+                           kernel=path and path.kernel, weight_bytes=read))
+        return events
 
-    def speculated(self, seg, accepted):
-        """`accepted` of the segment's guesses were kept: its counts, and the step event's (still
-        in the engine's hands until the step returns, so it goes out complete)."""
-        seq = seg.seq
-        seq.spec_drafts += 1
-        seq.spec_draft_tokens += len(seg.draft)
-        seq.spec_accepted += accepted
-        self._step.spec[seq.id]["accepted"] = accepted
+    def _speculated(self, seg, accepted):
+        """The segment's guesses were verified (if its sampling did not fail): its counts."""
+        if seg.seq.id in accepted:
+            times = self._times_of(seg.seq)
+            times.spec_drafts += 1
+            times.spec_draft_tokens += len(seg.draft)
+            times.spec_accepted += accepted[seg.seq.id]
 
-    def _charge_later(self, segments, forward_s, prefill_tokens):
+    def _charge_later(self, running, segments, forward_s, prefill_tokens):
         """Charge this forward to every running request past its first token: to `decode` or
         `mixed` (other requests' prompt chunks shared the forward) if it was in the forward, to
         `stalled` if it waited outside it. A request recovering from preemption is charged as a
-        whole when its next token comes (`preempted`)."""
+        whole when its next token comes (`_delivered`)."""
         inside = {seg.seq.id for seg in segments}
-        for seq in self.scheduler.running:
-            if seq.first_delivered is None or seq.recovering_since is not None:
+        for seq in running:
+            times = self._times.get(seq.id)
+            if times is None or times.first_delivered is None or times.recovering_since is not None:
                 continue
             if seq.id not in inside:
-                seq.later_stalled_s += forward_s
+                times.later_stalled_s += forward_s
             elif prefill_tokens:
-                seq.later_mixed_s += forward_s
+                times.later_mixed_s += forward_s
             else:
-                seq.later_decode_s += forward_s
+                times.later_decode_s += forward_s
 
     # ------------------------------------------------------------------ tokens
-    def sampling_started(self):
-        self._sampling = self.clock.now()
-
-    def sampled(self):
-        """Sampling is done: the time every token of this step was sampled."""
-        self._sampled = self.clock.now()
-        self._sample_s = self._sampled - self._sampling
-
-    def token(self, seq, token_id, text, client_text, spec=None):
-        """The `token` event for the token just appended to `seq.output_ids`, as it is handed out
-        (emitted, and returned for the request's client); `client_text` is carried only where
-        stop strings made it differ from the token's text; `spec`: what speculative decoding
-        made of it (`speculate.kinds`)."""
-        index = len(seq.output_ids) - 1
-        ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
-                   first=index == 0, sampled=self._sampled, sample_s=self._sample_s,
-                   client_text=None if client_text == text else client_text, spec=spec)
-        self._emit(ev)
-        return ev
-
-    def delivered(self, seq):
-        """The token reached its in-process consumer (if any): its first token's stages, or a
+    def _delivered(self, handed, sampling):
+        """A token reached its in-process consumer (if any): its first token's stages, or a
         later token's share of sampling, delivery and any preemption it recovered from."""
-        delivered = self.clock.now()
-        if len(seq.output_ids) == 1:
-            seq.first_sampled, seq.first_sample_s, seq.first_delivered = self._sampled, self._sample_s, delivered
-            self.stats.first_token(delivered - seq.arrival)   # the headline counts it now, not at the end
+        times, delivered = self._times_of(handed.seq), handed.delivered
+        (sampling_start, sampled), sample_s = sampling, sampling[1] - sampling[0]
+        if handed.event.first:
+            times.first_sampled, times.first_sample_s, times.first_delivered = sampled, sample_s, delivered
+            self.stats.first_token(delivered - times.arrival)   # the headline counts it now, not at the end
         else:
-            if seq.recovering_since is not None:
-                seq.later_preempted_s += self._sampling - seq.recovering_since
-                seq.recovering_since = None
+            if times.recovering_since is not None:
+                times.later_preempted_s += sampling_start - times.recovering_since
+                times.recovering_since = None
             # a later token of the same forward (speculation) shares its sampling; its delivery
             # starts when the previous one's ended
-            again = seq.last_delivered >= self._sampled
-            seq.later_sample_s += 0.0 if again else self._sample_s
-            seq.later_delivery_s += delivered - (seq.last_delivered if again else self._sampled)
+            again = times.last_delivered >= sampled
+            times.later_sample_s += 0.0 if again else sample_s
+            times.later_delivery_s += delivered - (times.last_delivered if again else sampled)
             if not again:   # one gap per forward that gave it tokens, as vLLM's inter-token latency
-                self.stats.gap(delivered - seq.last_delivered)
-        seq.last_delivered = delivered
+                self.stats.gap(delivered - times.last_delivered)
+        times.last_delivered = delivered
         self.stats.token(delivered)
 
-    def finished(self, seq, reason, error=None):
-        """The `finished` event (emitted, and returned for the request's consumer), with its
-        stages when it got a first token."""
-        now = self.clock.now()
-        ev = Finished(t=now, id=seq.id, reason=reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
-                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=error,
-                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions, spec_drafts=seq.spec_drafts,
-                      spec_draft_tokens=seq.spec_draft_tokens, spec_accepted_tokens=seq.spec_accepted)
-        if seq.first_delivered is not None:
-            ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
-            self.stats.finished += 1
-            if reason in COMPLETED and "slo_ttft_ms" in self.settings:
-                ev.slo = self._judge(ev.ttft, ev.tpot)
-                self.stats.slo(now, ev.slo["met"])
-        self._emit(ev)
-        return ev
+    # ------------------------------------------------------------------ ends
+    def _end(self, end):
+        """The event of an end: a request's `finished` (handed to its client too), or an event
+        the engine made (`error`, `rejected`) passed on; the request's record is dropped."""
+        if isinstance(end, Ended):
+            ev = self._finished(end, self._times.pop(end.seq.id, None))
+            end.seq.handle.put(ev)
+            return ev
+        if isinstance(end, Rejected):   # refused before its first token (it may have been admitted)
+            self._times.pop(end.id, None)
+        return end
+
+    def _finished(self, end, times):
+        """The `finished` event, with its stages when it got a first token."""
+        seq, now = end.seq, end.t
+        common = dict(t=now, id=seq.id, reason=end.reason, source=seq.source, prompt_tokens=len(seq.prompt_ids),
+                      output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=end.error,
+                      cached_tokens=seq.cached_tokens, preemptions=seq.preemptions,
+                      spec_drafts=times.spec_drafts if times else 0,
+                      spec_draft_tokens=times.spec_draft_tokens if times else 0,
+                      spec_accepted_tokens=times.spec_accepted if times else 0)
+        if times is None or times.first_delivered is None:
+            return Finished(**common)
+        ttft, tpot, stages, later = times.stage_summary(len(seq.output_ids))
+        self.stats.finished += 1
+        slo = None
+        if end.reason in COMPLETED and self.targets is not None:
+            slo = self._judge(ttft, tpot)
+            self.stats.slo(now, slo["met"])
+        return Finished(**common, ttft=ttft, tpot=tpot, stages=stages, later=later, slo=slo)
 
     def _judge(self, ttft, tpot):
-        """A completed request against the live SLO targets, by its own measured TTFT and TPOT
-        (a one-token answer has no TPOT: only its TTFT is judged)."""
-        ttft_target, tpot_target = self.settings["slo_ttft_ms"] / 1000, self.settings["slo_tpot_ms"] / 1000
+        """A completed request against the SLO targets, by its own measured TTFT and TPOT (a
+        one-token answer has no TPOT: only its TTFT is judged)."""
+        ttft_target, tpot_target = self.targets.ttft_s, self.targets.tpot_s
         ttft_met, tpot_met = ttft <= ttft_target, tpot is None or tpot <= tpot_target
         return {"ttft_met": ttft_met, "tpot_met": tpot_met, "met": ttft_met and tpot_met,
                 "ttft_target_s": ttft_target, "tpot_target_s": tpot_target}

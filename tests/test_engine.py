@@ -9,7 +9,12 @@ from engine.broadcast import Broadcaster
 from engine.kv_cache import BlockManager, block_hashes
 from engine.loadgen import LoadGenerator
 from engine.request import GenerateRequest
+from engine.runner import Segment
+from engine.request import RequestHandle
+from engine.sequence import SamplingParams, Sequence
 from engine.settings import make_settings, validate
+from engine.step_output import Ended, Placed, StepOutput
+from engine.timing import StepRecorder
 from helpers import reference
 
 PROMPTS = ["We hold these truths", "Four score and seven years ago our fathers brought forth",
@@ -138,6 +143,34 @@ def test_stage_accounting_sums_to_ttft(engine):
         assert fin.tpot > 0 and fin.later["decode"] > 0
     # 6 requests through 4 slots: somebody queued
     assert max(f.stages["queue"] for f in fins) > 0
+
+
+def test_the_recorder_makes_stages_and_events_from_a_step_output_alone():
+    """One request's step, written as a StepOutput on a clock the test sets: the recorder turns
+    it into the step's events, in order, and the TTFT stages are the clock's own differences."""
+    now = [0.0]
+    clock = type("Clock", (), {"now": lambda self: now[0]})()
+    seq = Sequence(id="r1", source="api", prompt="x", prompt_ids=[1, 2, 3], params=SamplingParams(),
+                   arrival=0.0, tokenize_end=0.2, slot=0, handle=RequestHandle("r1", True))
+    seg = Segment(seq, 0, 3, cached=True, logits=True)
+    out = StepOutput(clock, scheduled=1.0, admitted=[Placed.of(seq)], running=[seq], segments=[seg],
+                     forward=(1.0, 1.5), cache=(3, 1), sampling=(1.5, 1.6))
+    now[0] = 1.7
+    seq.output_ids.append(7)
+    out.hand_out(seq, 7, "a", "a")
+    out.ended.append(Ended(seq, "length", None, 1.8))
+    recorder = StepRecorder(clock)
+    events = recorder.record(out)
+    assert [e.type for e in events] == ["admitted", "prefill", "step", "token", "finished"]
+    admitted, prefill, step, token, fin = events
+    assert admitted.queue_s == 1.0 and (prefill.start, prefill.end, prefill.tokens) == (1.0, 1.5, 3)
+    assert (step.kind, step.prefill_tokens, step.cache_tokens, step.spec) == ("prefill", 3, 3, None)
+    assert (token.sampled, token.sample_s) == (1.6, pytest.approx(0.1))
+    assert fin.ttft == 1.7 and fin.e2e == 1.8 and fin.tpot is None and fin.slo is None
+    assert fin.stages == pytest.approx({"tokenize": 0.2, "load": 0.0, "queue": 0.8, "prefill": 0.5,
+                                        "first_sample": 0.1, "delivery": 0.1, "other": 0.0})
+    assert list(seq.handle.events(timeout=0)) == [token, fin]          # the client's own events
+    assert recorder.record(StepOutput(clock)) == []                      # nothing left of it
 
 
 LONG = " ".join(PROMPTS * 4)

@@ -76,3 +76,21 @@ def test_mixed_steps_stay_under_the_target_and_the_prompt_takes_more_steps(tiny)
     assert longest == pytest.approx(C0 + 4 * C_DECODE + 400 * C_PREFILL)   # the streams' step stretched to 0.218 s
     (fin0,) = [e for e in untargeted if isinstance(e, ev.Finished) and e.id == rid0]
     assert fin.ttft > fin0.ttft                               # the trade: that prompt's first token later
+
+
+def test_the_engine_feeds_the_scheduler_s_cost_model_each_forward_its_step_event_reports(tiny):
+    """The cost model is the engine's, handed to the scheduler when it is made, and fed every
+    forward's decode and prompt tokens and measured time: the very figures its `step` event carries."""
+    engine = Engine(tiny, EngineConfig(slots=4, kv_tokens=1024, block_size=16, max_context=512))
+    assert engine.scheduler.step_cost is engine.step_cost
+    events = []
+    for n_tokens in (40, 24):
+        seq = engine.new_sequence(GenerateRequest(prompt=engine.loadgen.prompt(n_tokens), prompt_tokens=n_tokens,
+                                                  max_new_tokens=5, ignore_eos=True))
+        events.extend(engine.add(seq))
+        events.extend(engine.step())
+    while engine.scheduler.running or engine.scheduler.waiting:
+        events.extend(engine.step())
+    steps = [e for e in events if isinstance(e, ev.Step)]
+    assert {s.kind for s in steps} == {"prefill", "mixed", "decode"}
+    assert list(engine.step_cost.samples) == [(s.decode_tokens, s.prefill_tokens, s.end - s.start) for s in steps]

@@ -1,0 +1,83 @@
+"""What one engine step did, as facts: whom its scheduling preempted, refused and admitted, the
+forward's start and end, the sampling's, each token handed out (its `token` event and when its
+delivery ended) and each request that ended, in the order these happened.
+
+`Engine.step()` fills one as it works; reading the clock at the step's fixed points is its only
+timing work. The step recorder (engine/timing.py) then reads it once and turns it into each
+request's stage accounting and the step's events. The engine's commands outside a step (cancel,
+clear the queue, reset, fail all) report the requests they end through one too.
+"""
+from dataclasses import dataclass, field
+
+from .events import Token
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A request preempted or admitted by the step's scheduling, as the scheduling left it (its
+    slot, blocks and tokens move on later in the step: it may even finish in it)."""
+    seq: object
+    slot: int | None
+    blocks: int
+    tokens: int
+    cached_tokens: int      # found in the prefix cache at this admission
+    preemptions: int
+
+    @classmethod
+    def of(cls, seq):
+        return cls(seq, seq.slot, len(seq.block_table), seq.num_tokens, seq.admitted_cached, seq.preemptions)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request that ended (finished, cancelled, failed, refused after it started): why, and when."""
+    seq: object
+    reason: str
+    error: str | None
+    t: float
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A token handed out: its `token` event (already with the request's client) and when that
+    hand-out ended (its delivery to an in-process consumer)."""
+    seq: object
+    event: Token
+    delivered: float
+
+
+@dataclass
+class StepOutput:
+    clock: object
+    scheduled: float | None = None    # when scheduling ended: its preemptions and admissions happened then
+    preempted: list = field(default_factory=list)   # Placed
+    refused: list = field(default_factory=list)     # Ended (it had started) or its `rejected` event
+    admitted: list = field(default_factory=list)    # Placed
+    stats: dict | None = None         # the queue and cache as the `stats` event shows them, when one is due
+    running: list = field(default_factory=list)     # the running requests when the forward ran
+    segments: list = field(default_factory=list)    # the forward's work (runner Segments)
+    forward: tuple | None = None      # (start, end); None: no forward ran (or it raised)
+    first_shape: bool = False         # the forward was the first of its shape (engine/runner.py)
+    path: object = None               # the weights it read (engine/linears.py Path)
+    cache: tuple = (0, 0)             # (positions held, blocks used) right after the forward
+    sampling: tuple = (0.0, 0.0)      # (start, end): every token of a step is sampled at once
+    accepted: dict = field(default_factory=dict)    # request id -> its guesses the model kept
+    tokens: list = field(default_factory=list)      # Handed, in hand-out order
+    ended: list = field(default_factory=list)       # Ended, or the `error` event that ended those after it
+
+    def work(self):
+        """(decode tokens, prompt tokens) of the forward: a decoding request's one token and its
+        guesses (KV cache off: every token it recomputes) count as decode."""
+        decode = sum(seg.n for seg in self.segments if seg.decode)
+        return decode, sum(seg.n for seg in self.segments) - decode
+
+    def hand_out(self, seq, token_id, text, client_text, spec=None):
+        """Hand the token just appended to `seq.output_ids` to the request's client, as its
+        `token` event; `client_text` is carried only where stop strings made it differ from the
+        token's text; `spec`: what speculative decoding made of it (`speculate.kinds`)."""
+        index, (_, sampled) = len(seq.output_ids) - 1, self.sampling
+        ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
+                   first=index == 0, sampled=sampled, sample_s=sampled - self.sampling[0],
+                   client_text=None if client_text == text else client_text, spec=spec)
+        seq.handle.put(ev)
+        self.tokens.append(Handed(seq, ev, self.clock.now()))
