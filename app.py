@@ -2,7 +2,8 @@
 
 Parses the flags, builds the app (`server.create_app`), starts serving at once so /healthz
 reports loading progress, and loads the model in the background (server/loader.py); or, with
-`--observe URL`, serves the picture of an external OpenAI-compatible server instead.
+`--observe URL`, serves the picture of an external OpenAI-compatible server instead
+(observe/).
 
 On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
 any other address, the app is reachable from other machines, so it runs on gunicorn instead,
@@ -71,7 +72,7 @@ def _frame_ancestors(text):
 
 
 def _observe_url(text):
-    from server.observe import parse_target   # observe mode's module loads only when asked for
+    from observe import parse_target   # observe mode's package loads only when asked for
     return parse_target(text)
 
 
@@ -247,7 +248,7 @@ def build(args, room=None):
                       "MAX_VIEWERS": args.max_viewers}, classroom=room)
     state = app.extensions["first_token"]
     if args.observe:
-        from server.observe import API_KEY_ENV, Observer
+        from observe import API_KEY_ENV, Observer
         # The observed server's key: the flag, else the environment (which `ps` does not show).
         key = args.observe_api_key or os.environ.get(API_KEY_ENV) or None
         state.set_backend(Observer(args.observe, api_key=key, metrics_url=args.observe_metrics).start())

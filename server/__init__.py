@@ -1,5 +1,5 @@
 """The web layer: the Flask app factory and its blueprints, serving from a `Backend`
-(engine/backend.py): the engine's driver, or observe mode's Observer.
+(engine/backend.py): the engine's driver, or observe mode's Observer (observe/).
 
     pages    /, /embed, /static/plotly.min.js, /healthz
     live     /ws: hello, replayed history, live events; control messages from the page

@@ -132,10 +132,10 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     lone surrogates, usage that is not a count), each request ends with a schema-valid
     `finished` (or, for an HTTP error, `rejected`) event, and a good answer afterwards is
     drawn as usual."""
-    from server.observe import Observer
+    from observe import Observer
     obs = Observer(hostile_server).start()
     deadline = time.monotonic() + 10
-    while not obs.reachable and time.monotonic() < deadline:   # its /v1/models answered
+    while not obs.watch.reachable and time.monotonic() < deadline:   # its /v1/models answered
         time.sleep(0.05)
     sub = obs.events.subscribe(replay=False)
     check = schema_validator()
@@ -185,12 +185,12 @@ class Served:
 def observing(url, api_key=None, classroom=None):
     """An observe-mode app on `url`, in this process, once it has read the server's /metrics."""
     from server import create_app
-    from server.observe import Observer
+    from observe import Observer
     obs = Observer(url + "/v1", api_key=api_key).start()
     app = Served(create_app({"TESTING": True}, backend=obs, classroom=classroom))
     app.observer = obs
     deadline = time.monotonic() + 20
-    while obs.scraper.describe() is None and time.monotonic() < deadline:
+    while obs.watch.scraper.describe() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return app
 
@@ -377,7 +377,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
     had no streamed chunk yet, all a client can tell of the server's queue, are cancelled."""
     import threading
     from helpers import loopback_http
-    from server.observe import Observer
+    from observe import Observer
     release = threading.Event()
 
     def models(handler):
@@ -392,7 +392,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
     sub = obs.events.subscribe(replay=False)
     try:
         deadline = time.monotonic() + 10
-        while not obs.reachable and time.monotonic() < deadline:
+        while not obs.watch.reachable and time.monotonic() < deadline:
             time.sleep(0.05)
         ids = [obs.submit(GenerateRequest(prompt=f"q{i}", source="page", chat=True)).id for i in range(3)]
         time.sleep(0.3)                                   # sent, waiting on the server
