@@ -25,7 +25,8 @@ from pathlib import Path
 import sys
 
 from server import create_app, loader
-from server.classroom import Classroom, base_url, check_join_code, check_view_code
+from server.classroom import Classroom, check_join_code, check_view_code
+from server.classroom_web import banner, base_url
 from server.openai_api import REQUEST_TIMEOUT_S
 from server.security import is_loopback, loopback_hosts, normalize_origin, parse_frame_ancestors
 
@@ -231,7 +232,7 @@ def classroom_banner(args, room):
     if not is_loopback(args.host):
         lines.append(f"WARNING: classroom mode listens on {args.host}:{args.port}: anyone on this network "
                      "can open the page and join; only the presenter address below controls the engine.")
-    return lines + room.banner()
+    return lines + banner(room)
 
 
 def allowed_hosts(args):

@@ -5,7 +5,8 @@
     live     /ws: hello, replayed history, live events; control messages from the page
     api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible)
     metrics  /metrics (Prometheus, vLLM's names)
-    join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model: server/classroom.py)
+    join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model:
+             server/classroom.py, as the web layer sees it: server/classroom_web.py)
 
 Errors: any route or hook raises `errors.ApiError`; one registered handler answers it.
 Live objects (the backend, the classroom, the open pages) are in `app.extensions["first_token"]`

@@ -25,7 +25,8 @@ from wsproto.utilities import LocalProtocolError
 
 from engine.broadcast import encode
 from engine.events import Error, Loading
-from . import classroom, control
+from . import classroom_web, control
+from .classroom import Role
 from .delivery import Delivery
 from .errors import ApiError
 from .state import current
@@ -73,7 +74,7 @@ def send_every(state, role):
     longer in proportion (capped at MAX_SEND_EVERY_S), as the engine's events are sent to every
     page and a thousand pages at 20 frames a second would take the CPU the engine needs. The
     presenter's page stays at SEND_EVERY_S."""
-    if role == "presenter":
+    if role == Role.PRESENTER:
         return SEND_EVERY_S
     return min(MAX_SEND_EVERY_S, SEND_EVERY_S * max(1.0, state.viewers.open / VIEWERS_PER_TICK))
 
@@ -93,7 +94,7 @@ def crowded(state, role):
     the server answers (/healthz, a student's ask) for a few hundred milliseconds. Each viewer
     looks at its buffer on its own (stretched) tick instead, so their turns spread over time.
     The presenter's page is always woken."""
-    return role != "presenter" and state.viewers.open > VIEWERS_PER_TICK
+    return role != Role.PRESENTER and state.viewers.open > VIEWERS_PER_TICK
 
 
 def _idle(conn, backend, sub):
@@ -112,8 +113,8 @@ def bound_viewers():
     if request.path != "/ws":
         return None
     bound = current_app.config["MAX_VIEWERS"]
-    room = classroom.current()
-    if current().viewers.reserve(bound, exempt=room is not None and room.is_presenter()):
+    room = classroom_web.current()
+    if current().viewers.reserve(bound, exempt=room is not None and classroom_web.is_presenter(room)):
         g.viewer_place = True
         return None
     raise ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
@@ -140,7 +141,7 @@ def _serve(conn, state):
             return
         _send(conn, [Loading(t=0.0, **state.progress).to_dict()])
     backend = state.backend
-    role, info, room = classroom.connection_role()
+    role, info, room = classroom_web.connection_role()
     hello = backend.hello()
     hello.role, hello.classroom = role, info
     # simple-websocket sets conn.event when a message or the close arrives; events set it too,
