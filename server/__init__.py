@@ -25,7 +25,8 @@ DEFAULTS = {
     "ALLOWED_HOSTS": None,                             # Host names answered (None: any); app.py sets it on loopback
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
     "MAX_VIEWERS": 1000,                               # --max-viewers: open pages at once (presenter not counted)
-    # A websocket message larger than this closes the connection before it is buffered whole;
+    # A websocket message larger than this closes the connection before it is buffered whole
+    # (server/live.py's BoundedServer, made with these options);
     # up to it, an oversized control message gets an `error` reply (server/control.py).
     "SOCK_SERVER_OPTIONS": {"max_message_size": 4 * control.MAX_MESSAGE_BYTES},
 }
@@ -45,7 +46,6 @@ def create_app(config=None, backend=None, classroom=None):
     app.extensions["first_token"] = state
     for bp in (pages.bp, live.bp, api.bp, metrics.bp, join.bp):
         app.register_blueprint(bp)
-    live.sock.init_app(app)
     if backend is not None:
         state.set_backend(backend)
     return app

@@ -11,14 +11,17 @@ the classroom presenter's. The place is reserved and counted in one step before 
 given back when the request ends (its websocket closed, or the upgrade never made), so a burst
 of handshakes cannot pass the bound together.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
-and that role decides which control messages it may send."""
+and that role decides which control messages it may send.
+
+The route is this module's own, not flask-sock's: flask-sock 0.7 builds every connection from
+simple-websocket's `Server` by name, with no hook for BoundedServer (it was patched into
+flask-sock at import before); `ws` makes the connection and answers the WSGI server as
+flask-sock did (`Upgraded`)."""
 import logging
 import time
 
-from flask import Blueprint, current_app, g, request
-import flask_sock
-from flask_sock import Sock
-from simple_websocket import Server
+from flask import Blueprint, Response, current_app, g, request
+from simple_websocket import ConnectionClosed, Server
 from wsproto.events import CloseConnection
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
@@ -61,8 +64,20 @@ class BoundedServer(Server):
         return False
 
 
-flask_sock.Server = BoundedServer   # flask-sock 0.7 makes each connection's Server by this name
-sock = Sock()
+class Upgraded(Response):
+    """The /ws view's answer once its websocket has closed, as flask-sock 0.7 gave it:
+    gunicorn's worker is told by StopIteration that the socket was taken over, and writes
+    nothing; Werkzeug's server gets an empty response, written after the close, when the page
+    reads no more."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode    # simple-websocket's name for the server it took the socket from
+
+    def __call__(self, environ, start_response):
+        if self.mode == "gunicorn":
+            raise StopIteration()
+        return super().__call__(environ, start_response)
 
 
 def _send(conn, events):
@@ -129,9 +144,18 @@ def free_viewer_place(_exc):
         current().viewers.release()
 
 
-@sock.route("/ws", bp=bp)
-def ws(conn):
-    _serve(conn, current())
+@bp.route("/ws", websocket=True)
+def ws():
+    conn = BoundedServer(request.environ, **current_app.config["SOCK_SERVER_OPTIONS"])
+    try:
+        _serve(conn, current())
+    except ConnectionClosed:   # the page went
+        pass
+    try:
+        conn.close()
+    except (ConnectionClosed, OSError, LocalProtocolError):   # it was closed already
+        pass
+    return Upgraded(conn.mode)
 
 
 def _serve(conn, state):
