@@ -86,6 +86,15 @@ def test_observe_mode_has_no_model_of_its_own(observer):
     assert requests.get(observer.url + "/metrics").status_code == 404
 
 
+def test_observe_mode_and_the_web_layer_load_no_model_code():
+    """observe/ and server/ import nothing of torch or transformers (seconds to import, for a
+    model observe mode does not have): the model code stays behind engine's lazy imports."""
+    code = ("import sys; import observe, server; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
 def test_bad_observe_url_is_a_one_line_error():
     r = subprocess.run([sys.executable, str(ROOT / "app.py"), "--observe", "ftp://example"], capture_output=True,
                        text=True, timeout=120)
