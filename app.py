@@ -2,12 +2,13 @@
 
 Parses the flags, builds the app (`server.create_app`), starts serving at once so /healthz
 reports loading progress, and loads the model in the background (server/loader.py); or, with
-`--observe URL`, serves the picture of an external OpenAI-compatible server instead.
+`--observe URL`, serves the picture of an external OpenAI-compatible server instead
+(observe/).
 
 On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
 any other address, the app is reachable from other machines, so it runs on gunicorn instead,
 in this same process tree: one worker process (the engine and its model live there) with a
-pool of threads (each page's websocket holds one), as flask-sock supports; a request reaches
+pool of threads (each page's websocket holds one: the /ws view blocks); a request reaches
 a thread only once it has wholly arrived (server/serving.py), so slow clients hold none.
 
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
@@ -24,7 +25,8 @@ from pathlib import Path
 import sys
 
 from server import create_app, loader
-from server.classroom import Classroom, base_url, check_join_code, check_view_code
+from server.classroom import Classroom, check_join_code, check_view_code
+from server.classroom_web import banner, base_url
 from server.openai_api import REQUEST_TIMEOUT_S
 from server.security import is_loopback, loopback_hosts, normalize_origin, parse_frame_ancestors
 
@@ -71,7 +73,7 @@ def _frame_ancestors(text):
 
 
 def _observe_url(text):
-    from server.observe import parse_target   # observe mode's module loads only when asked for
+    from observe import parse_target   # observe mode's package loads only when asked for
     return parse_target(text)
 
 
@@ -230,7 +232,7 @@ def classroom_banner(args, room):
     if not is_loopback(args.host):
         lines.append(f"WARNING: classroom mode listens on {args.host}:{args.port}: anyone on this network "
                      "can open the page and join; only the presenter address below controls the engine.")
-    return lines + room.banner()
+    return lines + banner(room)
 
 
 def allowed_hosts(args):
@@ -247,7 +249,7 @@ def build(args, room=None):
                       "MAX_VIEWERS": args.max_viewers}, classroom=room)
     state = app.extensions["first_token"]
     if args.observe:
-        from server.observe import API_KEY_ENV, Observer
+        from observe import API_KEY_ENV, Observer
         # The observed server's key: the flag, else the environment (which `ps` does not show).
         key = args.observe_api_key or os.environ.get(API_KEY_ENV) or None
         state.set_backend(Observer(args.observe, api_key=key, metrics_url=args.observe_metrics).start())

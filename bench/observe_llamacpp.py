@@ -51,7 +51,7 @@ def wait_up(url, proc, timeout=120):
 
 
 def gauges_of(text):
-    from server import profiles
+    from observe import profiles
     s = profiles.parse(text)
     p = profiles.detect(s)
     return profiles.read_gauges(p, s), profiles.read_counters(p, s)

@@ -1,6 +1,8 @@
 """What the web layer serves from: the `Backend` protocol, met by the engine's driver
-(engine/driver.py) and by observe mode (server/observe.py), so no code asks which it is.
+(engine/driver.py) and by observe mode (observe/backend.py), so the page and the API serve
+either; what only one of them has (a model of its own, for /v1 and /metrics) is asked of `mode`.
 """
+from enum import StrEnum
 from typing import Protocol
 
 from .broadcast import Broadcaster
@@ -8,12 +10,19 @@ from .events import Clock, Hello
 from .request import GenerateRequest, RequestHandle
 
 
+class Mode(StrEnum):
+    """Which backend serves the page; hello.mode and /healthz's `mode` carry its value."""
+    ENGINE = "engine"      # this app's own model and engine
+    OBSERVE = "observe"    # another OpenAI-compatible server, watched as a client
+
+
 class Backend(Protocol):
+    mode: Mode
     clock: Clock
     events: Broadcaster           # every event it publishes; pages subscribe here
     specs: dict                   # name -> settings.Setting: the controls it accepts
     settings: dict                # their current values
-    api_model: str | None         # the model /v1 serves here; None when there is none (observe mode)
+    api_model: str | None         # the model /v1 serves here (Mode.ENGINE); None in observe mode
     max_context: int | None
 
     def hello(self) -> Hello: ...

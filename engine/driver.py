@@ -23,6 +23,7 @@ import threading
 import time
 import traceback
 
+from .backend import Mode
 from .broadcast import Broadcaster
 from .events import Error
 from .loadgen import TASKS
@@ -112,6 +113,8 @@ class MeasureDecode:
 
 
 class EngineDriver:
+    mode = Mode.ENGINE
+
     def __init__(self, engine, inbox=INBOX, loader=None):
         """`loader()`: loads the model bundle again (a cold start on demand, `reload`); None
         when this engine's model cannot be reloaded (one built in memory)."""

@@ -163,7 +163,7 @@ class Hello(Event):
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
     target: str | None = None        # observe mode: the observed API's base URL
     metrics: bool | None = None      # observe mode: its /metrics was readable
-    server: dict[str, Any] | None = None   # observe mode: the observed server's profile (server/profiles.py)
+    server: dict[str, Any] | None = None   # observe mode: the observed server's profile (observe/profiles.py)
     role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
     classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
 

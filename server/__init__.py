@@ -1,11 +1,12 @@
 """The web layer: the Flask app factory and its blueprints, serving from a `Backend`
-(engine/backend.py): the engine's driver, or observe mode's Observer.
+(engine/backend.py): the engine's driver, or observe mode's Observer (observe/).
 
     pages    /, /embed, /static/plotly.min.js, /healthz
     live     /ws: hello, replayed history, live events; control messages from the page
     api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible)
     metrics  /metrics (Prometheus, vLLM's names)
-    join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model: server/classroom.py)
+    join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model:
+             server/classroom.py, as the web layer sees it: server/classroom_web.py)
 
 Errors: any route or hook raises `errors.ApiError`; one registered handler answers it.
 Live objects (the backend, the classroom, the open pages) are in `app.extensions["first_token"]`
@@ -24,7 +25,8 @@ DEFAULTS = {
     "ALLOWED_HOSTS": None,                             # Host names answered (None: any); app.py sets it on loopback
     "REQUEST_TIMEOUT": openai_api.REQUEST_TIMEOUT_S,   # --request-timeout: an API request's deadline, s
     "MAX_VIEWERS": 1000,                               # --max-viewers: open pages at once (presenter not counted)
-    # A websocket message larger than this closes the connection before it is buffered whole;
+    # A websocket message larger than this closes the connection before it is buffered whole
+    # (server/live.py's BoundedServer, made with these options);
     # up to it, an oversized control message gets an `error` reply (server/control.py).
     "SOCK_SERVER_OPTIONS": {"max_message_size": 4 * control.MAX_MESSAGE_BYTES},
 }
@@ -44,7 +46,6 @@ def create_app(config=None, backend=None, classroom=None):
     app.extensions["first_token"] = state
     for bp in (pages.bp, live.bp, api.bp, metrics.bp, join.bp):
         app.register_blueprint(bp)
-    live.sock.init_app(app)
     if backend is not None:
         state.set_backend(backend)
     return app

@@ -29,26 +29,24 @@ Who can do what:
   client (its request cancelled, its later requests refused): the `clear_queue` and
   `remove_client` control messages (server/control.py; `Classroom.remove` here).
 
-This module is the classroom's model (the Classroom, its students, their limits, the
-addresses to print); its routes and request guards are server/join.py.
+This module is the classroom's model (the Classroom, its codes, its students, their limits;
+no Flask). The web layer reads it through server/classroom_web.py (who a request is, the
+addresses and QR code shown, hello's classroom fields) and serves its routes and request
+guards from server/join.py.
 
 A removed student can join again from a fresh browser under another name (no accounts; an
 address is only a limit, not an identity: a classroom's phones share one behind a NAT): the
 presenter removes again, or restarts with a new join code.
 """
 from collections import Counter
+from dataclasses import dataclass
+from enum import StrEnum
 import hmac
-import io
 import itertools
 import secrets
-import socket
 import threading
 import time
 import unicodedata
-from dataclasses import dataclass
-from urllib.parse import quote
-
-from flask import current_app, request
 
 from engine.settings import SettingError
 from .errors import ApiError
@@ -73,6 +71,13 @@ REMOVED_ADDRESS_S = 600.0   # a removed student's network address may not join a
 VIEWER_REFUSED = "viewers cannot change the engine; ask the presenter"
 REMOVED = "the presenter removed you from the class"
 
+
+class Role(StrEnum):
+    """A page's role: what hello.role says and which control messages it may send
+    (server/control.py). The wire, the page and the tests keep these strings."""
+    SOLO = "solo"              # no classroom: the page drives the engine
+    PRESENTER = "presenter"    # the page with the presenter's key (its cookie)
+    VIEWER = "viewer"          # any other page of a class: it watches, and changes nothing
 
 
 class Bucket:
@@ -151,36 +156,6 @@ def same_code(given, code):
     return isinstance(given, str) and hmac.compare_digest(_fold(given), _fold(code))
 
 
-def lan_address():
-    """This machine's address on the local network, found without sending anything: a UDP
-    socket 'connected' to a private address only asks the kernel which interface would route
-    there. Falls back to the hostname's address, then to loopback."""
-    for probe in ("10.254.254.254", "192.168.254.254"):
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((probe, 1))
-                addr = s.getsockname()[0]
-            if not addr.startswith(("127.", "0.")):
-                return addr
-        except OSError:
-            pass
-    try:
-        addr = socket.gethostbyname(socket.gethostname())
-        if not addr.startswith("127."):
-            return addr
-    except OSError:
-        pass
-    return "127.0.0.1"
-
-
-def base_url(host, port):
-    """Where others reach the app: the LAN address when bound to every interface."""
-    if host in ("0.0.0.0", "::", ""):
-        host = lan_address()
-    host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{port}"
-
-
 class Classroom:
     """The classroom's state: the presenter key, the join code, the view code, the students."""
 
@@ -208,61 +183,17 @@ class Classroom:
         self._blocked = {}            # network address of a removed student -> monotonic time it may join again
         self._lock = threading.Lock()
 
-    # ------------------------------------------------------------------ addresses
-    def join_url(self, with_code=False):
-        url = f"{self._root()}/join"
-        if with_code and self.join_code:
-            url += "?code=" + quote(self.join_code, safe="")
-        return url
+    # ------------------------------------------------------------------ who may watch
+    def is_key(self, *given):
+        """Whether any of `given` (a cookie, a bearer token) is the presenter's key, in constant time."""
+        return any(hmac.compare_digest(x.encode(), self.key.encode()) for x in given if x)
 
-    def view_url(self):
-        """Where others watch with the view code (None without one)."""
-        if self.view_code is None:
-            return None
-        return f"{self._root()}/?view={quote(self.view_code, safe='')}"
-
-    def presenter_url(self):
-        return f"{self._root()}/?key={self.key}"
-
-    def _root(self):
-        """Where others reach the app: `base`, or the address this request came to."""
-        return self.base or request.host_url.rstrip("/")
-
-    def banner(self):
-        """What `python app.py --classroom` prints (call with `base` set)."""
-        lines = ["Classroom mode. Presenter (keep this private; open it on the projected machine):",
-                 f"  {self.presenter_url()}",
-                 f"Students join at: {self.join_url()}"]
-        if self.join_code:
-            lines.append(f"  join code: {self.join_code}  (or scan the QR code: {self.join_url(True)})")
-        if self.view_code:
-            lines.append(f"Others watch at: {self.view_url()}  "
-                         f"(view code: {self.view_code}; without it the page and its events are refused)")
-        return lines
-
-    def qr_svg(self):
-        """The join URL (with the code) as a QR code: an SVG document made here, with no network."""
-        import segno
-        out = io.BytesIO()
-        segno.make(self.join_url(True), error="m").save(
-            out, kind="svg", border=2, omitsize=True, xmldecl=False, svgclass="qr", lineclass=None,
-            dark="#000000", light="#ffffff")
-        return out.getvalue().decode()
-
-    # ------------------------------------------------------------------ roles
-    def is_presenter(self):
-        got = request.cookies.get(PRESENTER_COOKIE, "")
-        auth = request.headers.get("Authorization", "")
-        bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        return any(hmac.compare_digest(x.encode(), self.key.encode()) for x in (got, bearer) if x)
-
-    def may_view(self):
-        """Whether this request may open the page and its events: always without a view code;
-        with one, the presenter, or a browser that gave the code (its cookie)."""
-        if self.view_code is None or self.is_presenter():
+    def may_view(self, presenter, viewer_cookie):
+        """Whether a page may open with its events: always without a view code; with one, the
+        `presenter`, or a browser that gave the code (its `viewer_cookie`)."""
+        if self.view_code is None or presenter:
             return True
-        got = request.cookies.get(VIEWER_COOKIE, "")
-        return bool(got) and same_code(got, self.view_code)
+        return bool(viewer_cookie) and same_code(viewer_cookie, self.view_code)
 
     def try_view_code(self, code, address):
         """True for the right view code; a wrong one counts against the address's join rate
@@ -270,18 +201,11 @@ class Classroom:
         self._attempt(address, "tries")
         return same_code(code, self.view_code)
 
-    def hello_fields(self):
-        """(hello.role, hello.classroom) for the connection being opened."""
-        info = {"join_url": self.join_url(), "code_required": self.join_code is not None}
-        if not self.is_presenter():
-            return "viewer", info
-        info.update(join_code=self.join_code, join_url_with_code=self.join_url(True), qr_svg=self.qr_svg(),
-                    view_url=self.view_url(), clients_url="/classroom/clients",
-                    limits={"name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT,
-                            "burst": self.rate_burst, "every_s": self.rate_every_s,
-                            "join_burst": self.join_burst, "join_every_s": self.join_every_s,
-                            "per_address": self.max_per_address, "students": self.max_clients})
-        return "presenter", info
+    def limits(self):
+        """The limits the presenter's page shows (hello.classroom.limits)."""
+        return {"name_chars": MAX_NAME, "prompt_chars": MAX_PROMPT, "burst": self.rate_burst,
+                "every_s": self.rate_every_s, "join_burst": self.join_burst, "join_every_s": self.join_every_s,
+                "per_address": self.max_per_address, "students": self.max_clients}
 
     # ------------------------------------------------------------------ students
     def join(self, name, code, address=""):
@@ -471,17 +395,3 @@ class Claim:
             if not self.rid:          # nothing reached the engine: the prompt is not spent
                 s.prompts.give_back()
                 s.asked -= 1
-
-
-def current():
-    """The app's Classroom, or None outside classroom mode."""
-    return current_app.extensions["first_token"].classroom
-
-
-def connection_role():
-    """(hello.role, hello.classroom, classroom) for a websocket being opened."""
-    room = current()
-    if room is None:
-        return "solo", None, None
-    role, info = room.hello_fields()
-    return role, info, room

@@ -7,7 +7,7 @@ from engine.events import Error, Sync
 from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs
-from .classroom import VIEWER_REFUSED
+from .classroom import VIEWER_REFUSED, Role
 from .errors import ApiError
 
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -100,8 +100,8 @@ COMMANDS = {"set": _set, "load": _load, "burst": _burst, "reset": _reset, "prese
 CLASSROOM_COMMANDS = {"clear_queue": _clear_queue, "remove_client": _remove_client}   # the presenter's
 
 
-def handle(backend, raw, role="solo", classroom=None):
-    """Apply one raw client message from a page of this `role` ("solo", "presenter", "viewer");
+def handle(backend, raw, role=Role.SOLO, classroom=None):
+    """Apply one raw client message from a page of this `role` (server/classroom.py's Role);
     return the events to send back to that client only, or raise Leave. `classroom`: the
     Classroom, if any."""
     msg, refusal = _parse(backend, raw)
@@ -110,7 +110,7 @@ def handle(backend, raw, role="solo", classroom=None):
     kind = msg.get("type")
     if kind == "leave":
         raise Leave()
-    if role == "viewer" and kind != "sync":
+    if role == Role.VIEWER and kind != "sync":
         return [_error(backend, VIEWER_REFUSED, "type")]
     action = None
     if isinstance(kind, str):   # (a viewer was refused everything but sync already)

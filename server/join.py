@@ -1,8 +1,7 @@
-"""The classroom's routes (the model is server/classroom.py): the students' /join page and
-endpoints, the presenter's class list, and the request guards of classroom mode: the
-presenter key becoming a cookie, POST /v1 for the presenter only, --view-code, and removed
-phones refused on every /join route."""
-import hmac
+"""The classroom's routes (its model: server/classroom.py, read through
+server/classroom_web.py): the students' /join page and endpoints, the presenter's class
+list, and the request guards of classroom mode: the presenter key becoming a cookie, POST /v1
+for the presenter only, --view-code, and removed phones refused on every /join route."""
 from urllib.parse import urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
@@ -12,8 +11,8 @@ from engine.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
 from .api import client_gone
-from .classroom import (CLIENT_COOKIE, MAX_NAME, MAX_PROMPT, PRESENTER_COOKIE, REMOVED, VIEWER_COOKIE,
-                        current)
+from .classroom import CLIENT_COOKIE, MAX_NAME, MAX_PROMPT, PRESENTER_COOKIE, REMOVED, VIEWER_COOKIE
+from .classroom_web import current, is_presenter, may_view
 from .errors import ApiError
 from .state import model_backend
 
@@ -34,7 +33,7 @@ def guard():
     if room is None:
         return None
     if request.path == "/" and "key" in request.args:
-        if not hmac.compare_digest(request.args["key"].encode(), room.key.encode()):
+        if not room.is_key(request.args["key"]):
             return notice(403, "wrong_key", "Wrong presenter key",
                           "This is not the presenter's address of this class.",
                           "Use the address the app printed when it started (the key changes at every start).")
@@ -44,7 +43,7 @@ def guard():
         refused = view_guard(room)
         if refused is not None:
             return refused
-    if request.path.startswith("/v1/") and request.method == "POST" and not room.is_presenter():
+    if request.path.startswith("/v1/") and request.method == "POST" and not is_presenter(room):
         message = ("in classroom mode the API needs the presenter key (Authorization: Bearer KEY, the key "
                    "printed at start); students ask at /join")
         raise ApiError(403, message, code="classroom_presenter_only")
@@ -60,7 +59,7 @@ def view_guard(room):
             target = request.path + (f"?{urlencode(rest)}" if rest else "")
             return _cookie(redirect(target), VIEWER_COOKIE, room.view_code)
         message = "That is not this class's view code: ask the presenter for it."
-    elif room.may_view():
+    elif may_view(room):
         return None
     else:
         message = "Type the view code the presenter gave to watch the model at work."
@@ -136,7 +135,7 @@ def refuse_removed():
 @bp.get("/classroom/clients")
 def clients():
     room = current()
-    if room is None or not room.is_presenter():
+    if room is None or not is_presenter(room):
         raise ApiError(403, "only the presenter's page sees the class list", code="presenter_only")
     return jsonify({"clients": room.roster(), "refused_joins": room.refused_joins(),
                     "in_flight": {"now": room.in_flight, "max": room.max_in_flight, "refused": room.busy_asks}})

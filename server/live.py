@@ -11,21 +11,25 @@ the classroom presenter's. The place is reserved and counted in one step before 
 given back when the request ends (its websocket closed, or the upgrade never made), so a burst
 of handshakes cannot pass the bound together.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
-and that role decides which control messages it may send."""
+and that role decides which control messages it may send.
+
+The route is this module's own, not flask-sock's: flask-sock 0.7 builds every connection from
+simple-websocket's `Server` by name, with no hook for BoundedServer (it was patched into
+flask-sock at import before); `ws` makes the connection and answers the WSGI server as
+flask-sock did (`Upgraded`)."""
 import logging
 import time
 
-from flask import Blueprint, current_app, g, request
-import flask_sock
-from flask_sock import Sock
-from simple_websocket import Server
+from flask import Blueprint, Response, current_app, g, request
+from simple_websocket import ConnectionClosed, Server
 from wsproto.events import CloseConnection
 from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError
 
 from engine.broadcast import encode
 from engine.events import Error, Loading
-from . import classroom, control
+from . import classroom_web, control
+from .classroom import Role
 from .delivery import Delivery
 from .errors import ApiError
 from .state import current
@@ -60,8 +64,20 @@ class BoundedServer(Server):
         return False
 
 
-flask_sock.Server = BoundedServer   # flask-sock 0.7 makes each connection's Server by this name
-sock = Sock()
+class Upgraded(Response):
+    """The /ws view's answer once its websocket has closed, as flask-sock 0.7 gave it:
+    gunicorn's worker is told by StopIteration that the socket was taken over, and writes
+    nothing; Werkzeug's server gets an empty response, written after the close, when the page
+    reads no more."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode    # simple-websocket's name for the server it took the socket from
+
+    def __call__(self, environ, start_response):
+        if self.mode == "gunicorn":
+            raise StopIteration()
+        return super().__call__(environ, start_response)
 
 
 def _send(conn, events):
@@ -73,7 +89,7 @@ def send_every(state, role):
     longer in proportion (capped at MAX_SEND_EVERY_S), as the engine's events are sent to every
     page and a thousand pages at 20 frames a second would take the CPU the engine needs. The
     presenter's page stays at SEND_EVERY_S."""
-    if role == "presenter":
+    if role == Role.PRESENTER:
         return SEND_EVERY_S
     return min(MAX_SEND_EVERY_S, SEND_EVERY_S * max(1.0, state.viewers.open / VIEWERS_PER_TICK))
 
@@ -93,7 +109,7 @@ def crowded(state, role):
     the server answers (/healthz, a student's ask) for a few hundred milliseconds. Each viewer
     looks at its buffer on its own (stretched) tick instead, so their turns spread over time.
     The presenter's page is always woken."""
-    return role != "presenter" and state.viewers.open > VIEWERS_PER_TICK
+    return role != Role.PRESENTER and state.viewers.open > VIEWERS_PER_TICK
 
 
 def _idle(conn, backend, sub):
@@ -112,8 +128,8 @@ def bound_viewers():
     if request.path != "/ws":
         return None
     bound = current_app.config["MAX_VIEWERS"]
-    room = classroom.current()
-    if current().viewers.reserve(bound, exempt=room is not None and room.is_presenter()):
+    room = classroom_web.current()
+    if current().viewers.reserve(bound, exempt=room is not None and classroom_web.is_presenter(room)):
         g.viewer_place = True
         return None
     raise ApiError(503, f"this server already has {bound} pages open (--max-viewers): try again later",
@@ -128,9 +144,18 @@ def free_viewer_place(_exc):
         current().viewers.release()
 
 
-@sock.route("/ws", bp=bp)
-def ws(conn):
-    _serve(conn, current())
+@bp.route("/ws", websocket=True)
+def ws():
+    conn = BoundedServer(request.environ, **current_app.config["SOCK_SERVER_OPTIONS"])
+    try:
+        _serve(conn, current())
+    except ConnectionClosed:   # the page went
+        pass
+    try:
+        conn.close()
+    except (ConnectionClosed, OSError, LocalProtocolError):   # it was closed already
+        pass
+    return Upgraded(conn.mode)
 
 
 def _serve(conn, state):
@@ -140,7 +165,7 @@ def _serve(conn, state):
             return
         _send(conn, [Loading(t=0.0, **state.progress).to_dict()])
     backend = state.backend
-    role, info, room = classroom.connection_role()
+    role, info, room = classroom_web.connection_role()
     hello = backend.hello()
     hello.role, hello.classroom = role, info
     # simple-websocket sets conn.event when a message or the close arrives; events set it too,

@@ -30,7 +30,7 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
                                         that accepted more than i). Acceptance rate = accepted /
                                         draft tokens; mean acceptance length = 1 + accepted / drafts.
     first_token_info{protocol}          always 1: says this is First Token (observe mode's profiles
-                                        tell it from vLLM by this series; server/profiles.py)
+                                        tell it from vLLM by this series; observe/profiles.py)
 
 and First Token's own (vLLM has no such metrics), from the same events:
 

@@ -12,7 +12,7 @@ Here:
   connection accepted, or a kept-alive one becoming readable) is answered 408 and closed; a
   head too large 431. At most PER_ADDRESS connections from one network address may be
   arriving at once; beyond that a new one is answered 503 and closed.
-- An open page (a websocket) does hold a thread for its life: flask-sock's handler blocks,
+- An open page (a websocket) does hold a thread for its life: the /ws view (server/live.py) blocks,
   and the engine thread must stay a real OS thread, which rules out monkey-patched green
   threads. So the pool has a thread for each of `--max-viewers` pages plus SPARE_THREADS for
   everything else (API streams, students' asks, pages, /healthz), and server/live.py refuses

@@ -5,6 +5,8 @@ import threading
 
 from flask import current_app
 
+from engine.backend import Mode
+
 from .errors import ApiError
 from .metrics import EngineMetrics
 
@@ -52,7 +54,7 @@ class State:
         self.progress = {"status": "error", "message": message, "progress": self.progress["progress"]}
 
     def set_backend(self, backend):
-        if backend.api_model is not None:
+        if backend.mode is Mode.ENGINE:
             self.metrics = EngineMetrics.attach(backend)
         self.backend = backend
         self.ready.set()
@@ -73,7 +75,7 @@ def model_backend(observed_ok=False):
         if state.error:
             raise ApiError(503, f"the model failed to load: {state.error}", code="load_failed")
         raise ApiError(503, f"the model is loading ({state.progress['message']})", code="loading")
-    if backend.api_model is None and not observed_ok:
+    if backend.mode is Mode.OBSERVE and not observed_ok:
         raise ApiError(404, f"this page has no model of its own: it observes {backend.hello().target}; "
                             "send requests there", code="observe_mode")
     return backend

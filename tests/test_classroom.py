@@ -19,7 +19,8 @@ from engine.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames, schema_validator
 from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,
-                              VIEWER_REFUSED, Classroom, base_url, clean_name, lan_address)
+                              VIEWER_REFUSED, Classroom, clean_name)
+from server.classroom_web import base_url, lan_address
 
 NAMES = ["Ada", "Grace", "Alan", "Katherine"]
 

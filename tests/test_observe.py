@@ -86,6 +86,15 @@ def test_observe_mode_has_no_model_of_its_own(observer):
     assert requests.get(observer.url + "/metrics").status_code == 404
 
 
+def test_observe_mode_and_the_web_layer_load_no_model_code():
+    """observe/ and server/ import nothing of torch or transformers (seconds to import, for a
+    model observe mode does not have): the model code stays behind engine's lazy imports."""
+    code = ("import sys; import observe, server; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
 def test_bad_observe_url_is_a_one_line_error():
     r = subprocess.run([sys.executable, str(ROOT / "app.py"), "--observe", "ftp://example"], capture_output=True,
                        text=True, timeout=120)
@@ -132,10 +141,10 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
     lone surrogates, usage that is not a count), each request ends with a schema-valid
     `finished` (or, for an HTTP error, `rejected`) event, and a good answer afterwards is
     drawn as usual."""
-    from server.observe import Observer
+    from observe import Observer
     obs = Observer(hostile_server).start()
     deadline = time.monotonic() + 10
-    while not obs.reachable and time.monotonic() < deadline:   # its /v1/models answered
+    while not obs.watch.reachable and time.monotonic() < deadline:   # its /v1/models answered
         time.sleep(0.05)
     sub = obs.events.subscribe(replay=False)
     check = schema_validator()
@@ -185,12 +194,12 @@ class Served:
 def observing(url, api_key=None, classroom=None):
     """An observe-mode app on `url`, in this process, once it has read the server's /metrics."""
     from server import create_app
-    from server.observe import Observer
+    from observe import Observer
     obs = Observer(url + "/v1", api_key=api_key).start()
     app = Served(create_app({"TESTING": True}, backend=obs, classroom=classroom))
     app.observer = obs
     deadline = time.monotonic() + 20
-    while obs.scraper.describe() is None and time.monotonic() < deadline:
+    while obs.watch.scraper.describe() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return app
 
@@ -377,7 +386,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
     had no streamed chunk yet, all a client can tell of the server's queue, are cancelled."""
     import threading
     from helpers import loopback_http
-    from server.observe import Observer
+    from observe import Observer
     release = threading.Event()
 
     def models(handler):
@@ -392,7 +401,7 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
     sub = obs.events.subscribe(replay=False)
     try:
         deadline = time.monotonic() + 10
-        while not obs.reachable and time.monotonic() < deadline:
+        while not obs.watch.reachable and time.monotonic() < deadline:
             time.sleep(0.05)
         ids = [obs.submit(GenerateRequest(prompt=f"q{i}", source="page", chat=True)).id for i in range(3)]
         time.sleep(0.3)                                   # sent, waiting on the server

@@ -1,4 +1,4 @@
-"""Server profiles (server/profiles.py) and the scraper (server/scrape.py) against recorded
+"""Server profiles (observe/profiles.py) and the scraper (observe/scrape.py) against recorded
 /metrics, /slots and version texts of each server kind (tests/data/metrics/; each file says
 where it came from): detection, the mapping of every gauge, counters into rates, and servers
 that change or drop metrics mid-run. No model is loaded here."""
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine.request import GenerateRequest
-from server import profiles
-from server.scrape import Scraper
+from observe import profiles
+from observe.scrape import Scraper
 
 DATA = Path(__file__).resolve().parent / "data" / "metrics"
 
@@ -339,7 +339,7 @@ def next_stats(obs, pred, seconds=10):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_every_mapped_gauge_reaches_stats(fake_server, name):
     from helpers import schema_validator
-    from server.observe import Observer
+    from observe import Observer
     kind, gauges = EXPECTED[name]
     fake_server.routes["/metrics"] = (200, text(name).encode())
     obs = Observer(fake_server.url + "/v1").start()
@@ -371,7 +371,7 @@ def test_every_mapped_gauge_reaches_stats(fake_server, name):
 def test_metrics_elsewhere_and_the_api_key_on_every_request(fake_server):
     """--observe-metrics: /metrics read from where it is said to be; the API key goes with
     every GET to the server (models, metrics, slots, version) and is published nowhere."""
-    from server.observe import Observer
+    from observe import Observer
     fake_server.routes["/custom/metrics"] = (200, text("llamacpp-written.txt").encode())
     fake_server.routes["/slots"] = (200, json.dumps(json.loads((DATA / "llamacpp-slots.json").read_text())["slots"]).encode())
     fake_server.routes["/props"] = (200, b'{"build_info": "b9999-abcdef0", "total_slots": 4}')
@@ -396,7 +396,7 @@ def test_metrics_elsewhere_and_the_api_key_on_every_request(fake_server):
 def test_requests_carry_a_seed_of_ours_only_where_slots_need_it(fake_server, name, tagged):
     """On llama.cpp each request without a seed gets a random one (how its /slots tell which
     request a slot holds); a seed the page chose is kept; on vLLM nothing is added."""
-    from server.observe import Observer
+    from observe import Observer
     fake_server.routes["/metrics"] = (200, text(name).encode())
     obs = Observer(fake_server.url + "/v1").start()
     try:

@@ -87,7 +87,7 @@ def test_the_load_generator_cuts_its_prompt_to_length(driver):
 
 
 def test_observe_mode_takes_the_pages_and_students_fields_only():
-    from server.observe import Observer
+    from observe import Observer
     obs = Observer("http://127.0.0.1:9/v1")   # never started: nothing is sent
     for fields, field in ((dict(stop=["x"]), "stop"), (dict(min_tokens=1), "min_tokens"),
                           (dict(ignore_eos=True), "ignore_eos"), (dict(prompt_tokens=4), "prompt_tokens")):
@@ -97,7 +97,7 @@ def test_observe_mode_takes_the_pages_and_students_fields_only():
     with pytest.raises(SettingError) as e:   # this mode's own bounds (the page's slider)
         obs.submit(GenerateRequest(prompt="hi", max_new_tokens=513))
     assert e.value.field == "max_new_tokens"
-    assert obs._flights == {}
+    assert obs.flights.sent() == {}   # nothing in flight
 
 
 def test_the_handle_carries_the_very_events_the_engine_emits(tiny):

@@ -3,7 +3,7 @@ its Prometheus `/metrics` maps onto the page's one vocabulary.
 
 A profile is data, not code: how to recognise the server (a series name only it exports),
 where its version is (`/version`, `/server_info`, `/info`, `/props`), which series give each
-page gauge and which counters become rates. `observe.py` scrapes; this module reads.
+page gauge and which counters become rates. `scrape.py` scrapes; this module reads.
 
 The page vocabulary (every key is always present; `None` = "not exposed by this server"):
 

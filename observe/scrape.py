@@ -1,8 +1,8 @@
 """Observe mode's view of the server's own figures: its /metrics (and /slots, and its version
-endpoint) read every SCRAPE_EVERY_S through the profile that fits (server/profiles.py).
+endpoint) read every SCRAPE_EVERY_S through the profile that fits (observe/profiles.py).
 
-`Scraper.scrape` runs in observe's scraper thread and never raises for anything a server
-sends: an unreadable /metrics is "not readable" (`view` is None), a series that is missing
+`Scraper.scrape` runs in the watcher's thread (observe/watch.py) and never raises for
+anything a server sends: an unreadable /metrics is "not readable" (`view` is None), a series that is missing
 or garbled is None, a counter that goes backwards gives no rate for that interval. `view`
 is what `stats.server` carries, with the scrape's own time, so the page can say how old a
 gauge is (a 0.5 s scrape is not a per-step truth).
@@ -10,8 +10,9 @@ gauge is (a 0.5 s scrape is not a per-step truth).
 import http.client
 import threading
 
-from . import inputs, profiles
-from .errors import ApiError
+from server import inputs
+from server.errors import ApiError
+from . import profiles
 
 SCRAPE_EVERY_S = 0.5     # the server's /metrics (and /slots), for `stats.server`
 INFO_RETRY_S = 10.0      # a version endpoint that failed is asked again this much later

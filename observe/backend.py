@@ -1,0 +1,158 @@
+"""Observe mode's `Backend` (engine/backend.py), as the engine's driver is one, so the same
+page works: the controls a page may use on a server it only watches, and `hello` and
+/healthz for it."""
+import threading
+import time
+
+from engine.backend import Mode
+from engine.broadcast import Broadcaster
+from engine.events import PROTOCOL, Clock, Hello, Reset, Settings
+from engine.settings import SettingError, coerce, make_settings, validate
+from .flights import Flights
+from .load import WordLoad
+from .target import Target
+from .ticker import Ticker
+from .watch import Watch
+
+SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
+API_KEY_ENV = "FIRST_TOKEN_OBSERVE_API_KEY"
+# GenerateRequest's fields a page or a classroom student never sends, at the values that leave them out.
+BEYOND_PAGE = {"messages": None, "stop": (), "ignore_eos": False, "min_tokens": 0, "prompt_tokens": None}
+# hello's facts about a model and its engine, which a client of another server cannot know.
+UNKNOWN = ("device", "dtype", "params", "layers", "kv_heads", "head_dim", "hidden", "vocab", "kv_bytes_per_token",
+           "weight_bytes", "block_size", "cache_blocks", "kv_store_bytes", "max_slots", "bench", "bandwidth")
+
+
+class Observer:
+    mode = Mode.OBSERVE
+    api_model = None   # no model of its own: /v1 is the observed server's
+
+    def __init__(self, base_url, api_key=None, metrics_url=None):
+        self.target = Target(base_url, api_key, metrics_url)
+        self.clock = Clock()
+        self.events = Broadcaster()
+        # Only the settings that shape requests apply to an external server; the engine's own
+        # definitions are reused (the slot/cache arguments only bound settings not used here).
+        self.specs = {n: s for n, s in make_settings(1, 16, 16, 4096).items() if n in SETTINGS}
+        self.settings = {n: s.default for n, s in self.specs.items()}
+        self.load = WordLoad()
+        self.flights = Flights(self.target, self.clock, self.events, self.load)
+        self.watch = Watch(self.target, self.clock, self.flights)
+        self._ticker = Ticker(self)
+        self._lock = threading.Lock()     # settings
+        self._stop = threading.Event()
+
+    @property
+    def max_context(self):
+        return self.watch.max_context
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self):
+        self._ticker.start(self._stop)
+        self.watch.start(self._stop)
+        return self
+
+    def shutdown(self):
+        self._stop.set()
+        self._ticker.wake.set()
+        self.reset()
+
+    def health(self):
+        """(/healthz body, HTTP status): ok once the server's /v1/models answers."""
+        watch = self.watch
+        view = watch.scraper.view(self.clock.now())
+        gauges = view["gauges"] if view else {}
+        body = {"status": "ok" if watch.reachable else "unreachable", "mode": self.mode.value,
+                "target": self.target.base_url, "model": watch.model, "metrics": view is not None,
+                "server": view and view["profile"], "in_flight": len(self.flights),
+                "running": gauges.get("running"), "waiting": gauges.get("waiting")}
+        return body, 200 if watch.reachable else 503
+
+    def hello(self):
+        scraper = self.watch.scraper
+        return Hello(t=self.clock.now(), protocol=PROTOCOL, mode=self.mode.value, server_time=time.time(),
+                     target=self.target.base_url, model=self.watch.model, max_context=self.max_context,
+                     metrics=scraper.readable, server=scraper.describe(), settings=self.current_settings(),
+                     limits={n: s.describe() for n, s in self.specs.items()}, **{k: None for k in UNKNOWN})
+
+    def current_settings(self):
+        with self._lock:
+            return dict(self.settings)
+
+    # ------------------------------------------------------------------ controls
+    def update_settings(self, changes):
+        changes = validate(self.specs, changes)
+        with self._lock:
+            self.settings.update(changes)
+            settings = dict(self.settings)
+        if "rate" in changes:
+            self.load.restart()
+        self.events.publish(Settings(t=self.clock.now(), settings=settings, changed=sorted(changes)))
+        self._ticker.wake.set()
+        return changes
+
+    def burst(self, n, seed=None):
+        if seed is not None:
+            raise SettingError("seed", "observe mode draws its own prompts; a seeded burst needs this app's engine")
+        for _ in range(coerce("n", "int", n, 1, 64)):
+            self.send_load()
+
+    def apply_preset(self, name, settings=None):
+        raise SettingError("preset", "presets set up this app's own engine; observe mode only watches "
+                                     "another server")
+
+    def measure(self):
+        raise SettingError("measure", "measuring decode cost needs this app's own engine; observe mode "
+                                      "only watches another server")
+
+    def reload(self):
+        raise SettingError("reload", "reloading reloads this app's own model; observe mode only watches "
+                                     "another server")
+
+    def reset(self):
+        self.flights.reset()
+        self.events.publish(Reset(t=self.clock.now()))
+
+    def cancel(self, rid):
+        self.flights.cancel(rid)
+
+    def clear_queue(self):
+        self.flights.cancel_waiting()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request):
+        """Send a page's or a classroom student's `GenerateRequest` (already validated) to the
+        server (chat template applied there when `chat`); return its handle (the page follows
+        it through events; with `stream`, as for a student, the handle's `outputs` yields its
+        chunks too).
+
+        Raises SettingError for a field beyond the page's (BEYOND_PAGE) or a value outside this
+        mode's settings; nothing is sent then."""
+        for name, neutral in BEYOND_PAGE.items():
+            if getattr(request, name) != neutral:
+                raise SettingError(name, "observe mode sends the page's parameters only (prompt, chat, "
+                                         "max_new_tokens, temperature, top_p, seed; a student's label)")
+        overrides = {k: getattr(request, k) for k in ("max_new_tokens", "temperature", "top_p")
+                     if getattr(request, k) is not None}
+        params = self._params(validate(self.specs, overrides) if overrides else {})
+        if request.seed is not None:
+            params["seed"] = request.seed
+        prompt = request.prompt
+        if request.chat:
+            path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+        else:
+            path, body = "/completions", {"prompt": prompt}
+        return self._launch(request.source, path, {**body, **params}, prompt, label=request.label,
+                            stream=request.stream)
+
+    def send_load(self):
+        """One load-generator request, its prompt the `prompt_tokens` setting's size (observe/load.py)."""
+        text, estimate = self.load.prompt(self.current_settings()["prompt_tokens"])
+        return self._launch("observe", "/completions", {"prompt": text, **self._params({})}, text, estimate=estimate)
+
+    def _params(self, overrides):
+        s = {**self.current_settings(), **overrides}
+        return {"max_tokens": s["max_new_tokens"], "temperature": s["temperature"], "top_p": s["top_p"]}
+
+    def _launch(self, source, path, body, prompt, **kw):
+        return self.flights.launch(source, path, body, prompt, self.watch.model, self.watch.scraper.profile, **kw)
