@@ -22,7 +22,7 @@ from .loadgen import LoadGenerator
 from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
-from .settings import make_settings
+from .settings import Live, defaults, make_settings
 from .timing import StepRecorder
 
 
@@ -38,8 +38,7 @@ class Engine:
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
         self.scheduler = Scheduler(self.blocks, config.slots)
-        self.settings = {}   # live: updated in place (the intake and the driver hold it too)
-        self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
+        self.intake = Intake(tok, self.clock, self.max_context, self.scheduler)
         self._out = []
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -49,10 +48,11 @@ class Engine:
         # What a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
         self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
-        self.timing = StepRecorder(self.clock, self._emit, self.scheduler, self.roofline, self.settings)
+        self.timing = StepRecorder(self.clock, self._emit, self.scheduler, self.roofline)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context, self.runner.formats.available)
-        self.apply_settings({name: spec.default for name, spec in self.specs.items()})
+        self.settings = Live(defaults(self.specs))   # the driver and the web threads read it too
+        self.apply_settings(self.settings.now.wire())   # each part to its owner
         self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
         self.bench = bench
@@ -73,7 +73,7 @@ class Engine:
             head_dim=head_dim(cfg), hidden=cfg.hidden_size, vocab=cfg.vocab_size,
             kv_bytes_per_token=self.bytes_per_token, block_size=self.blocks.block_size,
             cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
-            max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
+            max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=self.settings.now.wire(),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
             roofline=self.roofline.describe(), bench=self.bench,
             weights=self.runner.formats.describe(self.roofline.bandwidth_bps),
@@ -127,11 +127,14 @@ class Engine:
         return self._take()
 
     def apply_settings(self, changes):
-        """Apply validated changes (`settings.validate`); return the `settings` event."""
-        self.settings.update(changes)
-        self.scheduler.apply(self.settings)
-        self.runner.formats.stored = self.settings["weights"] == "stored"
-        self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
+        """Apply validated changes (`settings.validate`): a new `Settings`, each part handed to
+        its owner; return the `settings` event."""
+        s = self.settings.now = self.settings.now.replace(changes)
+        self.scheduler.apply(s.scheduling)
+        self.intake.sampling = s.sampling
+        self.timing.targets = s.targets
+        self.runner.formats.stored = s.scheduling.weights == "stored"
+        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes)))
         return self._take()
 
     def reset(self):
@@ -177,7 +180,7 @@ class Engine:
     def _schedule(self):
         """The scheduler's plan for this step, its preemptions, refusals and admissions recorded;
         then stats when due, so whoever still waits really is blocked (stats say on what)."""
-        plan = self.scheduler.schedule(self.settings["kv_cache"])
+        plan = self.scheduler.schedule(self.settings.now.scheduling.kv_cache)
         at = self.timing.preempted(plan.preempted)
         for seq, reason in plan.refused:    # the lowered cache budget can never hold it: not left waiting
             if seq.output_ids:              # it started before a preemption
@@ -185,7 +188,7 @@ class Engine:
             else:
                 self._reject(seq, reason, "exceeds_cache")
         self.timing.admitted(plan.admitted, at)
-        self.timing.stats_if_due(self.settings["kv_cache"], self.subscribers)
+        self.timing.stats_if_due(self.settings.now.scheduling.kv_cache, self.subscribers)
         return plan
 
     def _run(self, segments):

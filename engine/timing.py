@@ -19,12 +19,13 @@ COMPLETED = ("stop", "stop_string", "length")   # finish reasons judged against 
 
 
 class StepRecorder:
-    def __init__(self, clock, emit, scheduler, roofline=None, settings=None):
+    def __init__(self, clock, emit, scheduler, roofline=None, targets=None):
         """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events;
-        `settings`: the engine's live settings (the SLO targets finished requests are judged by)."""
+        `targets`: the SLOs finished requests are judged by (settings.Targets; the engine hands
+        each new one over); None: none are judged."""
         self.clock = clock
         self.roofline = roofline
-        self.settings = {} if settings is None else settings   # the live dict itself, not a copy
+        self.targets = targets
         self._emit = emit
         self.scheduler = scheduler
         self.stats = RollingStats(started=clock.now())
@@ -214,7 +215,7 @@ class StepRecorder:
         if seq.first_delivered is not None:
             ev.ttft, ev.tpot, ev.stages, ev.later = seq.stage_summary()
             self.stats.finished += 1
-            if reason in COMPLETED and "slo_ttft_ms" in self.settings:
+            if reason in COMPLETED and self.targets is not None:
                 ev.slo = self._judge(ev.ttft, ev.tpot)
                 self.stats.slo(now, ev.slo["met"])
         self._emit(ev)
@@ -223,7 +224,7 @@ class StepRecorder:
     def _judge(self, ttft, tpot):
         """A completed request against the live SLO targets, by its own measured TTFT and TPOT
         (a one-token answer has no TPOT: only its TTFT is judged)."""
-        ttft_target, tpot_target = self.settings["slo_ttft_ms"] / 1000, self.settings["slo_tpot_ms"] / 1000
+        ttft_target, tpot_target = self.targets.slo_ttft_ms / 1000, self.targets.slo_tpot_ms / 1000
         ttft_met, tpot_met = ttft <= ttft_target, tpot is None or tpot <= tpot_target
         return {"ttft_met": ttft_met, "tpot_met": tpot_met, "met": ttft_met and tpot_met,
                 "ttft_target_s": ttft_target, "tpot_target_s": tpot_target}

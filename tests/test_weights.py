@@ -130,7 +130,7 @@ def test_the_weights_preset_switches_mid_run_and_a_comparison_side_keeps_one_for
     later = sub.get(0)
     assert of(later, "preset")[0]["overrides"] == {"weights": "dequantised"}
     assert not [e for e in of(later, "settings") if e["t"] > of(later, "preset")[0]["t"]]
-    assert d.settings["weights"] == "dequantised"
+    assert d.settings.now.scheduling.weights == "dequantised"
 
 
 def test_on_a_model_without_blocks_the_lessons_switch_is_refused_and_said(tiny):
@@ -143,7 +143,7 @@ def test_on_a_model_without_blocks_the_lessons_switch_is_refused_and_said(tiny):
         events = collect(sub, lambda ev: of(ev, "error"), timeout=15)
         (err,) = of(events, "error")
         assert err["field"] == "weights" and not err["fatal"] and "not applied" in err["message"]
-        assert d.settings["weights"] == "dequantised" and d.failure is None
+        assert d.settings.now.scheduling.weights == "dequantised" and d.failure is None
     finally:
         d.shutdown()
 
@@ -169,6 +169,6 @@ def test_a_viewer_cannot_switch_the_weights(qlive):
     d = qlive.driver
     assert control.handle(d, json.dumps({"type": "set", "settings": {"weights": "dequantised"}}), role="viewer")[0].message \
         == VIEWER_REFUSED
-    assert d.settings["weights"] == "stored"
+    assert d.settings.now.scheduling.weights == "stored"
     (err,) = control.handle(d, json.dumps({"type": "set", "settings": {"weights": "fp16"}}), role="presenter")
-    assert err.field == "weights" and d.settings["weights"] == "stored"
+    assert err.field == "weights" and d.settings.now.scheduling.weights == "stored"
