@@ -17,6 +17,7 @@ each other whenever the registry is made (`check_registry`), so they cannot drif
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 import math
+from typing import TypedDict
 
 
 class Policy(str, Enum):
@@ -276,6 +277,16 @@ def check_registry(specs):
     wrong = [name for name, spec in specs.items() if KINDS[spec.kind] is not typed[name]]
     if wrong:
         raise TypeError(f"these settings' kinds and Settings fields' types differ: {wrong}")
+
+
+def wire_type():
+    """The flat wire dict's type (a TypedDict): every setting by name, of its field's type, none
+    required (observe mode has only some; a `set` or a preset names a few). The schema's
+    settings objects are made from it (engine/events.py `SettingValues`)."""
+    typed = {f.name: f.type for part in fields(Settings) for f in fields(part.type)}
+    values = TypedDict("SettingValues", typed, total=False)
+    values.__doc__ = "Settings by name (engine/settings.py's registry); any subset of them."
+    return values
 
 
 def defaults(specs):
