@@ -267,10 +267,15 @@ class Settings:
 KINDS = {"int": int, "float": float, "bool": bool, "choice": str}   # a Setting's kind -> its field's type
 
 
+def field_types():
+    """{name: type} of every field of `Settings`'s parts, in their order."""
+    return {f.name: f.type for part in fields(Settings) for f in fields(part.type)}
+
+
 def check_registry(specs):
     """Raise unless the registry (`make_settings`) names exactly the fields of `Settings`'s
     parts, each of the type its kind gives: the two are written apart, and must not drift."""
-    typed = {f.name: f.type for part in fields(Settings) for f in fields(part.type)}
+    typed = field_types()
     if set(typed) != set(specs):
         raise TypeError(f"the settings registry and Settings differ: only in the registry "
                         f"{sorted(set(specs) - set(typed))}, only in Settings {sorted(set(typed) - set(specs))}")
@@ -283,8 +288,7 @@ def wire_type():
     """The flat wire dict's type (a TypedDict): every setting by name, of its field's type, none
     required (observe mode has only some; a `set` or a preset names a few). The schema's
     settings objects are made from it (engine/events.py `SettingValues`)."""
-    typed = {f.name: f.type for part in fields(Settings) for f in fields(part.type)}
-    values = TypedDict("SettingValues", typed, total=False)
+    values = TypedDict("SettingValues", field_types(), total=False)
     values.__doc__ = "Settings by name (engine/settings.py's registry); any subset of them."
     return values
 
