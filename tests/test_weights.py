@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, EngineDriver, kernels
 from engine.events import Settings, Step
+from engine.settings import defaults, make_settings
 from helpers import collect, schema_validator
 from server import control
 from server.classroom import VIEWER_REFUSED
@@ -100,7 +101,8 @@ def test_the_metrics_listener_follows_settings_and_steps():
     m = EngineMetrics("m", 8)
     m._formats = {"stored": 100, "dequantised": 500}
     m._weights_in_force("stored")
-    m.on_event(Settings(t=1.0, settings={"weights": "dequantised"}, changed=["weights"]))
+    every = defaults(make_settings(8, 128, 16, 512, ("stored", "dequantised"))).replace({"weights": "dequantised"})
+    m.on_event(Settings(t=1.0, settings=every.wire(), changed=["weights"]))   # an event carries every value
     m.on_event(Step(t=2.0, kind="decode", start=1.5, end=2.0, ids=["r1"], tokens=1, prefill_tokens=0,
                     decode_tokens=1, kv_cache=True, cache_tokens=4, cache_blocks_used=1, per_request={"r1": 4},
                     weights="dequantised", kernel="oneDNN fp32", weight_bytes=500))
