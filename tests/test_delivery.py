@@ -29,6 +29,16 @@ def test_latency_delays_every_piece_and_jitter_never_reorders():
     assert got == list(range(50))                    # in order, whatever each one's jitter
 
 
+def test_a_line_follows_each_new_settings_value_its_backend_holds():
+    settings = Live(defaults(SPECS))
+    d = Delivery(settings)
+    d.push(["a"], 0.0, [1])
+    assert d.take(0.0) == ["a"] and not d.active()                # nothing between yet
+    settings.now = settings.now.replace({"net_latency_ms": 100})   # as the engine replaces it
+    d.push(["b"], 1.0, [1])
+    assert d.active() and d.take(1.05) == [] and d.take(1.1) == ["b"]
+
+
 def test_the_proxy_holds_until_its_interval_its_size_or_the_end():
     d = line(buffer_ms=100)
     for t in (0.0, 0.03, 0.06):
