@@ -14,7 +14,8 @@ Data flows one way:
 
 Modules, one job each:
     config     EngineConfig: capacity fixed at start (slots, KV tokens, block size, context)
-    settings   named, validated live controls (one validation layer for every client)
+    settings   named, validated live controls (one validation layer for every client), and their
+               typed value: one immutable Settings of five parts, each handed to its owner
     model      loading the bundled GGUF / a local HF directory, with an on-disk cache
     request    GenerateRequest: the one typed request every client submits, validated once;
                RequestHandle: what submit returns, the request's own token/finished/rejected

@@ -21,7 +21,8 @@ class Backend(Protocol):
     clock: Clock
     events: Broadcaster           # every event it publishes; pages subscribe here
     specs: dict                   # name -> settings.Setting: the controls it accepts
-    settings: dict                # their current values
+    settings: object              # their current values: a settings.Live (its `now`, one immutable
+                                  # Settings); observe mode's are still a flat {name: value} dict
     api_model: str | None         # the model /v1 serves here (Mode.ENGINE); None in observe mode
     max_context: int | None
 

@@ -122,7 +122,7 @@ class EngineDriver:
         self.loader = loader
         self.clock = engine.clock
         self.specs = engine.specs
-        self.settings = engine.settings
+        self.settings = engine.settings   # settings.Live: the engine thread replaces its value
         self.api_model = engine.bundle.name
         self.max_context = engine.max_context
         self.events = Broadcaster(history=engine.config.history)
@@ -308,8 +308,9 @@ class EngineDriver:
             if a.settings:  # a lesson's switch mid-run; one this engine lacks is said, not applied
                 self._publish(self._timed_settings(a.settings))
                 continue
-            new = a.max_new_tokens or self.settings["max_new_tokens"]
-            n = max(1, min(a.prompt_tokens or self.settings["prompt_tokens"], self.max_context - new))
+            s = self.settings.now
+            new = a.max_new_tokens or s.sampling.max_new_tokens
+            n = max(1, min(a.prompt_tokens or s.load.prompt_tokens, self.max_context - new))
             self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)
 
     def _timed_settings(self, changes):
@@ -354,7 +355,8 @@ class EngineDriver:
         gen = self.engine.loadgen
         while not self._stop and self.failure is None:
             with self._lock:
-                due = gen.due(self.clock.now(), self.settings["load"], self.settings["rate"])
+                load = self.settings.now.load
+                due = gen.due(self.clock.now(), load.load, load.rate)
                 nxt = gen.next_arrival
             for _ in range(due):
                 self._submit_load()
@@ -364,7 +366,7 @@ class EngineDriver:
                     gen.restart()   # exponential gaps are memoryless: redrawing is exact
 
     def _submit_load(self, prompt_tokens=None, shared_prefix=0, rng=None, max_new_tokens=None, task=None):
-        n = prompt_tokens or self.settings["prompt_tokens"]
+        n = prompt_tokens or self.settings.now.load.prompt_tokens
         with self._lock:
             text = self.engine.loadgen.prompt(n, shared_prefix, rng)
         if task:    # the window inside a chat message asking for the task (so more than n tokens)

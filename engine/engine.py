@@ -26,10 +26,10 @@ from .loadgen import LoadGenerator
 from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
-from .settings import make_settings
+from .settings import Live, defaults, make_settings
 from .step_output import Ended, Placed, StepOutput
 from .stepcost import StepCost
-from .timing import SloTargets, StepRecorder, stats_view
+from .timing import StepRecorder, stats_view
 
 
 class Engine:
@@ -45,8 +45,7 @@ class Engine:
         self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
         self.step_cost = StepCost()     # fed every forward's time (`_run`)
         self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost)
-        self.settings = {}   # live: updated in place (the intake and the driver hold it too)
-        self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
+        self.intake = Intake(tok, self.clock, self.max_context, self.scheduler)
         self._out = []
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -59,7 +58,8 @@ class Engine:
         self.timing = StepRecorder(self.clock, self.roofline)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context, self.runner.formats.available)
-        self.apply_settings({name: spec.default for name, spec in self.specs.items()})
+        self.settings = Live(defaults(self.specs))   # the driver and the web threads read it too
+        self.apply_settings(self.settings.now.wire())   # each part to its owner
         self._take()   # the defaults' `settings` event: `hello` carries them
         self.loadgen = LoadGenerator(tok)
         self.bench = bench
@@ -80,7 +80,7 @@ class Engine:
             head_dim=head_dim(cfg), hidden=cfg.hidden_size, vocab=cfg.vocab_size,
             kv_bytes_per_token=self.bytes_per_token, block_size=self.blocks.block_size,
             cache_blocks=self.blocks.capacity, kv_store_bytes=self.store.nbytes,
-            max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=dict(self.settings),
+            max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=self.settings.now.wire(),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
             roofline=self.roofline.describe(), bench=self.bench,
             weights=self.runner.formats.describe(self.roofline.bandwidth_bps),
@@ -146,12 +146,14 @@ class Engine:
         return self._take()
 
     def apply_settings(self, changes):
-        """Apply validated changes (`settings.validate`); return the `settings` event."""
-        self.settings.update(changes)
-        self.scheduler.apply(self.settings)
-        self.timing.targets = SloTargets(self.settings["slo_ttft_ms"] / 1000, self.settings["slo_tpot_ms"] / 1000)
-        self.runner.formats.stored = self.settings["weights"] == "stored"
-        self._emit(Settings(t=self.clock.now(), settings=dict(self.settings), changed=sorted(changes)))
+        """Apply validated changes (`settings.validate`): a new `Settings`, each part handed to
+        its owner; return the `settings` event."""
+        s = self.settings.now = self.settings.now.replace(changes)
+        self.scheduler.apply(s.scheduling)
+        self.intake.sampling = s.sampling
+        self.timing.targets = s.targets
+        self.runner.formats.stored = s.scheduling.weights == "stored"
+        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes)))
         return self._take()
 
     def reset(self):
@@ -200,7 +202,7 @@ class Engine:
         """The scheduler's plan for this step, its preemptions, refusals and admissions noted;
         then the queue as stats show it when due, so whoever still waits really is blocked
         (stats say on what)."""
-        kv_cache_on = self.settings["kv_cache"]
+        kv_cache_on = self.settings.now.scheduling.kv_cache
         plan = self.scheduler.schedule(kv_cache_on)
         out.scheduled = self.clock.now()
         out.preempted = [Placed.of(seq) for seq in plan.preempted]

@@ -13,9 +13,12 @@ from dataclasses import dataclass, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
+from .settings import wire_type
+
 PROTOCOL = 12  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
+SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
 
 
@@ -58,7 +61,7 @@ class PresetInfo(TypedDict):
     title: str
     explain: str
     watch: str
-    settings: dict[str, Any]
+    settings: SettingValues
     actions: list[dict[str, Any]]
 
 
@@ -152,7 +155,7 @@ class Hello(Event):
     kv_store_bytes: int | None
     max_slots: int | None
     max_context: int | None
-    settings: dict[str, Any]
+    settings: SettingValues
     limits: dict[str, dict[str, Any]]
     bandwidth: dict[str, Any] | None
     bench: dict[str, Any] | None
@@ -189,7 +192,7 @@ class ModelLoad(Event):
 @dataclass(slots=True)
 class Settings(Event):
     type: ClassVar[str] = "settings"
-    settings: dict[str, Any]
+    settings: SettingValues
     changed: list[str]
 
 
@@ -369,7 +372,7 @@ class Preset(Event):
     title: str
     explain: str
     watch: str
-    overrides: dict[str, Any]   # settings changed from the preset's own (one side of a comparison)
+    overrides: SettingValues   # settings changed from the preset's own (one side of a comparison)
     requests: int               # how many requests its bursts will submit
 
 

@@ -17,23 +17,23 @@ CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` 
 
 
 class Intake:
-    def __init__(self, tokenizer, clock, settings, max_context, scheduler):
-        """`settings`: the engine's live settings (`GenerateRequest.sampling` takes what a
-        request leaves out from them)."""
+    def __init__(self, tokenizer, clock, max_context, scheduler):
         self.tokenizer = tokenizer
         self.clock = clock
-        self.settings = settings
+        # what a request leaves out (settings.SamplingSettings): the engine's `apply_settings`
+        # hands each new one over; the submitting threads read it whole
+        self.sampling = None
         self.max_context = max_context
         self.scheduler = scheduler
         self._ids = itertools.count(1)
 
     def new_sequence(self, request):
         """A `GenerateRequest` (validated when built) tokenized, with its sampling resolved against
-        the live settings: a Sequence not yet known to the engine (hand it to `Engine.add`).
+        the live sampling settings: a Sequence not yet known to the engine (hand it to `Engine.add`).
         Raises SettingError for what only the engine can judge (its context, the prompt's text
         once templated, a prompt that tokenizes to nothing)."""
         arrival = self.clock.now()
-        params = request.sampling(self.settings, self.max_context)
+        params = request.sampling(self.sampling, self.max_context)
         text, ids = self._tokenize(request)
         if request.prompt_tokens is not None:
             ids = ids[:request.prompt_tokens]

@@ -40,7 +40,7 @@ REPEATS = 3
 def plan(engine):
     """(batches, contexts, kv lengths, prefill lengths) this engine can sweep: batches up to its
     `slots` setting, lengths within its context."""
-    slots, max_context = engine.settings["slots"], engine.max_context
+    slots, max_context = engine.settings.now.scheduling.slots, engine.max_context
     batches = [b for b in BATCHES if b < slots] + [slots]
     contexts = [c for c in CONTEXTS if c < max_context]
     lengths = [n for n in KV_LENGTHS if n < max_context]
@@ -92,7 +92,7 @@ def run(engine, publish=None):
                         message=f"{type(e).__name__}: {e}")]
     return [Measure(t=clock.now(), status="done", batches=batches, contexts=contexts, decode=decode, kv=kv,
                     prefill=prefill, skipped=skipped, seconds=clock.now() - t0,
-                    weights=engine.settings.get("weights"))]
+                    weights=engine.settings.now.scheduling.weights)]
 
 
 def _floor(engine):

@@ -65,7 +65,7 @@ def _drain(backend, sub, events, clock):
     open_ids = set()
     for ev in events:
         _track(open_ids, ev)
-    if backend.settings.get("load"):
+    if backend.settings.now.load.load:
         backend.update_settings({"load": False})
     more, end = [], clock() + DRAIN_LIMIT_S
     while clock() < end:
@@ -75,7 +75,7 @@ def _drain(backend, sub, events, clock):
             _track(open_ids, ev)
             idle = ev["type"] == "stats" and ev["queue"] == 0 and ev["running"] == 0
         more += batch
-        if idle and not open_ids and not backend.settings.get("load"):
+        if idle and not open_ids and not backend.settings.now.load.load:
             break
     return more
 

@@ -120,8 +120,9 @@ class GenerateRequest:
 
     def sampling(self, settings, max_context):
         """The sampling parameters on this engine: what was left out taken from its live
-        `settings`, bounded by its context (the one place those defaults are resolved)."""
-        new = settings["max_new_tokens"] if self.max_new_tokens is None else self.max_new_tokens
+        `settings` (settings.SamplingSettings), bounded by its context (the one place those
+        defaults are resolved)."""
+        new = settings.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
         if new > max_context:
             raise SettingError("max_new_tokens", f"must be at most {max_context}, got {new}")
         if self.min_tokens > new:
@@ -130,8 +131,8 @@ class GenerateRequest:
         return SamplingParams(
             max_new_tokens=new, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
-            temperature=settings["temperature"] if self.temperature is None else self.temperature,
-            top_p=settings["top_p"] if self.top_p is None else self.top_p,
+            temperature=settings.temperature if self.temperature is None else self.temperature,
+            top_p=settings.top_p if self.top_p is None else self.top_p,
             speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"))
 
 

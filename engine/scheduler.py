@@ -76,17 +76,17 @@ class Scheduler:
         self.speculator.forget()
 
     def apply(self, settings):
-        """Take the live settings that shape its steps (the engine's `apply_settings`), and the
-        cache budget. Turning prefix caching off forgets every cached prefix."""
+        """Take the settings that shape its steps (`SchedulingSettings`, from the engine's
+        `apply_settings`), and the cache budget. Turning prefix caching off forgets every cached prefix."""
         s = settings
-        self.slot_limit, self.max_batched_tokens = s["slots"], s["max_batched_tokens"]
-        self.policy = Policy(s["schedule"])
-        self.max_step_s = s["max_step_ms"] / 1000 or None
-        if self.prefix_caching and not s["prefix_caching"]:
+        self.slot_limit, self.max_batched_tokens = s.slots, s.max_batched_tokens
+        self.policy = Policy(s.schedule)
+        self.max_step_s = s.max_step_ms / 1000 or None
+        if self.prefix_caching and not s.prefix_caching:
             self.blocks.forget_hashes()
-        self.prefix_caching = s["prefix_caching"]
-        self.blocks.block_budget = s["cache_tokens"] // self.blocks.block_size
-        self.speculator.configure(s["speculation"], s["spec_tokens"])
+        self.prefix_caching = s.prefix_caching
+        self.blocks.block_budget = s.cache_tokens // self.blocks.block_size
+        self.speculator.configure(s.speculation, s.spec_tokens)
 
     # ------------------------------------------------------------------ the step's plan
     def schedule(self, kv_cache_on):

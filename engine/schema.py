@@ -43,7 +43,8 @@ def type_schema(tp, defs):
             hints = typing.get_type_hints(tp)
             defs[tp.__name__] = {"type": "object", "description": (tp.__doc__ or "").strip(),
                                  "properties": {k: type_schema(v, defs) for k, v in hints.items()},
-                                 "required": list(hints), "additionalProperties": False}
+                                 "required": [k for k in hints if k in tp.__required_keys__],
+                                 "additionalProperties": False}
         return {"$ref": f"#/$defs/{tp.__name__}"}
     raise TypeError(f"no JSON Schema mapping for {tp!r}")
 

@@ -1,12 +1,23 @@
-"""Named, validated controls: the single validation layer for every client.
+"""Named, validated controls: the single validation layer for every client, and the typed
+value each part of the engine is handed.
 
-A setting has a kind, bounds and a note on when it applies. The websocket `set`
-message, presets, URL parameters and the CLI all go through `validate()`, so a bad
+A setting has a kind, bounds and a note on when it applies (`Setting`: the registry, from
+which the page's controls, `hello.limits` and the schema's settings are made). The websocket
+`set` message, presets, URL parameters and the CLI all go through `validate()`, so a bad
 value gets the same clear error everywhere and never half-applies.
+
+Inside, the values are one frozen `Settings` of five parts, each with one owner: `load` (the
+driver's load generator), `sampling` (the defaults a request leaves out), `scheduling` (the
+scheduler and the runner's weights), `delivery` (server/delivery.py's proxy and network) and
+`targets` (the recorder's SLOs). A change makes a new `Settings` (`replace`); the engine hands
+each owner its part. The wire keeps one flat `{name: value}` dict (`wire`, `from_wire`: the one
+place names become fields). The parts' fields and the registry's names are checked against
+each other whenever the registry is made (`check_registry`), so they cannot drift apart.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 import math
+from typing import TypedDict
 
 
 class Policy(str, Enum):
@@ -147,7 +158,9 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_f
         Setting("slo_tpot_ms", "int", 100, 5, 5000, 5, "finished requests",
                 doc="service-level objective for time per output token after the first, ms"),
     ]
-    return {s.name: s for s in specs}
+    specs = {s.name: s for s in specs}
+    check_registry(specs)
+    return specs
 
 
 def validate(specs, changes):
@@ -167,3 +180,128 @@ def validate(specs, changes):
         bounded = spec.kind != "bool"
         out[name] = coerce(name, spec.kind, value, spec.min if bounded else None, spec.max if bounded else None)
     return out
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """The load generator's (the driver's load thread, engine/loadgen.py)."""
+    load: bool
+    rate: float
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """What a request that leaves them out samples with (`GenerateRequest.sampling`)."""
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+
+
+@dataclass(frozen=True)
+class SchedulingSettings:
+    """The scheduler's (`Scheduler.apply`), the engine's `kv_cache` and the runner's `weights`."""
+    slots: int
+    cache_tokens: int
+    kv_cache: bool
+    schedule: str
+    max_batched_tokens: int
+    max_step_ms: int
+    prefix_caching: bool
+    speculation: str
+    spec_tokens: int
+    weights: str
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """What lies between the server and its clients (server/delivery.py); all 0: nothing."""
+    buffer_ms: int
+    buffer_bytes: int
+    net_latency_ms: int
+    net_jitter_ms: int
+
+    def configured(self):
+        """Whether anything stands between the server and its clients."""
+        return any((self.buffer_ms, self.buffer_bytes, self.net_latency_ms, self.net_jitter_ms))
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The SLOs finished requests are judged by (the recorder)."""
+    slo_ttft_ms: int
+    slo_tpot_ms: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting's value now, by owner. Never changed: `replace` makes the next one."""
+    load: LoadSettings
+    sampling: SamplingSettings
+    scheduling: SchedulingSettings
+    delivery: DeliverySettings
+    targets: Targets
+
+    @classmethod
+    def from_wire(cls, flat):
+        """The typed value of a complete, validated flat dict (`defaults`, `hello.settings`)."""
+        return cls(**{part.name: part.type(**{f.name: flat[f.name] for f in fields(part.type)})
+                      for part in fields(cls)})
+
+    def wire(self):
+        """The flat `{name: value}` dict the protocol carries (`hello.settings`, `settings` events)."""
+        return {f.name: getattr(getattr(self, part.name), f.name)
+                for part in fields(self) for f in fields(part.type)}
+
+    def replace(self, changes):
+        """A new value with validated `changes` (`validate`'s {name: value}) applied; this one
+        is left as it was."""
+        parts = {}
+        for part in fields(self):
+            mine = {f.name: changes[f.name] for f in fields(part.type) if f.name in changes}
+            if mine:
+                parts[part.name] = replace(getattr(self, part.name), **mine)
+        return replace(self, **parts)
+
+
+KINDS = {"int": int, "float": float, "bool": bool, "choice": str}   # a Setting's kind -> its field's type
+
+
+def field_types():
+    """{name: type} of every field of `Settings`'s parts, in their order."""
+    return {f.name: f.type for part in fields(Settings) for f in fields(part.type)}
+
+
+def check_registry(specs):
+    """Raise unless the registry (`make_settings`) names exactly the fields of `Settings`'s
+    parts, each of the type its kind gives: the two are written apart, and must not drift."""
+    typed = field_types()
+    if set(typed) != set(specs):
+        raise TypeError(f"the settings registry and Settings differ: only in the registry "
+                        f"{sorted(set(specs) - set(typed))}, only in Settings {sorted(set(typed) - set(specs))}")
+    wrong = [name for name, spec in specs.items() if KINDS[spec.kind] is not typed[name]]
+    if wrong:
+        raise TypeError(f"these settings' kinds and Settings fields' types differ: {wrong}")
+
+
+def wire_type():
+    """The flat wire dict's type (a TypedDict): every setting by name, of its field's type, none
+    required (observe mode has only some; a `set` or a preset names a few). The schema's
+    settings objects are made from it (engine/events.py `SettingValues`)."""
+    values = TypedDict("SettingValues", field_types(), total=False)
+    values.__doc__ = "Settings by name (engine/settings.py's registry); any subset of them."
+    return values
+
+
+def defaults(specs):
+    """Every setting at its default."""
+    return Settings.from_wire({name: spec.default for name, spec in specs.items()})
+
+
+class Live:
+    """One backend's settings for readers on any thread: `now`, an immutable `Settings`, is
+    replaced whole on each change (an attribute swap: a reader sees the old value or the new,
+    never half of each). Read `now` once where several values must agree."""
+
+    def __init__(self, now):
+        self.now = now

@@ -9,7 +9,6 @@ admission to its end), the rolling stats, and the `preempted`, `admitted`, `stat
 never changes an event it has returned.
 """
 from collections import deque
-from dataclasses import dataclass
 
 from .events import Admitted, Finished, Preempted, Prefill, Rejected, Stats, Step
 from .request_times import RequestTimes
@@ -38,20 +37,14 @@ def stats_view(sched, kv_cache_on, subscribers, now):
         prefill_cap=sched.prefill_cap, subscribers=subscribers, blocked_on=sched.blocked_on(kv_cache_on))
 
 
-@dataclass(frozen=True)
-class SloTargets:
-    """The service-level objectives completed requests are judged by (seconds)."""
-    ttft_s: float
-    tpot_s: float
-
 
 class StepRecorder:
     def __init__(self, clock, roofline=None):
         """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events."""
         self.clock = clock
         self.roofline = roofline
-        # What completed requests are judged by (anything with `ttft_s` and `tpot_s`), handed in
-        # by the engine whenever its settings change; None: nobody is judged.
+        # What completed requests are judged by (settings.Targets), handed in by the engine
+        # whenever its settings change; None: nobody is judged.
         self.targets = None
         self.stats = RollingStats(started=clock.now())
         self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/reload.py)
@@ -241,7 +234,7 @@ class StepRecorder:
     def _judge(self, ttft, tpot):
         """A completed request against the SLO targets, by its own measured TTFT and TPOT (a
         one-token answer has no TPOT: only its TTFT is judged)."""
-        ttft_target, tpot_target = self.targets.ttft_s, self.targets.tpot_s
+        ttft_target, tpot_target = self.targets.slo_ttft_ms / 1000, self.targets.slo_tpot_ms / 1000
         ttft_met, tpot_met = ttft <= ttft_target, tpot is None or tpot <= tpot_target
         return {"ttft_met": ttft_met, "tpot_met": tpot_met, "met": ttft_met and tpot_met,
                 "ttft_target_s": ttft_target, "tpot_target_s": tpot_target}

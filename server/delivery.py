@@ -24,22 +24,29 @@ import random
 import time
 
 from engine.events import Finished, Rejected, Token
+from engine.settings import DeliverySettings, Live
 
-SETTINGS = ("buffer_ms", "buffer_bytes", "net_latency_ms", "net_jitter_ms")
+OFF = DeliverySettings(buffer_ms=0, buffer_bytes=0, net_latency_ms=0, net_jitter_ms=0)
+
+
+def in_force(settings):
+    """The delivery settings a backend's `settings` hold now. Observe mode's are still its own
+    flat dict of request settings, none of these among them (server/observe.py): nothing then."""
+    return settings.now.delivery if isinstance(settings, Live) else OFF
 
 
 class Delivery:
     """One client's proxy buffer and network line; `now` is any monotonic clock in seconds."""
 
     def __init__(self, settings, rng=None):
-        self.settings = settings          # the backend's live settings (read at every push)
+        self.settings = settings          # the backend's settings (settings.Live: read at every push)
         self.rng = rng or random.Random()
         self.held, self.held_bytes, self.held_since = [], 0, None
         self.line = deque()               # (due, item) on the way, in order
         self.last_due = 0.0
 
     def active(self):
-        return configured(self.settings) or bool(self.held or self.line)
+        return in_force(self.settings).configured() or bool(self.held or self.line)
 
     def push(self, items, now, sizes, end=False):
         """`items` (with their sizes in bytes) leave the engine at `now`; `end`: the response is
@@ -62,19 +69,20 @@ class Delivery:
     def wait_s(self, now):
         """Seconds until something more reaches the client (None: nothing is on its way)."""
         times = [self.line[0][0]] if self.line else []
-        if self.held and self.settings.get("buffer_ms"):
-            times.append(self.held_since + self.settings["buffer_ms"] / 1000)
+        buffer_ms = in_force(self.settings).buffer_ms
+        if self.held and buffer_ms:
+            times.append(self.held_since + buffer_ms / 1000)
         return max(0.0, min(times) - now) if times else None
 
     def _flush_if_due(self, now, end=False):
         if not self.held:
             return
-        s = self.settings
-        by_time = s.get("buffer_ms") and now >= self.held_since + s["buffer_ms"] / 1000
-        by_size = s.get("buffer_bytes") and self.held_bytes >= s["buffer_bytes"]
-        if end or by_time or by_size or not (s.get("buffer_ms") or s.get("buffer_bytes")):   # no proxy: straight on
+        s = in_force(self.settings)
+        by_time = s.buffer_ms and now >= self.held_since + s.buffer_ms / 1000
+        by_size = s.buffer_bytes and self.held_bytes >= s.buffer_bytes
+        if end or by_time or by_size or not (s.buffer_ms or s.buffer_bytes):   # no proxy: straight on
             for item in self.held:
-                delay = (s.get("net_latency_ms") or 0) / 1000 + self.rng.uniform(0, (s.get("net_jitter_ms") or 0) / 1000)
+                delay = s.net_latency_ms / 1000 + self.rng.uniform(0, s.net_jitter_ms / 1000)
                 self.last_due = max(self.last_due, now + delay)
                 self.line.append((self.last_due, item))
             self.held, self.held_bytes, self.held_since = [], 0, None
@@ -122,13 +130,8 @@ class DelayedHandle:
         return event
 
 
-def configured(settings):
-    """Whether anything stands between the server and its clients now (any of SETTINGS set)."""
-    return any(settings.get(k) for k in SETTINGS)
-
-
 def wrap(handle, settings):
     """`handle` itself while delivery is off (no cost), else a DelayedHandle."""
-    if not configured(settings):
+    if not in_force(settings).configured():
         return handle
     return DelayedHandle(handle, settings)

@@ -54,10 +54,10 @@ def _load(args, state):
     gc.freeze()
     state.set_backend(backend)
     bundle = backend.engine.bundle
-    w = backend.engine.hello().weights
+    w, fmt = backend.engine.hello().weights, backend.settings.now.scheduling.weights
     print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"
           f"{', config and tokenizer from cache' if bundle.from_cache else ''}); weights read: "
-          f"{backend.engine.settings['weights']} ({w['formats'][backend.engine.settings['weights']]['decode_bytes'] / 1e6:.0f} MB a decode step)",
+          f"{fmt} ({w['formats'][fmt]['decode_bytes'] / 1e6:.0f} MB a decode step)",
           flush=True)
     if bundle.device == "cpu":
         print(kernels.describe(), flush=True)

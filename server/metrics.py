@@ -50,7 +50,7 @@ from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine import events as ev_types
-from engine.settings import MAX_SPEC_TOKENS
+from engine.settings import MAX_SPEC_TOKENS, Settings
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -140,7 +140,7 @@ class EngineMetrics:
         m.load_s.set(backend.health()[0].get("load_s") or 0.0)
         if hello.weights:
             m._formats = {name: f["decode_bytes"] for name, f in hello.weights["formats"].items()}
-            m._weights_in_force(hello.settings.get("weights"))
+            m._weights_in_force(Settings.from_wire(hello.settings).scheduling.weights)
         backend.events.add_listener(m.on_event)
         return m
 
@@ -155,7 +155,8 @@ class EngineMetrics:
 
     def on_event(self, ev):
         if isinstance(ev, ev_types.Settings):
-            self._weights_in_force(ev.settings.get("weights"))
+            if self._formats:   # an engine's (observe mode's settings are only those of requests)
+                self._weights_in_force(Settings.from_wire(ev.settings).scheduling.weights)
             return
         if isinstance(ev, ev_types.Step) and ev.weights and ev.weight_bytes:
             self._read.labels(format=ev.weights, **self._label).inc(ev.weight_bytes)

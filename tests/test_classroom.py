@@ -36,7 +36,7 @@ def room(tiny):
     live.classroom = classroom
     classroom.base = live.url   # as app.py sets it at start: the address students reach
     live.driver.update_settings({"max_new_tokens": 6})
-    assert wait_for(lambda: live.driver.settings["max_new_tokens"] == 6)
+    assert wait_for(lambda: live.driver.settings.now.sampling.max_new_tokens == 6)
     eng, step = live.driver.engine, live.driver.engine.step
     live.gate = threading.Event()
     live.gate.set()
@@ -468,7 +468,7 @@ def test_hello_says_each_connection_its_role(room):
 
 
 def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
-    before = dict(room.driver.settings)
+    before = room.driver.settings.now
     sub = room.driver.events.subscribe(replay=False)
     viewer = Client.connect(room.ws_url)
     try:
@@ -487,7 +487,7 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
     assert len(errors) == len(refused) and all(e["message"] == VIEWER_REFUSED and e["field"] == "type" for e in errors)
     assert any(e["type"] == "sync" and e["client_t"] == 7.0 for e in got)
     time.sleep(0.3)
-    assert room.driver.settings == before
+    assert room.driver.settings.now == before
     assert not [e for e in sub.get(timeout=0) if e["type"] in ("request", "reset", "preset", "measure") or
                 (e["type"] == "settings" and "max_new_tokens" not in e["changed"])]
     presenter = presenter_ws(room)
@@ -497,7 +497,7 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
         got = frames(presenter, 10, until=lambda ev: any(e["type"] == "settings" and "rate" in e["changed"] for e in ev))
     finally:
         presenter.close()
-    assert not [e for e in got if e["type"] == "error"] and room.driver.settings["rate"] == 4.0
+    assert not [e for e in got if e["type"] == "error"] and room.driver.settings.now.load.rate == 4.0
 
 
 def test_the_presenter_clears_the_queue_and_removes_a_student(room):

@@ -32,7 +32,7 @@ def context(browser):
 def test_join_on_a_phone_streams_the_answer_with_its_ttft(room, context):
     ARTIFACTS.mkdir(exist_ok=True)
     room.driver.update_settings({"max_new_tokens": 24})
-    assert wait_for(lambda: room.driver.settings["max_new_tokens"] == 24)
+    assert wait_for(lambda: room.driver.settings.now.sampling.max_new_tokens == 24)
     sub = room.driver.events.subscribe(replay=False)
     page = context(PHONE)
     page.goto(room.url + "/join?code=owl")
@@ -66,7 +66,7 @@ def test_join_on_a_phone_streams_the_answer_with_its_ttft(room, context):
 
 
 def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context):
-    before = dict(room.driver.settings)
+    before = room.driver.settings.now
     viewer = context({"width": 1280, "height": 900})
     viewer.goto(room.url + "/?rate=4&load=true")
     viewer.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
@@ -75,7 +75,7 @@ def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context)
     # even a message sent by hand is refused
     viewer.evaluate("firstToken.send({type: 'set', settings: {rate: 8}})")
     viewer.wait_for_function("document.getElementById('toast').textContent.includes('viewers cannot change')")
-    assert room.driver.settings == before and room.driver.settings["load"] is False
+    assert room.driver.settings.now == before and room.driver.settings.now.load.load is False
     assert not viewer.is_visible("#classroom")
 
     presenter = context({"width": 1920, "height": 1080})
@@ -83,7 +83,7 @@ def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context)
     presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
     assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
     assert room.classroom.key not in presenter.url   # the key left the address bar
-    assert wait_for(lambda: room.driver.settings["rate"] == 2.0)   # the presenter's URL settings apply
+    assert wait_for(lambda: room.driver.settings.now.load.rate == 2.0)   # the presenter's URL settings apply
     assert presenter.is_visible("#classroom svg") and presenter.text_content("#cls-url") == room.url + "/join"
     assert "owl" in presenter.text_content("#classroom")
     presenter.reload()   # the cookie keeps it the presenter

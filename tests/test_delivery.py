@@ -7,11 +7,15 @@ import urllib.request
 
 from simple_websocket import Client
 
+from engine.settings import Live, defaults, make_settings
 from server.delivery import Delivery
+
+SPECS = make_settings(max_slots=1, cache_tokens_max=16, block_size=16, max_context=64)
 
 
 def line(**settings):
-    return Delivery({"buffer_ms": 0, "buffer_bytes": 0, "net_latency_ms": 0, "net_jitter_ms": 0, **settings})
+    """A delivery line over settings that are the defaults with `settings` changed."""
+    return Delivery(Live(defaults(SPECS).replace(settings)))
 
 
 def test_latency_delays_every_piece_and_jitter_never_reorders():
@@ -23,6 +27,16 @@ def test_latency_delays_every_piece_and_jitter_never_reorders():
         d.push([i], i * 0.001, [1])
     got = d.take(10.0)
     assert got == list(range(50))                    # in order, whatever each one's jitter
+
+
+def test_a_line_follows_each_new_settings_value_its_backend_holds():
+    settings = Live(defaults(SPECS))
+    d = Delivery(settings)
+    d.push(["a"], 0.0, [1])
+    assert d.take(0.0) == ["a"] and not d.active()                # nothing between yet
+    settings.now = settings.now.replace({"net_latency_ms": 100})   # as the engine replaces it
+    d.push(["b"], 1.0, [1])
+    assert d.active() and d.take(1.05) == [] and d.take(1.1) == ["b"]
 
 
 def test_the_proxy_holds_until_its_interval_its_size_or_the_end():
@@ -45,7 +59,7 @@ def set_and_wait(live, changes):
     reads them when it starts)."""
     live.driver.update_settings(changes)
     deadline = time.monotonic() + 10
-    while any(live.driver.settings[k] != v for k, v in changes.items()):
+    while any(live.driver.settings.now.wire()[k] != v for k, v in changes.items()):
         assert time.monotonic() < deadline
         time.sleep(0.01)
 

@@ -111,7 +111,7 @@ def test_without_kernels_the_engine_reads_fp32_and_says_so():
             "run.until_idle()\n"
             "from helpers import reference\n"
             "print('fused', e.runner.fused is not None, 'equal', all(run.tokens(i) == reference(b, p, 8) for i, p in zip(ids, PROMPTS)))\n"
-            "print(e.settings['weights'], e.specs['weights'].choices, list(e.hello().weights['formats']))\n")
+            "print(e.settings.now.scheduling.weights, e.specs['weights'].choices, list(e.hello().weights['formats']))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "FIRST_TOKEN_KERNELS": "off"})
     assert out.returncode == 0, out.stderr

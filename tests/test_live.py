@@ -33,11 +33,11 @@ def idle_driver(tiny):
 
 @pytest.mark.parametrize("raw,field", BAD)
 def test_bad_control_messages_get_named_errors(idle_driver, raw, field):
-    before = dict(idle_driver.settings)
+    before = idle_driver.settings.now
     replies = control.handle(idle_driver, raw)
     assert [type(r) for r in replies] == [Error] and replies[0].field == field and replies[0].message
     assert not replies[0].fatal
-    assert idle_driver._inbox.empty() and idle_driver.settings == before
+    assert idle_driver._inbox.empty() and idle_driver.settings.now == before
 
 
 def test_control_submit_and_sync(live):
@@ -66,7 +66,7 @@ def test_bad_messages_over_the_websocket_are_named_and_the_connection_keeps_work
         errors = [e for e in frames(conn, 10, until=lambda ev: sum(e["type"] == "error" for e in ev) == len(bad))
                   if e["type"] == "error"]
         assert [e["field"] for e in errors] == [field for _, field in bad]
-        assert live.driver.settings["load"] is False   # the bad `load` changed nothing
+        assert live.driver.settings.now.load.load is False   # the bad `load` changed nothing
         conn.send(json.dumps({"type": "submit", "prompt": "Still there?", "max_new_tokens": 3}))
         evs = frames(conn, 30, until=lambda ev: any(e["type"] == "finished" for e in ev))
     finally:

@@ -95,7 +95,7 @@ def test_preset_over_the_websocket_and_an_unknown_one_changes_nothing(live):
     errors = of(seen, "error")
     assert errors[0]["field"] == "name" and "long-documentx" in errors[0]["message"]
     assert of(seen, "reset") and of(seen, "preset")[0]["name"] == "kv-cache-off"
-    assert live.driver.settings["kv_cache"] is False
+    assert live.driver.settings.now.scheduling.kv_cache is False
 
 
 def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
@@ -168,7 +168,7 @@ def test_a_preset_with_overrides_is_one_side_of_a_comparison(driver):
         events = collect(sub, lambda ev: len(of(ev, "finished")) >= 12, 60)
         (announced,) = of(events, "preset")
         assert announced["overrides"] == {"schedule": schedule} and announced["requests"] == 12
-        assert driver.settings["schedule"] == schedule and driver.settings["slots"] == 4
+        assert driver.settings.now.scheduling.schedule == schedule and driver.settings.now.scheduling.slots == 4
         runs[schedule] = events
     previews = {k: [r["preview"] for r in of(ev, "request")] for k, ev in runs.items()}
     assert previews["static"] == previews["mixed"]

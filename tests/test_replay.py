@@ -70,10 +70,10 @@ def test_a_preset_recording_carries_its_explanation(driver):
 
 
 def test_bad_settings_record_nothing_and_change_nothing(driver):
-    before = dict(driver.settings)
+    before = driver.settings.now
     with pytest.raises(record.SettingError, match="rate"):
         record.record(driver, 0.2, settings={"load": True, "rate": 999})
-    assert driver.settings == before
+    assert driver.settings.now == before
 
 
 def test_parse_sets():
@@ -90,7 +90,7 @@ def test_record_cli_writes_a_valid_trace_that_exports(tiny_cli, tmp_path, capsys
     trace = json.loads(out.read_text())
     trace_validator().validate(trace)
     assert any(ev["type"] == "finished" for ev in trace)
-    assert tiny_cli[0].settings["slots"] == 4
+    assert tiny_cli[0].settings.now.scheduling.slots == 4
     app_cli.main(["export", str(out), "-o", str(page)])
     html = page.read_text()
     # Self-contained: no element refers to anything outside the file, and the import map maps

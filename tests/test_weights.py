@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig, EngineDriver, kernels
 from engine.events import Settings, Step
+from engine.settings import defaults, make_settings
 from helpers import collect, schema_validator
 from server import control
 from server.classroom import VIEWER_REFUSED
@@ -100,7 +101,8 @@ def test_the_metrics_listener_follows_settings_and_steps():
     m = EngineMetrics("m", 8)
     m._formats = {"stored": 100, "dequantised": 500}
     m._weights_in_force("stored")
-    m.on_event(Settings(t=1.0, settings={"weights": "dequantised"}, changed=["weights"]))
+    every = defaults(make_settings(8, 128, 16, 512, ("stored", "dequantised"))).replace({"weights": "dequantised"})
+    m.on_event(Settings(t=1.0, settings=every.wire(), changed=["weights"]))   # an event carries every value
     m.on_event(Step(t=2.0, kind="decode", start=1.5, end=2.0, ids=["r1"], tokens=1, prefill_tokens=0,
                     decode_tokens=1, kv_cache=True, cache_tokens=4, cache_blocks_used=1, per_request={"r1": 4},
                     weights="dequantised", kernel="oneDNN fp32", weight_bytes=500))
@@ -130,7 +132,7 @@ def test_the_weights_preset_switches_mid_run_and_a_comparison_side_keeps_one_for
     later = sub.get(0)
     assert of(later, "preset")[0]["overrides"] == {"weights": "dequantised"}
     assert not [e for e in of(later, "settings") if e["t"] > of(later, "preset")[0]["t"]]
-    assert d.settings["weights"] == "dequantised"
+    assert d.settings.now.scheduling.weights == "dequantised"
 
 
 def test_on_a_model_without_blocks_the_lessons_switch_is_refused_and_said(tiny):
@@ -143,7 +145,7 @@ def test_on_a_model_without_blocks_the_lessons_switch_is_refused_and_said(tiny):
         events = collect(sub, lambda ev: of(ev, "error"), timeout=15)
         (err,) = of(events, "error")
         assert err["field"] == "weights" and not err["fatal"] and "not applied" in err["message"]
-        assert d.settings["weights"] == "dequantised" and d.failure is None
+        assert d.settings.now.scheduling.weights == "dequantised" and d.failure is None
     finally:
         d.shutdown()
 
@@ -169,6 +171,6 @@ def test_a_viewer_cannot_switch_the_weights(qlive):
     d = qlive.driver
     assert control.handle(d, json.dumps({"type": "set", "settings": {"weights": "dequantised"}}), role="viewer")[0].message \
         == VIEWER_REFUSED
-    assert d.settings["weights"] == "stored"
+    assert d.settings.now.scheduling.weights == "stored"
     (err,) = control.handle(d, json.dumps({"type": "set", "settings": {"weights": "fp16"}}), role="presenter")
-    assert err.field == "weights" and d.settings["weights"] == "stored"
+    assert err.field == "weights" and d.settings.now.scheduling.weights == "stored"

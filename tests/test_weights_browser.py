@@ -42,7 +42,7 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         assert not page.is_visible("#h-weights-fig")   # the model line says it on a wide screen
         page.click("#set-weights .seg-opt >> nth=1")
         page.wait_for_function("() => firstToken.state.settings.weights === 'dequantised'")
-        assert qlive.driver.settings["weights"] == "dequantised"   # sent, applied by the engine, echoed
+        assert qlive.driver.settings.now.scheduling.weights == "dequantised"   # sent, applied by the engine, echoed
         page.wait_for_function("t => document.getElementById('model-weights').textContent === t",
                                arg=f"weights: fp32 dequantised, {fp32}/step")
         assert "weights=dequantised" in page.url   # the address bar carries a setting off its default
@@ -190,7 +190,7 @@ def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser)
         page.wait_for_function("() => firstToken.state.hello && firstToken.state.hello.role === 'viewer'")
         page.wait_for_timeout(600)
         assert page.is_disabled("#set-weights input[value=stored]") and page.is_disabled("#set-weights input[value=dequantised]")
-        assert app.driver.settings["weights"] == "stored"   # its URL's setting was not sent
+        assert app.driver.settings.now.scheduling.weights == "stored"   # its URL's setting was not sent
         assert page.text_content("#model-weights").startswith("weights: 4-bit as stored")
         app.driver.update_settings({"weights": "dequantised"})   # the presenter switches
         page.wait_for_function("() => document.getElementById('model-weights').textContent.startsWith('weights: fp32 dequantised')")

@@ -23,7 +23,7 @@ def make(bundle, **kw):
 
 def test_the_blocks_are_read_by_default_and_both_copies_are_offered(quant):
     e = make(quant)
-    assert e.settings["weights"] == "stored"
+    assert e.settings.now.scheduling.weights == "stored"
     assert e.specs["weights"].choices == ("stored", "dequantised")
     w = e.hello().weights
     stored, fp32 = w["formats"]["stored"], w["formats"]["dequantised"]
@@ -79,7 +79,7 @@ def test_switching_live_mid_stream_keeps_the_output_and_the_next_step_follows(qu
 
 def test_a_model_without_blocks_has_only_the_fp32_copy_and_refuses_stored(tiny):
     e = make(tiny)
-    assert e.settings["weights"] == "dequantised" and list(e.hello().weights["formats"]) == ["dequantised"]
+    assert e.settings.now.scheduling.weights == "dequantised" and list(e.hello().weights["formats"]) == ["dequantised"]
     with pytest.raises(SettingError, match="must be one of dequantised"):
         validate(e.specs, {"weights": "stored"})
 
@@ -92,7 +92,7 @@ def test_a_bfloat16_model_with_blocks_reads_only_its_own_copy():
     bundle.model.to(torch.bfloat16)
     bundle.dtype = torch.bfloat16
     e = make(bundle)
-    assert e.settings["weights"] == "dequantised" and e.runner.fused is None
+    assert e.settings.now.scheduling.weights == "dequantised" and e.runner.fused is None
     run = Run(e)
     run.add(PROMPTS[0], max_new_tokens=4, temperature=0.0, ignore_eos=True)
     run.until_idle()

@@ -31,7 +31,7 @@ def test_teacher_forced_top1_agreement_over_2048_positions(real, record_property
     ids = tok(CORPUS.read_text() * 3, add_special_tokens=False).input_ids[:POSITIONS]
     assert len(ids) == POSITIONS
     eng = Engine(real, EngineConfig(slots=1, kv_tokens=POSITIONS + 64, max_context=POSITIONS + 64))
-    assert eng.settings["weights"] == "stored"
+    assert eng.settings.now.scheduling.weights == "stored"
     seq = Sequence(id="tf", source="load", prompt="", prompt_ids=ids, params=SamplingParams())
     seq.block_table = eng.blocks.allocate(eng.blocks.blocks_for(POSITIONS))
     ours, paths = [], set()
