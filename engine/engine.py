@@ -16,8 +16,9 @@ from . import bandwidth, presets, sampler, speculate
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
 from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
+from .block_manager import BlockManager
 from .intake import Intake
-from .kv_cache import BlockManager, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
+from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .roofline import Roofline
@@ -36,7 +37,7 @@ class Engine:
         self.clock = Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
-        self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
+        self.blocks = BlockManager(BlockPool(config.block_size, config.cache_capacity_tokens // config.block_size))
         self.scheduler = Scheduler(self.blocks, config.slots)
         self.settings = {}   # live: updated in place (the intake and the driver hold it too)
         self.intake = Intake(tok, self.clock, self.settings, self.max_context, self.scheduler)
@@ -195,7 +196,7 @@ class Engine:
         logits = self.runner.forward(segments)
         self.timing.forward_ended()
         for seg in segments:
-            self.scheduler.computed(seg)
+            self.blocks.computed(seg)
         self.timing.forward_recorded(segments, self.runner.first_shape, self.runner.path)
         return logits
 
@@ -220,7 +221,7 @@ class Engine:
     def _deliver_run(self, seg, run):
         """One request's tokens from this forward, in order; why the request ends, if one ends it."""
         if seg.draft:       # the rejected guesses' positions are given back first
-            self.scheduler.accepted(seg, len(run) - 1)
+            self.blocks.accepted(seg, len(run) - 1)
             self.timing.speculated(seg, len(run) - 1)
         kinds = speculate.kinds(len(run), len(seg.draft))   # map is lazy: none delivered after a stop
         return next(filter(None, map(self._deliver, [seg.seq] * len(run), run, kinds)), None)

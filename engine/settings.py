@@ -10,7 +10,7 @@ import math
 
 
 class Policy(str, Enum):
-    """The scheduler's policies (the `schedule` setting; engine/scheduler.py says what each does)."""
+    """The scheduler's policies (the `schedule` setting; engine/policies.py says what each does)."""
     MIXED = "mixed"
     PREFILL_FIRST = "prefill-first"
     STATIC = "static"
