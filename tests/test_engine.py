@@ -11,12 +11,12 @@ from engine.block_manager import BlockManager
 from engine.broadcast import Broadcaster, Wire
 from engine.kv_cache import BlockPool, block_hashes
 from engine.loadgen import LoadGenerator
-from engine.policies import Blocked
+from engine.policies import BY_SETTING, Blocked
 from engine.request import GenerateRequest
 from engine.runner import Segment
 from engine.scheduler import Scheduler
 from engine.sequence import SamplingParams, Sequence, Status
-from engine.settings import make_settings, validate
+from engine.settings import Policy, make_settings, validate
 from helpers import reference
 
 PROMPTS = ["We hold these truths", "Four score and seven years ago our fathers brought forth",
@@ -498,6 +498,24 @@ def test_the_newest_request_is_preempted_to_the_front_of_the_queue():
     assert a.status is Status.FINISHED and blocks.used == 0
     plan = sched.schedule(kv_cache_on=True)
     assert plan.admitted == [b, c] and sum(g.n for g in plan.segments if g.seq is b) == 9
+
+
+def test_the_step_time_target_cuts_mixed_steps_only():
+    """`prefill_cap` is what the step-time target allowed the last step: under `mixed`, once the
+    costs are known, a prompt's chunk is cut to it; the other policies have no target (None)."""
+    sched = Scheduler(BlockManager(BlockPool(block_size=4, num_blocks=64)), max_slots=2)
+    sched.max_step_s = 0.040
+    for rows, tokens in ((4, 0), (0, 64), (4, 400), (2, 128)) * 4:   # 10 ms + 2 ms a row + 0.5 ms a token
+        sched.step_cost.observe(rows, tokens, 0.010 + rows * 0.002 + tokens * 0.0005)
+    sched.waiting.append(synthetic("a", range(100)))
+    plan = sched.schedule(kv_cache_on=True)
+    assert sched.prefill_cap == plan.prefill_cap == 60          # (40 ms - 10 ms) / 0.5 ms: no decode rows
+    assert [g.n for g in plan.segments] == [60]
+    for seg in plan.segments:
+        sched.blocks.computed(seg)
+    sched.policy = BY_SETTING[Policy.PREFILL_FIRST]
+    plan = sched.schedule(kv_cache_on=True)
+    assert sched.prefill_cap is None and [(g.start, g.n) for g in plan.segments] == [(60, 40)]   # the rest, whole
 
 
 def test_blocked_on_reasons_are_the_wire_strings():
