@@ -87,7 +87,7 @@ class Scheduler:
     def decode(self, out, budget):
         """The next token of every running request that decodes, oldest first, with the
         proposer's guesses, within the budget; returns the budget left."""
-        owed = sum(1 for s in self.running if s.decoding and s.kv_cache)
+        owed = sum(1 for s in self.running if s.decoding and s.kv_cache)   # guesses never take these
         for seq in self._running(decoding=True):
             if not seq.kv_cache:
                 budget -= self._recompute(out, seq)
@@ -101,7 +101,8 @@ class Scheduler:
 
     def prefill(self, out, budget):
         """The next chunk of every running request still computing its prompt (or everything
-        again, after a preemption), oldest first, within the budget; returns the budget left."""
+        again, after a preemption), oldest first, as large as the policy allows (engine/policies.py
+        `chunk_limit`); returns the budget left."""
         for seq in self._running(decoding=False):
             if not seq.kv_cache:
                 budget -= self._recompute(out, seq)
