@@ -9,7 +9,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import BlockManager, PagedKVStore, head_dim, kv_heads
+from engine.kv_cache import BlockPool, PagedKVStore, head_dim, kv_heads
 from engine.runner import Runner, Segment, _gather, synchronize
 from engine.sequence import SamplingParams, Sequence
 
@@ -32,7 +32,7 @@ def _ids(vocab, n, seed=0):
 
 
 def _setup(bundle, tokens, block_size=16):
-    blocks = BlockManager(block_size, -(-tokens // block_size) + 1)
+    blocks = BlockPool(block_size, -(-tokens // block_size) + 1)
     store = PagedKVStore(bundle.model.config, blocks.capacity, block_size, bundle.dtype, bundle.device)
     return blocks, store, Runner(bundle.model, store)
 

@@ -20,8 +20,9 @@ from . import bandwidth, presets, sampler, speculate
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
 from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
+from .block_manager import BlockManager
 from .intake import Intake
-from .kv_cache import BlockManager, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
+from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
 from .runner import Runner
 from .roofline import Roofline
@@ -42,7 +43,7 @@ class Engine:
         self.clock = Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
-        self.blocks = BlockManager(config.block_size, config.cache_capacity_tokens // config.block_size)
+        self.blocks = BlockManager(BlockPool(config.block_size, config.cache_capacity_tokens // config.block_size))
         self.step_cost = StepCost()     # fed every forward's time (`_run`)
         self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost)
         self.intake = Intake(tok, self.clock, self.max_context, self.scheduler)
@@ -224,7 +225,7 @@ class Engine:
         logits = self.runner.forward(out.segments)
         out.forward = (start, self.clock.now())
         for seg in out.segments:
-            self.scheduler.computed(seg)
+            self.blocks.computed(seg)
         out.first_shape, out.path = self.runner.first_shape, self.runner.path
         out.cache = (self.scheduler.kv_tokens_in_use, self.blocks.used)
         self.step_cost.observe(*out.work(), out.forward[1] - out.forward[0])
@@ -251,7 +252,7 @@ class Engine:
     def _deliver_run(self, out, seg, run):
         """One request's tokens from this forward, in order; why the request ends, if one ends it."""
         if seg.draft:       # the rejected guesses' positions are given back first
-            self.scheduler.accepted(seg, len(run) - 1)
+            self.blocks.accepted(seg, len(run) - 1)
             out.accepted[seg.seq.id] = len(run) - 1
         kinds = speculate.kinds(len(run), len(seg.draft))   # map is lazy: none delivered after a stop
         return next(filter(None, map(self._deliver, [out] * len(run), [seg.seq] * len(run), run, kinds)), None)

@@ -84,7 +84,7 @@ class Intake:
         if need > self.max_context:
             return (f"prompt ({n} tokens) + max_new_tokens ({new}) exceeds the context of "
                     f"{self.max_context} tokens", "context_length_exceeded")
-        too_big = sched.never_fits(seq)
+        too_big = sched.blocks.never_fits(seq)
         if too_big:
             return too_big, "exceeds_cache"
         if len(sched.waiting) >= sched.max_waiting:

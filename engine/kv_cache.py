@@ -1,4 +1,4 @@
-"""The paged KV cache: blocks of memory, the block manager that hands them out, and prefix caching.
+"""The paged KV cache: blocks of memory, the pool that counts who holds each block, and prefix caching.
 
 Memory: per layer, one K tensor and one V tensor of `[num_blocks + 1, block_size, kv_heads,
 head_dim]`, allocated (zeroed, so resident) at start. Token position p of a request lives at
@@ -16,6 +16,9 @@ previous block's hash, so equal hashes mean equal prefixes. A later request whos
 starts with cached blocks takes them (reference counts) and computes only the rest. A block
 whose last user left keeps its contents and hash in the free list, least recently freed
 first, until it is handed out again (evicted).
+
+This module knows blocks by number only; which blocks a request holds, and when it takes or
+gives them back, is engine/block_manager.py's.
 """
 from collections import OrderedDict
 import hashlib
@@ -46,11 +49,11 @@ def block_hashes(token_ids, block_size):
     return out
 
 
-class BlockManager:
+class BlockPool:
     """Which block holds what: reference counts, the free list (LRU) and the prefix-hash index.
 
-    Pure bookkeeping on integers; the engine asks it before every forward for the blocks the
-    forward will write."""
+    Pure bookkeeping on integers (vLLM V1's BlockPool); the block manager takes blocks from it
+    for requests, and the measure sweeps for their synthetic ones."""
 
     def __init__(self, block_size, num_blocks):
         self.block_size = block_size
@@ -61,12 +64,6 @@ class BlockManager:
         self.by_hash = {}               # hash -> block holding that prefix block
         self.free = OrderedDict((b, None) for b in range(num_blocks))   # oldest freed first
         self.used = 0                   # blocks with ref > 0
-        self.queries = 0                # prompt tokens looked up in the prefix cache
-        self.hits = 0                   # ... of which found
-
-    def reset_counters(self):
-        """Zero the prefix-cache query and hit counts (the engine's reset)."""
-        self.queries = self.hits = 0
 
     def blocks_for(self, tokens):
         return -(-tokens // self.block_size)

@@ -82,10 +82,10 @@ def run(engine, publish=None):
 
     vocab, roof = engine.bundle.model.config.vocab_size, engine.roofline
     try:
-        decode, skipped = decode_sweep(engine.runner, engine.blocks, vocab, batches, contexts, _floor(engine),
+        decode, skipped = decode_sweep(engine.runner, engine.blocks.pool, vocab, batches, contexts, _floor(engine),
                                        roof, progress=lambda d, s: progress(decode=d, skipped=s))
-        kv = kv_sweep(engine.runner, engine.blocks, vocab, lengths, progress=lambda k: progress(kv=k))
-        prefill = prefill_sweep(engine.runner, engine.blocks, vocab, prompts, roof,
+        kv = kv_sweep(engine.runner, engine.blocks.pool, vocab, lengths, progress=lambda k: progress(kv=k))
+        prefill = prefill_sweep(engine.runner, engine.blocks.pool, vocab, prompts, roof,
                                 progress=lambda p: progress(prefill=p))
     except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
         return [Measure(t=clock.now(), status="error", batches=batches, contexts=contexts,

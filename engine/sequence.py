@@ -6,6 +6,7 @@ token of a decoding request; whenever a step reaches the last known token, its l
 the next token. Prefill, decode and recompute after preemption are all this one rule.
 """
 from dataclasses import dataclass, field
+from enum import Enum
 
 
 @dataclass
@@ -21,6 +22,13 @@ class SamplingParams:
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
 
 
+class Status(Enum):
+    """Where a request is in the scheduler (engine/scheduler.py sets it as it moves it)."""
+    WAITING = "waiting"     # in the queue: not yet admitted, or preempted
+    RUNNING = "running"     # holds a batch slot (and its blocks)
+    FINISHED = "finished"   # done, cancelled, failed or refused: holds nothing
+
+
 @dataclass
 class Sequence:
     id: str
@@ -32,6 +40,7 @@ class Sequence:
     label: str | None = None  # who asked, shown on the timeline (a classroom student's name)
     preview: str = ""         # what the person asked (a chat's user message), for the timeline row
     # --- scheduling state
+    status: Status = Status.WAITING
     slot: int | None = None   # the UI's batch slot (stable while running)
     block_table: list = field(default_factory=list)   # KV blocks holding positions 0, bs, 2bs, ...
     num_computed: int = 0     # positions whose keys/values are in the cache

@@ -21,7 +21,7 @@ from typing import TypedDict
 
 
 class Policy(str, Enum):
-    """The scheduler's policies (the `schedule` setting; engine/scheduler.py says what each does)."""
+    """The scheduler's policies (the `schedule` setting; engine/policies.py says what each does)."""
     MIXED = "mixed"
     PREFILL_FIRST = "prefill-first"
     STATIC = "static"

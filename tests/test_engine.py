@@ -1,19 +1,24 @@
 """Engine unit tests: `Engine.step()` driven directly on a tiny random Llama (built from a
 config), with no threads and no sleeps: arrivals happen at chosen steps."""
+import typing
+
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
-from engine.broadcast import Broadcaster
-from engine.kv_cache import BlockManager, block_hashes
+from engine.block_manager import BlockManager
+from engine.broadcast import Broadcaster, Wire
+from engine.kv_cache import BlockPool, block_hashes
 from engine.loadgen import LoadGenerator
-from engine.request import GenerateRequest
+from engine.policies import BY_SETTING, Blocked
+from engine.request import GenerateRequest, RequestHandle
 from engine.runner import Segment
-from engine.request import RequestHandle
-from engine.sequence import SamplingParams, Sequence
-from engine.settings import make_settings, validate
+from engine.scheduler import Scheduler
+from engine.sequence import SamplingParams, Sequence, Status
+from engine.settings import Policy, make_settings, validate
 from engine.step_output import Ended, Placed, StepOutput
+from engine.stepcost import StepCost
 from engine.timing import StepRecorder
 from helpers import reference
 
@@ -64,8 +69,8 @@ def engine(tiny):
 
 
 def assert_clean(engine):
-    assert engine.blocks.used == 0 and not any(engine.blocks.ref)
-    assert len(engine.blocks.free) == engine.blocks.capacity
+    assert engine.blocks.used == 0 and not any(engine.blocks.pool.ref)
+    assert len(engine.blocks.pool.free) == engine.blocks.capacity
     assert engine.scheduler.slots == [None] * engine.scheduler.max_slots
     assert engine.scheduler.kv_tokens_in_use == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
@@ -410,7 +415,10 @@ def test_stats_report_the_queue_when_due(engine):
         run.add(p, max_new_tokens=4)
     run.step()                                # the first step is always due for stats
     stats = run.of(ev.Stats)[-1]
-    assert stats.running == 1 and stats.queue == 2 and stats.blocked_on == "slot"
+    assert stats.running == 1 and stats.queue == 2 and stats.blocked_on is Blocked.SLOT
+    assert '"blocked_on":"slot"' in Wire(stats.to_dict()).json
+    assert engine.scheduler.running[0].status is Status.RUNNING
+    assert all(s.status is Status.WAITING for s in engine.scheduler.waiting)
     assert stats.waiting_ids == run.ids[1:] and stats.slots[0] == run.ids[0]
 
 
@@ -442,8 +450,8 @@ def test_settings_spec_validates_against_limits():
         validate(specs, {"prompt_tokens": 4096})
 
 
-def test_block_manager_counts_shares_and_evicts_oldest_first():
-    bm = BlockManager(block_size=4, num_blocks=4)
+def test_block_pool_counts_shares_and_evicts_oldest_first():
+    bm = BlockPool(block_size=4, num_blocks=4)
     ids = list(range(12))
     hashes = block_hashes(ids, 4)
     assert len(hashes) == 3 and len(set(hashes)) == 3
@@ -464,6 +472,104 @@ def test_block_manager_counts_shares_and_evicts_oldest_first():
     assert not bm.can_allocate(1) and bm.match(hashes[1:2]) is None   # reviving a block would pass the budget
     bm.release(fresh)
     assert bm.used == 0
+
+
+def synthetic(rid, ids, max_new_tokens=4):
+    return Sequence(id=rid, source="load", prompt="", prompt_ids=list(ids),
+                    params=SamplingParams(max_new_tokens=max_new_tokens))
+
+
+def test_block_manager_gives_requests_their_blocks_and_prefix_hits():
+    """On sequences: a prompt's blocks at admission, full prompt blocks findable once computed,
+    a later request with the same prefix taking them, guesses' blocks given back, all freed."""
+    blocks = BlockManager(BlockPool(block_size=4, num_blocks=8))
+    a = synthetic("a", range(10))
+    assert blocks.never_fits(a) is None and blocks.can_allocate(a, 16)
+    assert blocks.allocate(a, 16) == 10 and len(a.block_table) == 3 and a.num_computed == 0
+    blocks.computed(Segment(a, 0, 10, cached=True, logits=True))
+    assert a.num_computed == 10 and blocks.pool.by_hash.keys() == set(block_hashes(range(10), 4))
+    b = synthetic("b", [*range(8), 50, 51])
+    assert blocks.allocate(b, 16) == 2                        # the two shared blocks found, two tokens left
+    assert b.block_table[:2] == a.block_table[:2] and blocks.shared == 2
+    assert (b.cached_tokens, blocks.queries, blocks.hits) == (8, 20, 8)
+    # a decode with three guesses needs a fourth block; one guess accepted gives it back again
+    assert blocks.can_append(a, 4)
+    blocks.may_append(a, 4)
+    assert len(a.block_table) == 4 and blocks.used == 5
+    blocks.accepted(Segment(a, 10, 4, cached=True, logits=True, draft=(1, 2, 3)), 1)
+    assert a.num_computed == 11 and len(a.block_table) == 3 and blocks.used == 4
+    blocks.free(a)
+    blocks.free(b)
+    assert blocks.used == 0 and a.block_table == b.block_table == [] and blocks.cached_free == 2
+    assert blocks.never_fits(synthetic("c", range(30), max_new_tokens=3)) == \
+        "needs 33 tokens of KV cache; the cache budget is 32 tokens"
+
+
+def test_the_newest_request_is_preempted_to_the_front_of_the_queue():
+    """Two 8-token prompts fill four blocks; the older one's first output token needs a fifth:
+    the newer one is preempted (blocks freed, status waiting again, first in the queue), and
+    comes back only once all it had fits again."""
+    blocks = BlockManager(BlockPool(block_size=4, num_blocks=4))
+    sched = Scheduler(blocks, max_slots=2, step_cost=StepCost())
+    a, b, c = synthetic("a", range(8)), synthetic("b", range(100, 108)), synthetic("c", range(200, 204))
+    sched.waiting.extend([a, b, c])
+    plan = sched.schedule(kv_cache_on=True)
+    assert plan.admitted == [a, b] and a.status is b.status is Status.RUNNING and blocks.used == 4
+    assert sched.blocked_on(True) is Blocked.SLOT and c.status is Status.WAITING
+    for seg in plan.segments:
+        blocks.computed(seg)
+    a.output_ids.append(1)
+    b.output_ids.append(2)
+    plan = sched.schedule(kv_cache_on=True)
+    assert plan.preempted == [b] and [g.seq for g in plan.segments] == [a]
+    assert b.status is Status.WAITING and list(sched.waiting) == [b, c]
+    assert (b.block_table, b.num_computed, b.preemptions, b.slot) == ([], 0, 1, None)
+    assert sched.blocked_on(True) is Blocked.CACHE    # its 9 tokens and the next need 3 blocks; 1 is free
+    sched.remove(a)
+    assert a.status is Status.FINISHED and blocks.used == 0
+    plan = sched.schedule(kv_cache_on=True)
+    assert plan.admitted == [b, c] and sum(g.n for g in plan.segments if g.seq is b) == 9
+
+
+def test_the_step_time_target_cuts_mixed_steps_only():
+    """`prefill_cap` is what the step-time target allowed the last step: under `mixed`, once the
+    costs are known, a prompt's chunk is cut to it; the other policies have no target (None)."""
+    sched = Scheduler(BlockManager(BlockPool(block_size=4, num_blocks=64)), max_slots=2, step_cost=StepCost())
+    sched.max_step_s = 0.040
+    for rows, tokens in ((4, 0), (0, 64), (4, 400), (2, 128)) * 4:   # 10 ms + 2 ms a row + 0.5 ms a token
+        sched.step_cost.observe(rows, tokens, 0.010 + rows * 0.002 + tokens * 0.0005)
+    sched.waiting.append(synthetic("a", range(100)))
+    plan = sched.schedule(kv_cache_on=True)
+    assert sched.prefill_cap == plan.prefill_cap == 60          # (40 ms - 10 ms) / 0.5 ms: no decode rows
+    assert [g.n for g in plan.segments] == [60]
+    for seg in plan.segments:
+        sched.blocks.computed(seg)
+    sched.policy = BY_SETTING[Policy.PREFILL_FIRST]
+    plan = sched.schedule(kv_cache_on=True)
+    assert sched.prefill_cap is None and [(g.start, g.n) for g in plan.segments] == [(60, 40)]   # the rest, whole
+
+
+def test_blocked_on_reasons_are_the_wire_strings():
+    """`stats.blocked_on` is the `Blocked` enum in the engine, and the protocol's strings are
+    its values (on the wire it is the plain string: test_stats_report_the_queue_when_due)."""
+    (literal, _none) = typing.get_args(typing.get_type_hints(ev.Stats)["blocked_on"])
+    assert set(typing.get_args(literal)) == {b.value for b in Blocked}
+
+
+def test_prefix_caching_turned_on_while_a_prompt_is_computed(tiny, engine):
+    """A prompt admitted with prefix caching off has no block names yet; turned on before its
+    last chunk, the blocks computed from then on are named: nothing fails, the output is
+    unchanged."""
+    engine.apply_settings({"prefix_caching": False, "max_batched_tokens": 16})
+    run = Run(engine)
+    rid = run.add(LONG, max_new_tokens=3)
+    run.step(2)
+    run.events += engine.apply_settings({"prefix_caching": True})
+    run.until_idle()
+    assert not run.of(ev.Error) and run.finished(rid).reason == "length"
+    assert run.tokens(rid) == reference(tiny, LONG, 3)
+    assert engine.blocks.pool.by_hash
+    assert_clean(engine)
 
 
 def test_ignore_eos_and_min_tokens(tiny, engine):

@@ -127,7 +127,7 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
     for e in (running, *progress, done):
         check.validate(e)
     eng = driver.engine
-    assert eng.blocks.used == 0 and len(eng.blocks.free) == eng.blocks.capacity
+    assert eng.blocks.used == 0 and len(eng.blocks.pool.free) == eng.blocks.capacity
 
 
 def test_measure_skips_what_the_free_blocks_cannot_hold(tiny):

@@ -147,7 +147,7 @@ def test_rejected_guesses_give_their_blocks_back(tiny, engine):
         run.step()
         seq = seq_holder.get("seq")
         if seq is not None and seq.slot is not None:
-            assert len(seq.block_table) == engine.blocks.blocks_for(seq.num_computed)
+            assert len(seq.block_table) == engine.blocks.pool.blocks_for(seq.num_computed)
             assert engine.blocks.used == len(seq.block_table)
     assert run.tokens(rid) == ref
     steps = [e for e in run.of(ev.Step) if e.spec]
@@ -187,7 +187,7 @@ def test_prefix_hits_with_speculation(tiny, engine):
         assert run.tokens(r) == refs[p]
     # every block ever named by a prefix hash holds prompt tokens only, never a guess
     named = {h for p in prompts for h in block_hashes(engine.tokenizer(p)["input_ids"], 16)}
-    assert engine.blocks.by_hash and set(engine.blocks.by_hash) <= named
+    assert engine.blocks.pool.by_hash and set(engine.blocks.pool.by_hash) <= named
     assert_clean(engine)
 
 

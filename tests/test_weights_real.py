@@ -33,7 +33,7 @@ def test_teacher_forced_top1_agreement_over_2048_positions(real, record_property
     eng = Engine(real, EngineConfig(slots=1, kv_tokens=POSITIONS + 64, max_context=POSITIONS + 64))
     assert eng.settings.now.scheduling.weights == "stored"
     seq = Sequence(id="tf", source="load", prompt="", prompt_ids=ids, params=SamplingParams())
-    seq.block_table = eng.blocks.allocate(eng.blocks.blocks_for(POSITIONS))
+    eng.blocks.may_append(seq, POSITIONS)
     ours, paths = [], set()
     for start in range(0, POSITIONS, HEAD_MAX_ROWS):
         n = min(HEAD_MAX_ROWS, POSITIONS - start)
