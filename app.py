@@ -8,7 +8,7 @@ reports loading progress, and loads the model in the background (server/loader.p
 On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
 any other address, the app is reachable from other machines, so it runs on gunicorn instead,
 in this same process tree: one worker process (the engine and its model live there) with a
-pool of threads (each page's websocket holds one: the /ws view blocks); a request reaches
+pool of threads (each page's websocket holds one, as flask-sock supports); a request reaches
 a thread only once it has wholly arrived (server/serving.py), so slow clients hold none.
 
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs

@@ -11,16 +11,14 @@ the classroom presenter's. The place is reserved and counted in one step before 
 given back when the request ends (its websocket closed, or the upgrade never made), so a burst
 of handshakes cannot pass the bound together.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
-and that role decides which control messages it may send.
-
-The route is this module's own, not flask-sock's: flask-sock 0.7 builds every connection from
-simple-websocket's `Server` by name, with no hook for BoundedServer (it was patched into
-flask-sock at import before); `ws` makes the connection and answers the WSGI server as
-flask-sock did (`Upgraded`)."""
+and that role decides which control messages it may send."""
 import logging
 import time
 
+from functools import wraps
+
 from flask import Blueprint, Response, current_app, g, request
+from flask_sock import Sock
 from simple_websocket import ConnectionClosed, Server
 from wsproto.events import CloseConnection
 from wsproto.frame_protocol import CloseReason
@@ -65,10 +63,9 @@ class BoundedServer(Server):
 
 
 class Upgraded(Response):
-    """The /ws view's answer once its websocket has closed, as flask-sock 0.7 gave it:
+    """A websocket view's answer once its connection has closed, as flask-sock 0.7 gives it:
     gunicorn's worker is told by StopIteration that the socket was taken over, and writes
-    nothing; Werkzeug's server gets an empty response, written after the close, when the page
-    reads no more."""
+    nothing; Werkzeug's server gets an empty response, written after the close."""
 
     def __init__(self, mode):
         super().__init__()
@@ -78,6 +75,35 @@ class Upgraded(Response):
         if self.mode == "gunicorn":
             raise StopIteration()
         return super().__call__(environ, start_response)
+
+
+class BoundedSock(Sock):
+    """flask-sock whose connections are BoundedServers. flask-sock 0.7's `route` makes each
+    connection from simple-websocket's `Server`, looked up by that name in its own module, and
+    has no option for another class (we used to rebind the name at import); this `route` is
+    its decorator making a BoundedServer instead: the view gets the connection, which is
+    closed after it, and the WSGI server is answered as flask-sock answers it (`Upgraded`)."""
+
+    def route(self, path, bp=None, **kwargs):
+        def decorator(view):
+            @wraps(view)
+            def websocket_route(*args, **kw):
+                conn = BoundedServer(request.environ, **current_app.config.get("SOCK_SERVER_OPTIONS", {}))
+                try:
+                    view(conn, *args, **kw)
+                except ConnectionClosed:   # the page went
+                    pass
+                try:
+                    conn.close()
+                except (ConnectionClosed, OSError, LocalProtocolError):   # it was closed already
+                    pass
+                return Upgraded(conn.mode)
+            (bp or self.app).route(path, websocket=True, **kwargs)(websocket_route)
+            return websocket_route
+        return decorator
+
+
+sock = BoundedSock()
 
 
 def _send(conn, events):
@@ -144,18 +170,9 @@ def free_viewer_place(_exc):
         current().viewers.release()
 
 
-@bp.route("/ws", websocket=True)
-def ws():
-    conn = BoundedServer(request.environ, **current_app.config["SOCK_SERVER_OPTIONS"])
-    try:
-        _serve(conn, current())
-    except ConnectionClosed:   # the page went
-        pass
-    try:
-        conn.close()
-    except (ConnectionClosed, OSError, LocalProtocolError):   # it was closed already
-        pass
-    return Upgraded(conn.mode)
+@sock.route("/ws", bp=bp)
+def ws(conn):
+    _serve(conn, current())
 
 
 def _serve(conn, state):
