@@ -8,6 +8,7 @@ from typing import Protocol
 from .broadcast import Broadcaster
 from .events import Clock, Hello
 from .request import GenerateRequest, RequestHandle
+from .settings import Live
 
 
 class Mode(StrEnum):
@@ -21,8 +22,8 @@ class Backend(Protocol):
     clock: Clock
     events: Broadcaster           # every event it publishes; pages subscribe here
     specs: dict                   # name -> settings.Setting: the controls it accepts
-    settings: object              # their current values: a settings.Live (its `now`, one immutable
-                                  # Settings); observe mode's are still a flat {name: value} dict
+    settings: Live                # their current values: `now`, one immutable Settings (observe
+                                  # mode's holds the engine's defaults beside the few it has)
     api_model: str | None         # the model /v1 serves here (Mode.ENGINE); None in observe mode
     max_context: int | None
 

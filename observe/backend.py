@@ -7,7 +7,7 @@ import time
 from engine.backend import Mode
 from engine.broadcast import Broadcaster
 from engine.events import PROTOCOL, Clock, Hello, Reset, Settings
-from engine.settings import SettingError, coerce, make_settings, validate
+from engine.settings import Live, SettingError, coerce, defaults, make_settings, validate
 from .flights import Flights
 from .load import WordLoad
 from .target import Target
@@ -33,8 +33,10 @@ class Observer:
         self.events = Broadcaster()
         # Only the settings that shape requests apply to an external server; the engine's own
         # definitions are reused (the slot/cache arguments only bound settings not used here).
-        self.specs = {n: s for n, s in make_settings(1, 16, 16, 4096).items() if n in SETTINGS}
-        self.settings = {n: s.default for n, s in self.specs.items()}
+        every = make_settings(1, 16, 16, 4096)
+        self.specs = {n: s for n, s in every.items() if n in SETTINGS}
+        # The engine's typed value, the others at their defaults (no delivery line between: all 0)
+        self.settings = Live(defaults(every))
         self.load = WordLoad()
         self.flights = Flights(self.target, self.clock, self.events, self.load)
         self.watch = Watch(self.target, self.clock, self.flights)
@@ -76,15 +78,15 @@ class Observer:
                      limits={n: s.describe() for n, s in self.specs.items()}, **{k: None for k in UNKNOWN})
 
     def current_settings(self):
-        with self._lock:
-            return dict(self.settings)
+        """The settings this mode has, as the wire carries them."""
+        return {n: v for n, v in self.settings.now.wire().items() if n in self.specs}
 
     # ------------------------------------------------------------------ controls
     def update_settings(self, changes):
         changes = validate(self.specs, changes)
-        with self._lock:
-            self.settings.update(changes)
-            settings = dict(self.settings)
+        with self._lock:    # two pages changing settings at once: neither change is lost
+            self.settings.now = self.settings.now.replace(changes)
+        settings = self.current_settings()
         if "rate" in changes:
             self.load.restart()
         self.events.publish(Settings(t=self.clock.now(), settings=settings, changed=sorted(changes)))
@@ -147,12 +149,12 @@ class Observer:
 
     def send_load(self):
         """One load-generator request, its prompt the `prompt_tokens` setting's size (observe/load.py)."""
-        text, estimate = self.load.prompt(self.current_settings()["prompt_tokens"])
+        text, estimate = self.load.prompt(self.settings.now.load.prompt_tokens)
         return self._launch("observe", "/completions", {"prompt": text, **self._params({})}, text, estimate=estimate)
 
     def _params(self, overrides):
-        s = {**self.current_settings(), **overrides}
-        return {"max_tokens": s["max_new_tokens"], "temperature": s["temperature"], "top_p": s["top_p"]}
+        s = self.settings.now.replace(overrides).sampling
+        return {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
     def _launch(self, source, path, body, prompt, **kw):
         return self.flights.launch(source, path, body, prompt, self.watch.model, self.watch.scraper.profile, **kw)

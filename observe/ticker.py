@@ -26,8 +26,8 @@ class Ticker:
         next_stats = 0.0
         while not stop.is_set():
             now = obs.clock.now()
-            settings = obs.current_settings()
-            due, next_arrival = obs.load.due(now, settings["load"] and obs.watch.reachable, settings["rate"])
+            load = obs.settings.now.load
+            due, next_arrival = obs.load.due(now, load.load and obs.watch.reachable, load.rate)
             for _ in range(due):
                 obs.send_load()
             if now >= next_stats:

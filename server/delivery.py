@@ -24,15 +24,6 @@ import random
 import time
 
 from engine.events import Finished, Rejected, Token
-from engine.settings import DeliverySettings, Live
-
-OFF = DeliverySettings(buffer_ms=0, buffer_bytes=0, net_latency_ms=0, net_jitter_ms=0)
-
-
-def in_force(settings):
-    """The delivery settings a backend's `settings` hold now. Observe mode's are still its own
-    flat dict of request settings, none of these among them (server/observe.py): nothing then."""
-    return settings.now.delivery if isinstance(settings, Live) else OFF
 
 
 class Delivery:
@@ -46,7 +37,7 @@ class Delivery:
         self.last_due = 0.0
 
     def active(self):
-        return in_force(self.settings).configured() or bool(self.held or self.line)
+        return self.settings.now.delivery.configured() or bool(self.held or self.line)
 
     def push(self, items, now, sizes, end=False):
         """`items` (with their sizes in bytes) leave the engine at `now`; `end`: the response is
@@ -69,7 +60,7 @@ class Delivery:
     def wait_s(self, now):
         """Seconds until something more reaches the client (None: nothing is on its way)."""
         times = [self.line[0][0]] if self.line else []
-        buffer_ms = in_force(self.settings).buffer_ms
+        buffer_ms = self.settings.now.delivery.buffer_ms
         if self.held and buffer_ms:
             times.append(self.held_since + buffer_ms / 1000)
         return max(0.0, min(times) - now) if times else None
@@ -77,7 +68,7 @@ class Delivery:
     def _flush_if_due(self, now, end=False):
         if not self.held:
             return
-        s = in_force(self.settings)
+        s = self.settings.now.delivery
         by_time = s.buffer_ms and now >= self.held_since + s.buffer_ms / 1000
         by_size = s.buffer_bytes and self.held_bytes >= s.buffer_bytes
         if end or by_time or by_size or not (s.buffer_ms or s.buffer_bytes):   # no proxy: straight on
@@ -132,6 +123,6 @@ class DelayedHandle:
 
 def wrap(handle, settings):
     """`handle` itself while delivery is off (no cost), else a DelayedHandle."""
-    if not in_force(settings).configured():
+    if not settings.now.delivery.configured():
         return handle
     return DelayedHandle(handle, settings)
