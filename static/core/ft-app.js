@@ -16,14 +16,18 @@ import * as classroom from "ft/classroom";
 import * as compare from "ft/compare";
 import * as connection from "ft/connection";
 import * as controls from "ft/controls";
+import {timelineLayers as deliveryLayers} from "ft/delivery";
 import * as diagnosis from "ft/diagnose";
 import * as measure from "ft/measure";
 import * as panels from "ft/panels";
 import * as present from "ft/present";
 import * as replay from "ft/replay";
 import * as server from "ft/server";
-import {createState, ingest} from "ft/state";
+import {timelineLayers as speculationLayers} from "ft/speculate";
+import {createDispatch, createState, ingest} from "ft/state";
+import {timelineLayers as sloLayers} from "ft/targets";
 import * as teach from "ft/teach";
+import {createTimeline} from "ft/timeline";
 import * as tour from "ft/tour";
 import * as weights from "ft/weights";
 import {$, toast} from "ft/util";
@@ -35,6 +39,12 @@ const ui = {selected: null, awaitOwn: false, layouts: {}, dirtyDom: true};
 const perf = {frames: 0, fps: 0, drawMs: 0, windowStart: performance.now(), framesInWindow: 0,
               bytesInWindow: 0, bytesPerS: 0};
 const select = (id) => { ui.selected = id; ui.dirtyDom = true; };
+// The timeline and what the features draw on it: speculation's guesses, the SLO marks, the
+// way out and model loads, observe mode's client waits (each feature's timelineLayers). At one
+// stage layers draw in this order: the guesses on the lane under the first-shape outlines, the SLO
+// marks under the arrival marks.
+const timeline = createTimeline();
+for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
 const engineNow = () => (replay.active() ? replay.now() : connection.engineNow());
 
@@ -42,7 +52,7 @@ connection.init({s, perf, onEvents: replay.logLive});
 controls.init({s, ui, embed});
 panels.init({s, ui, perf, select});
 charts.init({s});
-canvases.init({s, view, ui, select, engineNow});
+canvases.init({s, view, ui, select, engineNow, timeline});
 replay.init({s, ui, show});
 server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
 classroom.init({embed});
@@ -51,23 +61,33 @@ busy.init({s});   // "this machine is busy": decode steps against the engine's o
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
-for (const part of lessons) part.init({s});
+for (const part of lessons) part.init({s, timeline});
 if (!embed) present.init();
 teach.init({s, embed, parts: lessons});
+
+// What the page does on an event besides folding it into the state: teaching first (a URL's
+// preset goes out before its settings), then the lessons, then the page's own reactions.
+const dispatch = createDispatch();
+dispatch.on(teach.reactions);
+for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
+dispatch.on({
+  hello(ev) {
+    ui.selected = null; panels.showModel(ev);
+    if (!replay.active()) { controls.onHello(); classroom.onHello(ev); }   // a trace's page controls nothing
+  },
+  error(ev) {
+    if (ev.fatal) stopped(ev);
+    else toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
+  },
+  request(ev) { if (ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; } },
+  settings() { if (!replay.active()) controls.onSettings(); },
+  dropped(ev) { toast(`this page fell behind: the server dropped ${ev.count} events for it`); },
+});
 
 function show(events, at) {
   for (const ev of events) {
     ingest(s, ev, at);
-    teach.onEvent(ev);   // before the controls: a URL's preset goes out before its settings
-    if (ev.type === "hello") {
-      ui.selected = null; panels.showModel(ev);
-      if (!replay.active()) { controls.onHello(); classroom.onHello(ev); }   // a trace's page controls nothing
-    }
-    else if (ev.type === "error" && ev.fatal) stopped(ev);
-    else if (ev.type === "error") toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
-    else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }
-    else if (ev.type === "settings" && !replay.active()) controls.onSettings();
-    else if (ev.type === "dropped") toast(`this page fell behind: the server dropped ${ev.count} events for it`);
+    dispatch.emit(ev, at);
   }
   ui.dirtyDom = true;
 }

@@ -1,6 +1,7 @@
 // First Token: the connection. One websocket to /ws that reconnects with backoff, an
 // NTP-style clock sync over it (page seconds = engine t + offset; the round trip with the
 // smallest RTT wins), and `send` for control messages (docs/protocol.md).
+import {clockSync} from "ft/state";
 import {$, toast} from "ft/util";
 
 const pageNow = () => performance.now() / 1000;
@@ -59,8 +60,8 @@ function received(e) {
   let events;
   try { events = JSON.parse(e.data); } catch (err) { toast(`bad frame from server: ${err}`); return; }
   const at = clock.offset === null ? null : arrived - clock.offset;
-  for (const ev of events) if (ev.type === "sync") onSync(ev, arrived);
-  onEvents(events.filter((ev) => ev.type !== "sync"), at);
+  for (const ev of events) if (clockSync(ev)) onSync(ev, arrived);
+  onEvents(events.filter((ev) => !clockSync(ev)), at);
 }
 
 function closed() {

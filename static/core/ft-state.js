@@ -315,6 +315,31 @@ export function ingest(s, ev, arrivedEngineT) {
   if (Object.hasOwn(ON, ev.type)) ON[ev.type](s, ev, arrivedEngineT);
 }
 
+// ------------------------------------------------------------------ the rest of the page
+// Event types are read in this module alone. Besides the reducer above, some of the page's parts
+// act when an event comes (a toast, a preset's banner, a comparison's recording): each hands a
+// table {type: fn(ev, at)} ("*": every event, before its own type's) to a dispatch, which calls
+// them after the reducer, table by table in the order they were added.
+export function createDispatch() {
+  const tables = [];
+  return {
+    on(table) { tables.push(table); },
+    emit(ev, at) {
+      for (const t of tables) {
+        if (t["*"]) t["*"](ev, at);
+        if (Object.hasOwn(t, ev.type)) t[ev.type](ev, at);
+      }
+    },
+  };
+}
+
+// What the connection, the replay and the comparison ask of events.
+export const startsRun = (ev) => ev.type === "hello";    // a server's (or a trace's) history starts at its hello
+export const clockSync = (ev) => ev.type === "sync";     // the connection's clock: no state, never in a trace
+export const typed = (ev) => typeof ev.type === "string";
+export const ofType = (events, ...types) => events.filter((ev) => types.includes(ev.type));
+export const firstOf = (events, type, keep = () => true) => events.find((ev) => ev.type === type && keep(ev));
+
 // Percentile of a numeric array (nearest rank), null when empty.
 export function percentile(values, q) {
   if (!values.length) return null;

@@ -5,19 +5,20 @@
 // animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {firstShapeText} from "ft/delivery";
-import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
+import {describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
-import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
+import {drawKV, drawQueue, hitStep, hitTimeline} from "ft/timeline";
 import {$, fmtBytes, fmtS} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
 
 // From init: the page state, the shared time window (span, right edge, paused), the UI state
-// (selected request; the layouts drawn, which hover and click read), `select(id)`, and
-// `engineNow()`: the time the strips end at (live, or a replay's virtual clock).
-let s, view, ui, select, engineNow;
-export function init(deps) { ({s, view, ui, select, engineNow} = deps); }
+// (selected request; the layouts drawn, which hover and click read), `select(id)`,
+// `engineNow()`: the time the strips end at (live, or a replay's virtual clock), and the
+// timeline with the features' layers (ft-timeline.js createTimeline).
+let s, view, ui, select, engineNow, timeline;
+export function init(deps) { ({s, view, ui, select, engineNow, timeline} = deps); }
 let hover = null;
 let tapTimer = null;
 const TAP_TIP_MS = 2500;
@@ -190,7 +191,7 @@ export function draw() {
   const now = engineNow();
   if (!view.paused) view.right = now + view.span * 0.03;
   view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
-  ui.layouts.timeline = drawTimeline($("timeline"), s, view, now, {selected: ui.selected, clientWaits});
+  ui.layouts.timeline = timeline.draw($("timeline"), s, view, now, {selected: ui.selected});
   // The strips the page has (an /embed shows those its `panels` parameter asked for).
   if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);
   if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);

@@ -1,11 +1,11 @@
 // First Token: the time-axis views drawn on <canvas> (timeline, KV cache, queue).
 // They share one `view` (visible span and right edge, live or paused) so the three
 // strips line up: a request queueing in the timeline sits over the queue rising
-// below it, and over the KV cache that was full at that moment.
+// below it, and over the KV cache that was full at that moment. The features (delivery,
+// speculation, the observed server, the SLO marks) draw on the timeline through layers the
+// page's composition root adds (createTimeline): this module imports none of them.
 import {diagonalStripes, fitCanvas} from "ft/canvas";
-import {drawArrivals, drawFirstShapes, drawLoadBands, drawLoadWaits} from "ft/delivery";
 import {palette as P, alpha, reqColor} from "ft/palette";
-import {drawGuesses, laneGuesses, perForward} from "ft/speculate";
 import {running} from "ft/state";
 import {fmtTokens} from "ft/util";
 
@@ -18,8 +18,6 @@ const C = {
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
   preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
-  sloMet: P.sloMet, sloMissed: P.sloMissed, sloBacking: alpha(P.panel2, 0.85),
-  guessAccepted: P.spec, guessRejected: P.bad,
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -113,39 +111,35 @@ function drawBands(ctx, f, steps, i0, g) {
 }
 
 // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
-// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split;
-// a speculating forward's guessed positions at the foot, accepted then rejected (the rows'
-// colours). Labelled "forwards", or, while forwards in view verified guesses, with the tokens
-// they gave out per forward (`perFwd`, ft-speculate.js).
-function drawStepLane(ctx, f, steps, i0, lane, compact, perFwd) {
+// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split
+// (a layer at "lane" may draw over its foot: speculation's guessed positions).
+function drawStepLane(ctx, f, steps, i0, lane) {
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
     if (st.kind === "release" || !st.tokens) continue;
-    const ph = (lane.h * st.prefillTokens) / st.tokens, gs = laneGuesses(st);
-    const ah = (lane.h * gs.accepted) / st.tokens, rh = (lane.h * gs.rejected) / st.tokens;
+    const ph = (lane.h * st.prefillTokens) / st.tokens;
     ctx.fillStyle = C.prefill;
     rect(ctx, f, st.start, st.end, lane.y, ph);
     ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
-    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph - ah - rh);
-    if (!ah && !rh) continue;
-    ctx.fillStyle = C.guessAccepted;
-    rect(ctx, f, st.start, st.end, lane.y + lane.h - ah - rh, ah);
-    ctx.fillStyle = C.guessRejected;
-    rect(ctx, f, st.start, st.end, lane.y + lane.h - rh, rh);
+    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
   }
-  if (compact) return;
+}
+
+// The lane's name in the gutter: "forwards", or what a layer says instead (its laneLabel).
+function drawLaneLabel(ctx, f, lane, text) {
   ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
   ctx.textAlign = "right"; ctx.textBaseline = "middle";
-  ctx.fillText(perFwd ? `${perFwd.mean.toFixed(1)} tok/fwd` : "forwards", f.gutter - 6, lane.y + lane.h / 2);
+  ctx.fillText(text, f.gutter - 6, lane.y + lane.h / 2);
 }
 
 // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
-function drawStages(ctx, f, g, now) {
+// `queue`, when given, draws the rows' wait before their prefill instead of the queue stage.
+function drawStages(ctx, f, g, now, queue) {
   const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
   const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
   const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
   pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
-  if (g.clientWaits) g.clientWaits(ctx, f, g, now);   // observe mode: no queue a client can see (ft-server.js)
+  if (queue) queue();
   else pass(C.queue, (r, y) => {
     if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
   });
@@ -177,7 +171,7 @@ function drawDecodeSteps(ctx, f, steps, i0, g) {
 }
 
 // Rejections, a tick per token (the first taller, in the first-sample colour; an accepted guess is
-// its forward's cell instead, drawGuesses), preemptions.
+// its forward's cell instead, drawn by speculation's layer), preemptions.
 function drawOutcomes(ctx, f, g, view) {
   const {reqs, barY, barH, rowH, rowOf, top} = g;
   const inView = (t) => t >= f.left && t <= f.right;
@@ -195,32 +189,6 @@ function drawOutcomes(ctx, f, g, view) {
   ctx.fillStyle = C.firstSample;
   for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
   for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
-  drawSlo(ctx, f, g, inView);
-}
-
-// Each judged request's service-level verdict (finished.slo) just after its end: a quiet tick
-// when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
-// "✗ both"); the hover read-out and the request panel give the numbers.
-function drawSlo(ctx, f, g, inView) {
-  const {reqs, barY, barH, rowH} = g;
-  g.sloMarks = [];
-  const px = Math.max(10, Math.min(14, Math.floor(rowH - 3)));
-  ctx.font = `600 ${px}px system-ui, sans-serif`;
-  ctx.textAlign = "left"; ctx.textBaseline = "middle";
-  for (const r of reqs) {
-    if (!r.slo || !inView(r.end)) continue;
-    const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
-    const text = r.slo.met ? "✓" : `✗ ${which}`;
-    // just after the request's end; a request that ended at the right edge gets its mark
-    // inside the plot, on a backing of the strip's colour so the bars under it do not muddle it
-    const tw = ctx.measureText(text).width, y = barY(r) + barH / 2;
-    const x = Math.min(f.x(r.end) + 3, f.gutter + f.pw + 8 - tw);
-    ctx.fillStyle = C.sloBacking;
-    ctx.fillRect(x - 2, y - px / 2 - 1, tw + 4, px + 2);
-    ctx.fillStyle = r.slo.met ? C.sloMet : C.sloMissed;
-    ctx.fillText(text, x, y);
-    g.sloMarks.push({id: r.id, met: r.slo.met, text, x, y, px});
-  }
 }
 
 // A preemption: a line through the row under a flag pointing down (not a bar like the first
@@ -291,7 +259,31 @@ function gutterFor(ctx, s, view, w, compact) {
   return Math.round(Math.max(base, Math.min(w / 4, widest + 14)));
 }
 
-export function drawTimeline(canvas, s, view, now, opts) {
+// ------------------------------------------------------------------ layers
+// When a layer draws, in drawing order: over the forwards' background bands ("behind"), over
+// the lane of forwards ("lane"), instead of the rows' queue stage ("queue"), over the rows'
+// stages ("stages"), over their decode steps ("steps"), and over the tokens and preemptions
+// ("marks"), all under the row labels.
+const STAGES = ["behind", "lane", "queue", "stages", "steps", "marks"];
+
+// A timeline with its layers. A layer is {name, at, draw(scene)}: `at` one of STAGES; `draw`
+// gets the scene {ctx, f, s, g, lane, i0, now, compact, out}, where `out` holds what the layers
+// before it returned, by name, and what it returns is the drawn layout's field `name` (hover
+// read-outs and tests read it). Optional: `on(s)`, whether it draws for this state (default:
+// always), and `laneLabel(result)`, the lane's label in place of "forwards" (falsy: no change).
+// Layers at one stage draw in the order they were added.
+export function createTimeline() {
+  const layers = [];
+  return {
+    addLayer(layer) {
+      if (!STAGES.includes(layer.at)) throw new Error(`timeline layer ${layer.name}: no stage "${layer.at}"`);
+      layers.push(layer);
+    },
+    draw: (canvas, s, view, now, opts) => drawTimeline(canvas, s, view, now, layers.filter((l) => !l.on || l.on(s)), opts),
+  };
+}
+
+function drawTimeline(canvas, s, view, now, layers, opts) {
   const {ctx, w, h} = fitCanvas(canvas);
   const compact = w < 700;
   view.gutter = gutterFor(ctx, s, view, w, compact);
@@ -301,31 +293,33 @@ export function drawTimeline(canvas, s, view, now, opts) {
   const top = lane.y + lane.h + 3, plotH = h - axisH - top;
   ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
   const g = layoutRows(s, f, now, top, plotH, compact);
-  if (opts.clientWaits && s.hello && s.hello.mode === "observe") g.clientWaits = opts.clientWaits;
   // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
   const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
   if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
     canvas.parentElement.style.setProperty("--tl-rows-h", want);
   }
   const i0 = firstFrom(s.steps, f.left, "end");
+  const out = {}, scene = {ctx, f, s, g, lane, i0, now, compact, out};
+  const layersAt = (at) => { for (const l of layers) if (l.at === at) out[l.name] = l.draw(scene); };
   drawBands(ctx, f, s.steps, i0, g);
-  drawLoadBands(ctx, f, s, g, rect);   // a cold start's model load (ft-delivery.js)
-  const perFwd = perForward(s.steps, i0, f);   // tokens out per forward in view, while they speculate
-  drawStepLane(ctx, f, s.steps, i0, lane, compact, perFwd);
-  const shapes = drawFirstShapes(ctx, f, s.steps, i0, lane);   // a new shape's first forward (ft-delivery.js)
+  layersAt("behind");
+  drawStepLane(ctx, f, s.steps, i0, lane);
+  layersAt("lane");
+  const label = layers.map((l) => l.laneLabel && l.laneLabel(out[l.name])).find(Boolean);
+  if (!compact) drawLaneLabel(ctx, f, lane, label || "forwards");
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
     ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
   }
-  drawStages(ctx, f, g, now);
-  drawLoadWaits(ctx, f, s, g, now, rect);
+  drawStages(ctx, f, g, now, layers.some((l) => l.at === "queue") ? () => layersAt("queue") : null);
+  layersAt("stages");
   drawDecodeSteps(ctx, f, s.steps, i0, g);
-  const guesses = drawGuesses(ctx, f, g);   // speculative decoding's accepted and rejected guesses
+  layersAt("steps");
   drawOutcomes(ctx, f, g, view);
-  const delivery = drawArrivals(ctx, f, s, g, compact, shapes.length);   // each token's arrival here, the loads' labels
+  layersAt("marks");
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery, guesses, perFwd, shapes};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, ...out};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time

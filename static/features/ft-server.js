@@ -7,7 +7,7 @@
 // What it draws: the header ("observing {title} {version} · {model}") and the measured-by tag
 // under each headline figure; the server strip (running/waiting, KV usage, prompt and
 // generated tokens/s per scrape interval, llama.cpp's slots), its scrape line and its gauges;
-// the client rows' wait for their first chunk (the timeline's hook, `clientWaits`); the request
+// the client rows' wait for their first chunk (its timeline layer, `clientWaits`); the request
 // panel's client-side accounting and the client-side diagnosis. The shared modules call in
 // here only where observe mode differs; everything is drawn from events, so a recorded
 // observe trace replays the same.
@@ -381,7 +381,7 @@ export function hitServer(layout, x, y) {
 // ------------------------------------------------------------ client rows (the timeline's hook)
 // Before its first chunk a request is only waiting, as far as a client can tell (not "queue");
 // from the first scrape that showed it in a server slot, shaded as such.
-export function clientWaits(ctx, f, g, now) {
+function clientWaits({ctx, f, g, now}) {
   for (const r of g.reqs) {
     if (r.rejected) continue;
     const y = g.barY(r), end = r.first ?? r.end ?? now;
@@ -394,6 +394,10 @@ export function clientWaits(ctx, f, g, now) {
     }
   }
 }
+
+// The timeline's layer (ft-timeline.js createTimeline): in observe mode the rows' wait before
+// their first chunk is the client's, in place of the engine's queue stage.
+export const timelineLayers = [{name: "clientWaits", at: "queue", on: observing, draw: clientWaits}];
 
 // The timeline's hover read-out for a request in observe mode.
 export function describeClient(r) {

@@ -18,13 +18,13 @@
 import {send} from "ft/connection";
 import {sloCounts, throughput} from "ft/figures";
 import {pct, rates, tally} from "ft/speculate";
-import {createState, ingest, percentile} from "ft/state";
+import {createState, firstOf, ingest, ofType, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
-import {drawTimeline} from "ft/timeline";
 import {$, el, fmtS} from "ft/util";
 import {formats as weightFormats, mb, name as formatName} from "ft/weights";
 
 let s;   // the page state, from init (both runs start from its hello and settings)
+let timeline;   // from init: the page's timeline, with the features' layers (each run is drawn on one)
 let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
 let recording = null;   // {events, requests, reset} while a run is captured
 export let runs = null;   // the last finished pair: {cmp, a, b}
@@ -93,17 +93,17 @@ function replayRun(cmp, side, recs) {
   ingest(rs, shifted(s.hello, s.hello.t), null);
   rs.settings = Object.assign({}, s.settings);
   const events = recs.flatMap((rec) => rec.events), last = recs[recs.length - 1];
-  const first = events.find((e) => e.type === "request");
+  const first = firstOf(events, "request");
   const t0 = first ? first.t : recs[0].t;
   for (const ev of events) ingest(rs, shifted(ev, t0), null);
-  const count = (type) => events.filter((e) => e.type === type).length;
+  const count = (type) => ofType(events, type).length;
   return {label: cmp[side][0], settings: rs.settings, s: rs, requests: recs.reduce((a, rec) => a + rec.requests, 0),
           arrived: count("request"), done: count("finished") + count("rejected"),
           elapsed: (events.length ? events[events.length - 1].t : last.t) - t0,
           emptyCache: recs.every((rec) => rec.reset !== null && rec.reset.cached_blocks === 0),
-          prompts: events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(",")),
+          prompts: ofType(events, "tokenized").map((e) => e.ids.join(",")),
           several: basesOf(cmp).length > 1,
-          parts: recs.map((rec) => ({who: users(rec.requests), ids: new Set(rec.events.filter((e) => e.type === "request")
+          parts: recs.map((rec) => ({who: users(rec.requests), ids: new Set(ofType(rec.events, "request")
                                                                              .map((e) => e.id))}))};
 }
 
@@ -118,7 +118,7 @@ async function runSide(cmp, side) {
     send({type: "preset", name: base, settings: cmp[side][1]});
     await until(() => recording !== null, 30000);
     const rec = recording, n = rec.requests;
-    const count = (...types) => rec.events.filter((e) => types.includes(e.type)).length;
+    const count = (...types) => ofType(rec.events, ...types).length;
     await until(() => {
       partial[side] = replayRun(cmp, side, recs.concat([rec]));
       const p = partial[side], who = basesOf(cmp).length > 1 ? ` · ${users(n)}` : "";
@@ -260,7 +260,7 @@ function draw() {
       fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
-    drawTimeline(canvas, r.s, view, span, {selected: null, grow: false});
+    timeline.draw(canvas, r.s, view, span, {selected: null, grow: false});
   }
 }
 
@@ -285,7 +285,7 @@ function options() {
 }
 
 export function init(deps) {
-  ({s} = deps);
+  ({s, timeline} = deps);
   options();
   $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
   $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
@@ -293,17 +293,19 @@ export function init(deps) {
   $("c-cancel").addEventListener("click", () => { cancelled = true; });
 }
 
-export function onEvent(ev) {
-  if (ev.type === "hello") options();
-  if (awaiting && ev.type === "reset") pending = {reset: ev};
-  else if (awaiting && ev.type === "preset") {
+// While a comparison awaits its preset, the `reset` before it and then the `preset` event, which
+// starts the recording; while one records, every event (after its `preset`).
+export const reactions = {
+  "*"(ev) { if (recording) recording.events.push(ev); },
+  hello: options,
+  reset(ev) { if (awaiting) pending = {reset: ev}; },
+  preset(ev) {
+    if (!awaiting) return;
     awaiting = false;
     recording = {events: [], forwards: 0, requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
-  } else if (recording) {
-    recording.events.push(ev);
-    if (ev.type === "step") recording.forwards++;
-  }
-}
+  },
+  step() { if (recording) recording.forwards++; },
+};
 
 export function update() {
   if ($("sheet-compare").hidden) { drawn = {runs: null, size: ""}; return; }

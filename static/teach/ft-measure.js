@@ -184,9 +184,13 @@ function roofNote(dec, pre, R, both = null) {
 
 function show(on) { $("sheet-measure").hidden = !on; }
 
-export function onEvent(ev) {
-  if (ev.type === "hello") { result = null; byFormat = {}; return; }
-  if (ev.type !== "measure") return;
+export const reactions = {
+  hello() { result = null; byFormat = {}; },
+  measure: measured,
+};
+
+// A `measure` event: the sheet's status line, and the points to draw.
+function measured(ev) {
   const status = $("m-status");
   const replayed = s.connectT !== null && ev.t < s.connectT;   // history sent on connect: no pop-up
   if (ev.status === "running") {

@@ -1,17 +1,18 @@
 // First Token: the teaching layer's hub and its presets. The boot file gives it the teaching
 // parts (diagnosis, tour, measure, compare; none on an /embed) and it passes each of them
-// every event and the 4 Hz DOM tick. This file also draws the presets panel (one
-// button per `hello.presets` entry, each sending `{"type": "preset", "name": …}`), applies
-// `/?preset=NAME` once on load, and shows the lesson banner: the active preset (from the
-// `preset` event, so every page and a replayed trace show it) with its explanation, the
-// number that proves it, and that number measured live (ft-figures.js).
+// the 4 Hz DOM tick (the boot file hands their event reactions to the page's dispatch). This
+// file also draws the presets panel (one button per `hello.presets` entry, each sending
+// `{"type": "preset", "name": …}`), applies `/?preset=NAME` once on load, and shows the lesson
+// banner: the active preset (from the `preset` event, so every page and a replayed trace show
+// it) with its explanation, the number that proves it, and that number measured live
+// (ft-figures.js).
 import {send} from "ft/connection";
 import {proofText} from "ft/figures";
 import {active as replaying} from "ft/replay";
 import {$, el} from "ft/util";
 
 // From init: the page state, whether this is an /embed (its ?preset= and banner only), and
-// the teaching parts, each a module with `onEvent(ev)` and/or `update()`.
+// the teaching parts, each a module with an `update()`.
 let s, embed, parts;
 export function init(deps) { ({s, embed, parts} = deps); }
 let urlDone = false;
@@ -95,17 +96,18 @@ function applyUrl() {
   if (name && !replaying()) apply(name);   // a replayed trace's page changes nothing
 }
 
-// Every event, before the controls see it (a URL's preset goes out before its settings).
-export function onEvent(ev) {
-  if (ev.type === "preset") active = ev;
-  else if (ev.type === "hello" || ev.type === "reset") active = null;   // a preset's own reset comes before it
-  if (embed) {   // an embed runs its ?preset= and shows its banner; no other teaching
-    if (ev.type === "hello") applyUrl();
-    return;
-  }
-  if (ev.type === "hello") { buildPresets(); applyUrl(); }
-  for (const part of parts) if (part.onEvent) part.onEvent(ev);
-}
+// What it does on events (ft-state.js createDispatch), before the controls see them: a URL's
+// preset goes out before its settings. An embed runs its ?preset= and shows its banner; no
+// presets panel.
+export const reactions = {
+  preset(ev) { active = ev; },
+  reset() { active = null; },   // a preset's own reset comes before it
+  hello() {
+    active = null;
+    if (!embed) buildPresets();
+    applyUrl();
+  },
+};
 
 // The banner: the tour's step while it runs, else the active preset.
 function banner() {

@@ -184,14 +184,15 @@ export function init(deps) {
   $("tour-end").addEventListener("click", stop);
 }
 
-export function onEvent(ev) {
+export const reactions = {
   // `/?tour=N` opens step N once the presets are known.
-  if (ev.type === "hello" && index < 0 && !urlDone) {
+  hello() {
+    if (index >= 0 || urlDone) return;
     urlDone = true;
     const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
     if (n >= 1 && n <= STEPS.length) go(n - 1);
-  }
-}
+  },
+};
 
 export function update() {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
