@@ -51,13 +51,10 @@ const engineNow = () => (replay.active() ? replay.now() : connection.engineNow()
 connection.init({s, perf, onEvents: replay.logLive});
 controls.init({s, ui, embed});
 panels.init({s, ui, perf, select});
-charts.init({s});
 canvases.init({s, view, ui, select, engineNow, timeline});
 replay.init({s, ui, show});
 server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
 classroom.init({embed});
-weights.init({s});   // the weights format a decode step reads: header, control, floors (ft-weights.js)
-busy.init({s});   // "this machine is busy": decode steps against the engine's own quiet pace (ft-busy.js)
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
@@ -117,16 +114,16 @@ function loop(ts) {
   canvases.draw();
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(); classroom.update(); busy.update();
+    lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
-  if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
+  if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
   requestAnimationFrame(loop);
 }
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(); busy.update(); charts.update();
+  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.

@@ -65,7 +65,7 @@ function choiceInput(name, lim, head, row) {
     input.type = "radio"; input.name = name; input.value = choice;
     input.addEventListener("change", () => { if (input.checked) send({type: "set", settings: {[name]: choice}}); });
     // the weights' copies say their format and bytes per step, from hello.weights
-    option.append(input, el("span", "", name === "weights" ? weightsChoice(choice) : choice));
+    option.append(input, el("span", "", name === "weights" ? weightsChoice(s, choice) : choice));
     group.append(option);
   }
   row.append(group);

@@ -56,7 +56,7 @@ function stepText(st) {
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return [what, stepLine(st), weightsLine(st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
+  return [what, stepLine(st), weightsLine(s, st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, the tokens out per forward in view while

@@ -275,9 +275,9 @@ function fig(k, v) {
 function options() {
   const f = weightFormats(s), was = $("c-which").value;
   if (f && f.stored && f.dequantised) {
-    COMPARISONS.weights.title = `weights: ${formatName("dequantised")} vs ${formatName("stored")}`;
-    COMPARISONS.weights.a[0] = `${formatName("dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
-    COMPARISONS.weights.b[0] = `${formatName("stored")} (${mb(f.stored.decode_bytes)}/step)`;
+    COMPARISONS.weights.title = `weights: ${formatName(s, "dequantised")} vs ${formatName(s, "stored")}`;
+    COMPARISONS.weights.a[0] = `${formatName(s, "dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
+    COMPARISONS.weights.b[0] = `${formatName(s, "stored")} (${mb(f.stored.decode_bytes)}/step)`;
   }
   $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered())
     .map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));

@@ -174,7 +174,7 @@ export function diagnose(r, s) {
   delete d.extra;
   const spec = speculation(r, s);   // what speculative decoding did for its later tokens, when it guessed
   if (spec) { d.text += ` ${spec.text}`; d.spec = spec.verdict; }
-  const busy = busySuspect(r);   // the machine shared with another program while it ran (measured)
+  const busy = busySuspect(s, r);   // the machine shared with another program while it ran (measured)
   if (busy) { d.text += ` ${busy}`; d.busy = true; }
   sloVerdict(d, r);
   return d;

@@ -56,7 +56,7 @@ function byContext(rows) {
 // keys/values at the measured bandwidth, an estimate. With two formats drawn each takes its own
 // colour, and the contexts their dashes.
 function stepLines(ev, two) {
-  const fmt = formatOf(ev), tag = two ? `${name(fmt, "short")}, ` : "";
+  const fmt = formatOf(ev), tag = two ? `${name(s, fmt, "short")}, ` : "";
   const data = byContext(ev.decode).map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx} tokens`,
     x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
     line: {color: two ? colorOf(fmt) : HUES[i % HUES.length], width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
@@ -64,10 +64,10 @@ function stepLines(ev, two) {
   const floors = ev.decode.map((r) => r.floor_s).filter((v) => typeof v === "number");
   if (floors.length) {
     const batches = [...new Set(ev.decode.map((r) => r.batch))].sort((a, b) => a - b);
-    const floor = percentile(floors, 50) * 1000, fl = floorOf(fmt, s);
-    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
+    const floor = percentile(floors, 50) * 1000, fl = floorOf(s, fmt);
+    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(s, fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
                x: batches, y: batches.map(() => floor), line: {color: two ? colorOf(fmt) : P.accent, width: 2, dash: "dash"},
-               hovertemplate: `estimate${two ? `, ${name(fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
+               hovertemplate: `estimate${two ? `, ${name(s, fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
   }
   return data;
 }
@@ -127,7 +127,7 @@ function drawRoofline(evs) {
   const point = (p, n, what) => `${what}<br>measured ${fmtS(p.step_s)} · roofline estimate ${fmtS(p.predicted_s)} (${p.bound}-bound)` +
     (rooflineGap(p.step_s, p.predicted_s) ? `<br>${rooflineGap(p.step_s, p.predicted_s)}` : "");
   for (const ev of evs) {   // each sweep's points, and the memory roof of the bytes it read
-    const fmt = formatOf(ev), tag = two ? `, ${name(fmt, "short")}` : "";
+    const fmt = formatOf(ev), tag = two ? `, ${name(s, fmt, "short")}` : "";
     dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
     pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
     data.push(
@@ -144,7 +144,7 @@ function drawRoofline(evs) {
   if (R && xs.length) {
     const x0 = 1, x1 = Math.max(...xs) * 1.5;
     for (const r of roofList) {
-      const tag = two && r.fmt ? `, ${name(r.fmt, "short")}: ${mb(r.weightBytes)}` : "";
+      const tag = two && r.fmt ? `, ${name(s, r.fmt, "short")}: ${mb(r.weightBytes)}` : "";
       data.push({type: "scatter", mode: "lines", name: `memory roof (estimate${tag})`,
                  x: [x0, x1], y: [r.memoryS * 1000, r.memoryS * 1000], line: {color: two ? colorOf(r.fmt) : P.accent, width: 2, dash: "dash"},
                  hovertemplate: `memory roof (estimate${tag}): %{y:.1f} ms<extra></extra>`});
@@ -176,9 +176,9 @@ function roofNote(dec, pre, R, both = null) {
                : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
   }
   return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
-    (both ? ` (The figures: the ${name(R.fmt)} sweep.)` : "") +
-    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
-    `${R.fmt && !both ? ` (${name(R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
+    (both ? ` (The figures: the ${name(s, R.fmt)} sweep.)` : "") +
+    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(s, r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
+    `${R.fmt && !both ? ` (${name(s, R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
     `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
 }
 
@@ -206,10 +206,10 @@ function measured(ev) {
     if (ev.weights) byFormat[ev.weights] = ev;
     status.dataset.status = "done";
     const fmts = Object.keys(byFormat);
-    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(ev.weights)}` : ""}; ` +
+    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(s, ev.weights)}` : ""}; ` +
       "serving resumed. Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; " +
-      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(f)).join(", ")}); ` +
-      `the rates and KV charts: the latest sweep (${name(ev.weights)}).` : "");
+      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(s, f)).join(", ")}); ` +
+      `the rates and KV charts: the latest sweep (${name(s, ev.weights)}).` : "");
   } else {
     status.dataset.status = "error";
     status.textContent = `The measurement failed: ${ev.message}`;

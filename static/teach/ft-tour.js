@@ -40,9 +40,9 @@ export const STEPS = [
   {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
    watch: "one tick per token, and the measured step time against the bandwidth floor",
    text() {
-     const fl = weights.floorOf();   // the copy of the weights read now, and its floor (an estimate)
+     const fl = weights.floorOf(s);   // the copy of the weights read now, and its floor (an estimate)
      return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
-       `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(fl.fmt)}` : ""})` +
+       `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(s, fl.fmt)}` : ""})` +
        (fl ? `, so it cannot beat ${fmtS(fl.floorS)} (estimate: memory-bandwidth floor)` : "") + ".";
    },
    live() {
@@ -54,12 +54,12 @@ export const STEPS = [
    spot: [".timeline-wrap", "#chart-steps", ".fig:has(#h-weights)"],
    watch: "the request's ticks closing up at the switch, and the step-time chart's two clouds against their floors",
    text() {
-     const f = weights.formats(), q = f && f.dequantised, k = f && f.stored;
+     const f = weights.formats(s), q = f && f.dequantised, k = f && f.stored;
      if (!k) return "A decode step is bound by reading the weights: fewer bytes, faster steps. This server holds one copy " +
        "of the weights only, so the lesson cannot switch here" + (s.hello.weights && s.hello.weights.why ? ` (${s.hello.weights.why}).` : ".");
      return "A decode step reads every weight once, so its time is bound by bytes, not by arithmetic. The model file " +
-       `stores its weights as ${weights.name("stored", "short")} blocks (${weights.mb(k.decode_bytes)} a step); ` +
-       `dequantised to ${weights.name("dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
+       `stores its weights as ${weights.name(s, "stored", "short")} blocks (${weights.mb(k.decode_bytes)} a step); ` +
+       `dequantised to ${weights.name(s, "dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
        "This request reads the fp32 copy first, then, a few seconds in, the blocks: watch its ticks close up.";
    },
    live: () => live("weights")},
