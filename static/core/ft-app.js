@@ -53,8 +53,6 @@ controls.init({s, ui, embed});
 panels.init({s, ui, perf, select});
 canvases.init({s, view, ui, select, engineNow, timeline});
 replay.init({s, ui, show});
-server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
-classroom.init({embed});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
@@ -70,7 +68,7 @@ for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
 dispatch.on({
   hello(ev) {
     ui.selected = null; panels.showModel(ev);
-    if (!replay.active()) { controls.onHello(); classroom.onHello(ev); }   // a trace's page controls nothing
+    if (!replay.active()) { controls.onHello(); classroom.onHello(ev, embed); }   // a trace's page controls nothing
   },
   error(ev) {
     if (ev.fatal) stopped(ev);
@@ -114,7 +112,7 @@ function loop(ts) {
   canvases.draw();
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(s); classroom.update(); busy.update(s);
+    lastDom = ts; panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
@@ -123,7 +121,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(); panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.
@@ -137,6 +135,7 @@ window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, 
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire();
+classroom.wire();
 canvases.wire();
 replay.wire();
 if (!replay.start()) connection.connect();   // a trace given with the page: no connection at all

@@ -3,6 +3,10 @@
 // histories that the canvas and chart code read. A recorded trace replays through
 // the same function, so everything drawn is something an event said.
 
+// A page's part in a classroom (`hello.role`, docs/protocol.md; the body's data-role): the wire's
+// strings, named once. SOLO: no classroom.
+export const ROLES = Object.freeze({SOLO: "solo", PRESENTER: "presenter", VIEWER: "viewer"});
+
 // Bounds keep memory and drawing cost flat however long the page stays open.
 const KEEP_FINISHED = 300;   // finished/rejected requests kept (running/waiting always kept)
 const KEEP_STEPS = 4000;     // model forwards kept for the timeline and KV chart

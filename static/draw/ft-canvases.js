@@ -83,7 +83,7 @@ const HOVER = {
     if (st) return laneText(st, layouts.timeline.perFwd);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
-    const lines = observing(s) ? describeClient(hit.req) : describeReq(hit.req);
+    const lines = observing(s) ? describeClient(s, hit.req) : describeReq(hit.req);
     if (hit.step) lines.push(stepText(hit.step));
     return lines;
   },
@@ -105,7 +105,7 @@ const HOVER = {
     const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
     return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
   },
-  server(s, layouts, h) { return hitServer(layouts.server, h.x, h.y); },   // observe mode (ft-server.js)
+  server(s, layouts, h) { return hitServer(layouts.server, s, h.x, h.y); },   // observe mode (ft-server.js)
   queue(s, layouts, h) {
     const f = layouts.queue && layouts.queue.f;
     const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
@@ -196,7 +196,7 @@ export function draw() {
   if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);
   if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);
   if ($("blocks")) ui.layouts.blocks = drawBlocks($("blocks"), s);
-  if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), view, now);
+  if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), s, view, now);
   if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
 }
 

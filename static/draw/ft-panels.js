@@ -79,7 +79,7 @@ function sloLine(r) {
 }
 
 function accounting(r) {
-  if (observing(s)) return clientAccounting(r);   // measured by this client, never "by the server"
+  if (observing(s)) return clientAccounting(s, r);   // measured by this client, never "by the server"
   if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
   if (r.stages) return sloLine(r).concat(accountingBars(r));
   const bits = [];
@@ -103,7 +103,7 @@ function promptChips(r) {
 }
 
 export function showModel(h) {
-  if (observing(s)) { $("model").textContent = modelLine(); return; }
+  if (observing(s)) { $("model").textContent = modelLine(s); return; }
   // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
   const w = el("span", "model-weights", h.dtype);
   w.id = "model-weights";
@@ -271,7 +271,7 @@ const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.
 // Where the request stands with the scheduler: its place in the queue and why, the prompt
 // tokens the prefix cache supplied, its preemptions, and its speculative decoding (each from events).
 function schedNote(r) {
-  if (observing(s)) return clientNote(r);
+  if (observing(s)) return clientNote(s, r);
   const L = s.last, a = r.admits[0], lines = [];
   if (L && r.end === null && (!a || requeued(r))) {
     const pos = s.waiting.indexOf(r.id);

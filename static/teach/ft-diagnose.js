@@ -156,7 +156,7 @@ function inFlight(r, s) {
 export function diagnose(r, s) {
   if (!r) return null;
   if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
-  if (observing(s)) return diagnoseClient(r);   // observe mode: no engine stages, only what a client sees
+  if (observing(s)) return diagnoseClient(s, r);   // observe mode: no engine stages, only what a client sees
   if (!r.stages) return inFlight(r, s);
   if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
   const p = finishedParts(r, s), total = r.e2e;

@@ -14,7 +14,7 @@
 // (Plotly: the global that plotly.min.js, a classic script before the modules, defines.)
 import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
-import {percentile} from "ft/state";
+import {ROLES, percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
 import {$, fmtBytes, fmtS, toast} from "ft/util";
 import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
@@ -218,7 +218,7 @@ function measured(ev) {
 
 // Charts are drawn when the sheet is visible (plotly needs its size).
 export function update() {
-  $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === "viewer";
+  $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === ROLES.VIEWER;
   $("m-both").disabled = !!both;
   if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
   drawn = result;

@@ -9,6 +9,7 @@
 import {send} from "ft/connection";
 import {proofText} from "ft/figures";
 import {active as replaying} from "ft/replay";
+import {ROLES} from "ft/state";
 import {$, el} from "ft/util";
 
 // From init: the page state, whether this is an /embed (its ?preset= and banner only), and
@@ -28,7 +29,7 @@ export const preset = (name) => presets().find((p) => p.name === name) || null;
 // classroom the presenter is asked first when students' questions would go. False: don't.
 export function confirmReset(what) {
   const asking = [...s.reqs.values()].filter((r) => r.source === "join" && r.end === null);
-  if (!asking.length || document.body.dataset.role !== "presenter") return true;
+  if (!asking.length || document.body.dataset.role !== ROLES.PRESENTER) return true;
   const who = [...new Set(asking.map((r) => r.label || r.id))];
   const list = who.slice(0, 5).join(", ") + (who.length > 5 ? ` and ${who.length - 5} more` : "");
   return window.confirm(`${asking.length} student question${asking.length > 1 ? "s are" : " is"} still ` +
