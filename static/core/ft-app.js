@@ -46,12 +46,12 @@ const select = (id) => { ui.selected = id; ui.dirtyDom = true; };
 const timeline = createTimeline();
 for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
-const engineNow = () => (replay.active() ? replay.now() : connection.engineNow());
+const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
+// What the canvases read and write each frame (ft-canvases.js draw, wire).
+const page = {s, view, ui, select, engineNow, timeline};
 
-connection.init({s, perf, onEvents: replay.logLive});
 controls.init({s, ui, embed});
 panels.init({s, ui, perf, select});
-canvases.init({s, view, ui, select, engineNow, timeline});
 replay.init({s, ui, show});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
@@ -109,7 +109,7 @@ let lastDom = 0, lastCharts = 0;
 function loop(ts) {
   countFrame(ts);
   const t0 = performance.now();
-  canvases.draw();
+  canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
     lastDom = ts; panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); classroom.update(); busy.update(s);
@@ -121,7 +121,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(page); panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.
@@ -136,7 +136,7 @@ window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, 
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire();
 classroom.wire();
-canvases.wire();
+canvases.wire(page);
 replay.wire();
-if (!replay.start()) connection.connect();   // a trace given with the page: no connection at all
+if (!replay.start()) connection.connect({s, perf, onEvents: replay.logLive});   // a trace given with the page: no connection at all
 requestAnimationFrame(loop);

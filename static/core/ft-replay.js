@@ -102,7 +102,7 @@ function seek(T) {
 }
 
 // The end of what can be played: the trace's last event, or (slow motion) live now.
-const end = () => (player.mode === "slow" ? liveNow() : player.t1);
+const end = () => (player.mode === "slow" ? liveNow(s) : player.t1);
 
 function frame(ts) {
   raf = null;
@@ -244,7 +244,7 @@ function loadFile(file) {
 // and the connection keeps logging). False when there is nothing to watch.
 function slowMotion(speed = 0.25, seconds = SLOW_SECONDS) {
   if (player.mode === "trace" || !log.events.length) return false;
-  const now = liveNow();
+  const now = liveNow(s);
   Object.assign(player, {mode: "slow", events: log.events, at: log.at, i: 0, t0: log.events[0].t, vt: -Infinity});
   for (const ev of log.events) player.t0 = Math.min(player.t0, ev.t);
   resetState();
