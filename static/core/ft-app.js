@@ -47,16 +47,16 @@ const timeline = createTimeline();
 for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
 const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
-// What the canvases read and write each frame (ft-canvases.js draw, wire).
-const page = {s, view, ui, select, engineNow, timeline};
+// What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
+const page = {s, view, ui, perf, select, engineNow, timeline};
 
 controls.init({s, ui, embed});
-panels.init({s, ui, perf, select});
+panels.wire(ui);
 replay.init({s, ui, show});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
-for (const part of lessons) part.init({s, timeline});
+for (const part of lessons) part.init({s, ui, timeline});
 if (!embed) present.init();
 teach.init({s, embed, parts: lessons});
 
@@ -67,7 +67,7 @@ dispatch.on(teach.reactions);
 for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
 dispatch.on({
   hello(ev) {
-    ui.selected = null; panels.showModel(ev);
+    ui.selected = null; panels.showModel(s, ev);
     if (!replay.active()) { controls.onHello(); classroom.onHello(ev, embed); }   // a trace's page controls nothing
   },
   error(ev) {
@@ -112,7 +112,7 @@ function loop(ts) {
   canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); classroom.update(); busy.update(s);
+    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
@@ -121,7 +121,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(page); panels.update(); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.

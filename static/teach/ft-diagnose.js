@@ -237,11 +237,11 @@ const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", pre
 
 // The selected request's diagnosis, computed again only when the request or the engine
 // second changes: the panel and the tour's last step both read it on the 4 Hz tick.
-let s;   // the page state, from init
-export function init(deps) { ({s} = deps); }
+let s, ui;   // the page state and its UI state (the selected request), from init
+export function init(deps) { ({s, ui} = deps); }
 let key = "", current = null, drawn;
 export function diagnosis() {
-  const r = selectedReq();
+  const r = selectedReq(s, ui);
   const k = r ? `${s.epoch}:${r.id}:${r.end}:${r.admits.length}:${r.first}:${Math.floor(s.latestT)}` : "";
   if (k !== key) { key = k; current = r ? diagnose(r, s) : null; }
   return current;

@@ -6,14 +6,14 @@
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
 import {diagnosis} from "ft/diagnose";
 import {median, proofText} from "ft/figures";
-import {selectedReq as selected} from "ft/panels";
+import {selectedReq} from "ft/panels";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
 import {$, fmtS, toast} from "ft/util";
 import * as weights from "ft/weights";
 
-let s;               // the page state, from init
+let s, ui;           // the page state and its UI state (the selected request), from init
 export let index = -1;   // the step shown, -1 when the tour is off
 let since = 0;       // engine time the step began (its figures count from the preset after it)
 let spottedAt = -Infinity;   // page time the step's parts were outlined
@@ -26,12 +26,12 @@ export const STEPS = [
   {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
    watch: "the prompt's token chips (piece and id) in the request panel",
    text() {
-     const r = selected();
+     const r = selectedReq(s, ui);
      const n = r && r.promptTokens;
      return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
        "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
        " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
-   }, live: () => { const r = selected(); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
+   }, live: () => { const r = selectedReq(s, ui); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
   {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
    watch: "the blue prefill bar on each row, and TTFT",
    text: () => "Before the first token, the model reads the whole prompt in one forward pass: prefill (blue). " +
@@ -85,7 +85,7 @@ export const STEPS = [
      "behind others' prefill (chunked prefill).",
    // the diagnosis itself is in the request panel, outlined: the banner names its suspect only
    live() {
-     const d = diagnosis(), r = selected();
+     const d = diagnosis(), r = selectedReq(s, ui);
      return d && r ? `${r.label || r.id}: the suspect is ${d.cause} — the request panel gives its measured stages` : "";
    }},
   {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
@@ -177,7 +177,7 @@ export const prev = () => go(index < 0 ? 0 : index - 1);
 
 let urlDone = false;
 export function init(deps) {
-  ({s} = deps);
+  ({s, ui} = deps);
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).addEventListener("click", () => (index < 0 ? start() : stop()));
   $("tour-prev").addEventListener("click", prev);
   $("tour-next").addEventListener("click", next);
