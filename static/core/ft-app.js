@@ -6,9 +6,12 @@
 // second however many events it sends. Every event reaches the state through `show`: live
 // ones via the replay module's log (ft-replay.js), which also plays traces and slow motion.
 //
-// Each part gets the shared objects it reads (the state, the view, the UI state, the perf
-// counters) as init arguments, and imports the functions it calls from the modules that own
-// them; the list of imports at the top of a file is everything it may touch.
+// This file is the composition root: the shared objects (the state, the view, the UI state, the
+// perf counters, the timeline with the features' layers, the dispatch of event reactions) are
+// made here and passed to each part as arguments where it is called (`page` for the canvases
+// and panels); the teaching parts, the controls and the replay still take theirs once, in init.
+// A part imports the functions it calls from the modules that own them; the list of imports at
+// the top of a file is everything it may touch.
 import * as busy from "ft/busy";
 import * as canvases from "ft/canvases";
 import * as charts from "ft/charts";
