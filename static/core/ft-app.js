@@ -59,13 +59,14 @@ replay.init({s, ui, show});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
-for (const part of lessons) part.init({s, ui, timeline});
-if (!embed) present.init();
+if (!embed) {   // their buttons and sheets
+  tour.init({s, ui}); measure.init({s}); compare.init({s, timeline}); present.init();
+}
 teach.init({s, embed, parts: lessons});
 
 // What the page does on an event besides folding it into the state: teaching first (a URL's
 // preset goes out before its settings), then the lessons, then the page's own reactions.
-const dispatch = createDispatch();
+const dispatch = createDispatch(s);
 dispatch.on(teach.reactions);
 for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
 dispatch.on({
@@ -85,7 +86,7 @@ dispatch.on({
 function show(events, at) {
   for (const ev of events) {
     ingest(s, ev, at);
-    dispatch.emit(ev, at);
+    dispatch.emit(ev);
   }
   ui.dirtyDom = true;
 }
@@ -115,7 +116,7 @@ function loop(ts) {
   canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(); weights.update(s); classroom.update(); busy.update(s);
+    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
@@ -124,7 +125,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.

@@ -322,16 +322,17 @@ export function ingest(s, ev, arrivedEngineT) {
 // ------------------------------------------------------------------ the rest of the page
 // Event types are read in this module alone. Besides the reducer above, some of the page's parts
 // act when an event comes (a toast, a preset's banner, a comparison's recording): each hands a
-// table {type: fn(ev, at)} ("*": every event, before its own type's) to a dispatch, which calls
-// them after the reducer, table by table in the order they were added.
-export function createDispatch() {
+// table {type: fn(ev, s)} ("*": every event, before its own type's) to a dispatch, which calls
+// them after the reducer, table by table in the order they were added; `s` is the state the
+// event was folded into (the dispatch's own; none for a stream with no state).
+export function createDispatch(s) {
   const tables = [];
   return {
     on(table) { tables.push(table); },
-    emit(ev, at) {
+    emit(ev) {
       for (const t of tables) {
-        if (t["*"]) t["*"](ev, at);
-        if (Object.hasOwn(t, ev.type)) t[ev.type](ev, at);
+        if (t["*"]) t["*"](ev, s);
+        if (Object.hasOwn(t, ev.type)) t[ev.type](ev, s);
       }
     },
   };

@@ -19,14 +19,15 @@ import {rooflineGap} from "ft/targets";
 import {$, fmtBytes, fmtS, toast} from "ft/util";
 import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
 
-let s;   // the page state, from init (its connectT tells history sent on connect from news)
+// The functions that read the page state take it as `s` (its connectT tells history sent on
+// connect from news).
 let result = null, drawn = null;
 let byFormat = {};   // weights format -> the latest finished sweep that read it
 let both = null;     // "Measure both weight formats" while it runs: {step}
 const DASHES = ["solid", "dot", "dashdot", "longdash"];
 
 // The format a sweep read: a finished one says; one still running reads the setting in force.
-const formatOf = (ev) => ev.weights || inForce(s);
+const formatOf = (s, ev) => ev.weights || inForce(s);
 // The sweeps to draw: one per format once both formats have one (the newest first), else the newest.
 function shown() {
   const fmts = Object.keys(byFormat);
@@ -55,8 +56,8 @@ function byContext(rows) {
 // One sweep's lines (one per context length) and its floor: the weights it read plus the batch's
 // keys/values at the measured bandwidth, an estimate. With two formats drawn each takes its own
 // colour, and the contexts their dashes.
-function stepLines(ev, two) {
-  const fmt = formatOf(ev), tag = two ? `${name(s, fmt, "short")}, ` : "";
+function stepLines(s, ev, two) {
+  const fmt = formatOf(s, ev), tag = two ? `${name(s, fmt, "short")}, ` : "";
   const data = byContext(ev.decode).map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx} tokens`,
     x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
     line: {color: two ? colorOf(fmt) : HUES[i % HUES.length], width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
@@ -72,8 +73,8 @@ function stepLines(ev, two) {
   return data;
 }
 
-function drawSteps(evs) {
-  const data = evs.flatMap((ev) => stepLines(ev, evs.length > 1));
+function drawSteps(s, evs) {
+  const data = evs.flatMap((ev) => stepLines(s, ev, evs.length > 1));
   Plotly.react($("m-steps"), data, Object.assign({}, LAYOUT, {
     xaxis: axis("requests in the batch", {dtick: 1}), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
@@ -121,13 +122,13 @@ export function roofs(hello, fmt = null) {
 const medianRatio = (pts) => percentile(pts.filter((p) => typeof p.predicted_s === "number" && p.predicted_s > 0)
   .map((p) => p.step_s / p.predicted_s), 50);
 
-function drawRoofline(evs) {
+function drawRoofline(s, evs) {
   const two = evs.length > 1, data = [];
   let xs = [], dec = [], pre = [], R = null;
   const point = (p, n, what) => `${what}<br>measured ${fmtS(p.step_s)} · roofline estimate ${fmtS(p.predicted_s)} (${p.bound}-bound)` +
     (rooflineGap(p.step_s, p.predicted_s) ? `<br>${rooflineGap(p.step_s, p.predicted_s)}` : "");
   for (const ev of evs) {   // each sweep's points, and the memory roof of the bytes it read
-    const fmt = formatOf(ev), tag = two ? `, ${name(s, fmt, "short")}` : "";
+    const fmt = formatOf(s, ev), tag = two ? `, ${name(s, fmt, "short")}` : "";
     dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
     pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
     data.push(
@@ -139,7 +140,7 @@ function drawRoofline(evs) {
        text: pre.map((p) => point(p, p.tokens, `prefill${tag}: one ${p.tokens}-token prompt`)), hovertemplate: "%{text}<extra></extra>"});
     xs = xs.concat(dec.map((p) => p.batch), pre.map((p) => p.tokens));
   }
-  const roofList = evs.map((ev) => roofs(s.hello, formatOf(ev))).filter(Boolean);
+  const roofList = evs.map((ev) => roofs(s.hello, formatOf(s, ev))).filter(Boolean);
   R = roofList[roofList.length - 1] || null;
   if (R && xs.length) {
     const x0 = 1, x1 = Math.max(...xs) * 1.5;
@@ -159,11 +160,11 @@ function drawRoofline(evs) {
     margin: Object.assign({}, LAYOUT.margin, {b: 40}),
     xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
     yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
-  $("m-roof-note").textContent = roofNote(dec, pre, R, two ? roofList : null);
+  $("m-roof-note").textContent = roofNote(s, dec, pre, R, two ? roofList : null);
 }
 
 // The gap between what was measured and what the roofline estimates, said plainly.
-function roofNote(dec, pre, R, both = null) {
+function roofNote(s, dec, pre, R, both = null) {
   if (!R) return "No roofline: this server did not send its measured rates.";
   const parts = [];
   let over = false;
@@ -189,8 +190,8 @@ export const reactions = {
   measure: measured,
 };
 
-// A `measure` event: the sheet's status line, and the points to draw.
-function measured(ev) {
+// A `measure` event (`s`: the state it was folded into): the sheet's status line, and the points to draw.
+function measured(ev, s) {
   const status = $("m-status");
   const replayed = s.connectT !== null && ev.t < s.connectT;   // history sent on connect: no pop-up
   if (ev.status === "running") {
@@ -217,23 +218,23 @@ function measured(ev) {
 }
 
 // Charts are drawn when the sheet is visible (plotly needs its size).
-export function update() {
+export function update({s}) {
   $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === ROLES.VIEWER;
   $("m-both").disabled = !!both;
   if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
   drawn = result;
   const evs = shown();
-  drawSteps(evs); drawRates(result); drawKV(result); drawRoofline(evs);
+  drawSteps(s, evs); drawRates(result); drawKV(result); drawRoofline(s, evs);
   for (const id of ["m-steps", "m-rates", "m-kv", "m-roof"]) $(id).classList.toggle("partial", result.status === "running");
 }
 
-export function init(deps) {
-  ({s} = deps);
+// The sheet's buttons; `s`, the page state, for "Measure both".
+export function init({s}) {
   $("btn-measure").addEventListener("click", () => {
     if (send({type: "measure"})) { show(true); $("m-status").textContent = "asking the engine to measure…"; }
   });
   $("m-close").addEventListener("click", () => show(false));
-  $("m-both").addEventListener("click", measureBoth);
+  $("m-both").addEventListener("click", () => measureBoth(s));
 }
 
 // Resolves when pred() holds (polled), or rejects after `ms`.
@@ -246,7 +247,7 @@ const until = (pred, ms) => new Promise((resolve, reject) => {
 });
 
 // The sweep under each copy of the weights in turn, then the setting as it was: both drawn.
-export async function measureBoth() {
+async function measureBoth(s) {
   if (both) return;
   const was = s.settings.weights;
   both = {step: 0};

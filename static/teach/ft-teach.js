@@ -13,7 +13,7 @@ import {ROLES} from "ft/state";
 import {$, el} from "ft/util";
 
 // From init: the page state, whether this is an /embed (its ?preset= and banner only), and
-// the teaching parts, each a module with an `update()`.
+// the teaching parts, each a module with an `update(page)` (page: ft-app.js's shared objects).
 let s, embed, parts;
 export function init(deps) { ({s, embed, parts} = deps); }
 let urlDone = false;
@@ -137,8 +137,8 @@ function banner() {
 // The 4 Hz DOM tick: the parts first (the tour writes its step's live figure), then the banner,
 // so the banner's figure is this tick's, as the header's and the strips' are (it lagged a tick:
 // "with 0 running" beside a header's 2/4).
-export function update() {
-  if (!embed) for (const part of parts) if (part.update) part.update();
+export function update(page) {
+  if (!embed) for (const part of parts) if (part.update) part.update(page);
   banner();
   if (!embed) document.body.dataset.focus = focus();
 }

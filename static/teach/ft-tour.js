@@ -85,7 +85,7 @@ export const STEPS = [
      "behind others' prefill (chunked prefill).",
    // the diagnosis itself is in the request panel, outlined: the banner names its suspect only
    live() {
-     const d = diagnosis(), r = selectedReq(s, ui);
+     const d = diagnosis(s, ui), r = selectedReq(s, ui);
      return d && r ? `${r.label || r.id}: the suspect is ${d.cause} — the request panel gives its measured stages` : "";
    }},
   {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
