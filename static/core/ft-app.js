@@ -60,7 +60,7 @@ replay.init({s, ui, show});
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
 if (!embed) {   // their buttons and sheets
-  tour.init({s, ui}); measure.init({s}); compare.init({s, timeline}); present.init();
+  tour.init({s, ui}); measure.init({s}); compare.init({s}); present.init();
 }
 teach.init({s, embed, parts: lessons});
 

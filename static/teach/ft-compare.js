@@ -23,8 +23,8 @@ import {confirmReset} from "ft/teach";
 import {$, el, fmtS} from "ft/util";
 import {formats as weightFormats, mb, name as formatName} from "ft/weights";
 
-let s;   // the page state, from init (both runs start from its hello and settings)
-let timeline;   // from init: the page's timeline, with the features' layers (each run is drawn on one)
+// The page state `s` (both runs start from its hello and settings) and the page's timeline with
+// the features' layers (each run is drawn on one) are passed to the functions that read them.
 let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
 let recording = null;   // {events, requests, reset} while a run is captured
 export let runs = null;   // the last finished pair: {cmp, a, b}
@@ -50,7 +50,7 @@ export const COMPARISONS = {
                 a: ["speculation off", {speculation: "off"}], b: ["speculation on (ngram)", {speculation: "ngram"}]},
   // Offered where both copies exist; labels named from hello.weights when it arrives.
   weights: {title: "weights: dequantised (fp32) vs as stored (4-bit)", base: "weights", figs: "weights",
-            offered: () => { const f = weightFormats(s); return !!(f && f.stored && f.dequantised); },
+            offered: (s) => { const f = weightFormats(s); return !!(f && f.stored && f.dequantised); },
             a: ["weights dequantised", {weights: "dequantised"}], b: ["weights as stored", {weights: "stored"}]},
 };
 const basesOf = (cmp) => cmp.bases || [cmp.base];
@@ -88,7 +88,7 @@ function shifted(ev, t0) {
 
 // A run's own state from its recorded events (one recording per preset it ran, in order), times
 // from its first arrival; `parts`: each preset's requests, for its own figures.
-function replayRun(cmp, side, recs) {
+function replayRun(s, cmp, side, recs) {
   const rs = createState();
   ingest(rs, shifted(s.hello, s.hello.t), null);
   rs.settings = Object.assign({}, s.settings);
@@ -111,7 +111,7 @@ const users = (n) => `${n} user${n === 1 ? "" : "s"}`;
 
 // Each of the comparison's presets in turn under this side's settings, recorded until all its
 // requests have finished.
-async function runSide(cmp, side) {
+async function runSide(s, cmp, side) {
   const recs = [];
   for (const base of basesOf(cmp)) {
     recording = null; awaiting = true; pending = null;
@@ -120,7 +120,7 @@ async function runSide(cmp, side) {
     const rec = recording, n = rec.requests;
     const count = (...types) => ofType(rec.events, ...types).length;
     await until(() => {
-      partial[side] = replayRun(cmp, side, recs.concat([rec]));
+      partial[side] = replayRun(s, cmp, side, recs.concat([rec]));
       const p = partial[side], who = basesOf(cmp).length > 1 ? ` · ${users(n)}` : "";
       status(`running ${side.toUpperCase()}: ${cmp[side][0]}${who} — ${p.done} of ${p.requests} requests done, ` +
              `${fmtS(Math.max(0, p.elapsed))}…`);
@@ -129,7 +129,7 @@ async function runSide(cmp, side) {
     recs.push(rec);
     recording = null;
   }
-  return replayRun(cmp, side, recs);
+  return replayRun(s, cmp, side, recs);
 }
 
 // TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50,
@@ -181,7 +181,7 @@ function sloFig(f) {
   return d;
 }
 
-export async function run() {
+async function run(s) {
   if (busy) return;
   const cmp = COMPARISONS[$("c-which").value];
   if (!confirmReset("Comparing two runs")) return;
@@ -191,9 +191,9 @@ export async function run() {
   try {
     const bases = basesOf(cmp);
     status(`running A: ${cmp.a[0]} (the ${bases.join(" then ")} preset${bases.length > 1 ? "s" : ""})…`);
-    const a = await runSide(cmp, "a");
+    const a = await runSide(s, cmp, "a");
     status(`running B: ${cmp.b[0]} (the same requests)…`);
-    const b = await runSide(cmp, "b");
+    const b = await runSide(s, cmp, "b");
     runs = {cmp, a, b};
     const n = a.prompts.length;
     const same = n === b.prompts.length && a.prompts.every((p, i) => p === b.prompts[i]);
@@ -244,7 +244,7 @@ function weightsLine(a, b) {
 }
 
 // Both runs on one time axis: finished ones, or what is recorded so far (an empty side waits).
-function draw() {
+function draw(timeline) {
   const shown = runs || partial;
   const fa = shown.a && figures(shown.a.s), fb = shown.b && figures(shown.b.s);
   const longest = Math.max(1, ...["a", "b"].map((k) => (shown[k] ? shown[k].elapsed : 0)),
@@ -272,24 +272,24 @@ function fig(k, v) {
 }
 
 // The comparisons this server offers (the weights one where it has both copies), named from hello.
-function options() {
+function options(s) {
   const f = weightFormats(s), was = $("c-which").value;
   if (f && f.stored && f.dequantised) {
     COMPARISONS.weights.title = `weights: ${formatName(s, "dequantised")} vs ${formatName(s, "stored")}`;
     COMPARISONS.weights.a[0] = `${formatName(s, "dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
     COMPARISONS.weights.b[0] = `${formatName(s, "stored")} (${mb(f.stored.decode_bytes)}/step)`;
   }
-  $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered())
+  $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered(s))
     .map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));
   if (was && COMPARISONS[was] && [...$("c-which").options].some((o) => o.value === was)) $("c-which").value = was;
 }
 
-export function init(deps) {
-  ({s, timeline} = deps);
-  options();
+// The sheet's list and buttons, for the page state `s`.
+export function init({s}) {
+  options(s);
   $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
   $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
-  $("c-run").addEventListener("click", run);
+  $("c-run").addEventListener("click", () => run(s));
   $("c-cancel").addEventListener("click", () => { cancelled = true; });
 }
 
@@ -297,7 +297,7 @@ export function init(deps) {
 // starts the recording; while one records, every event (after its `preset`).
 export const reactions = {
   "*"(ev) { if (recording) recording.events.push(ev); },
-  hello: options,
+  hello(ev, s) { options(s); },
   reset(ev) { if (awaiting) pending = {reset: ev}; },
   preset(ev) {
     if (!awaiting) return;
@@ -307,11 +307,11 @@ export const reactions = {
   step() { if (recording) recording.forwards++; },
 };
 
-export function update() {
+export function update({timeline}) {
   if ($("sheet-compare").hidden) { drawn = {runs: null, size: ""}; return; }
   const c = $("c-a-canvas"), size = `${c.clientWidth}x${c.clientHeight}`;
   // a finished pair is drawn again only when it or the size changes; a recording every tick
   if (runs && runs === drawn.runs && size === drawn.size) return;
   drawn = {runs, size};
-  draw();
+  draw(timeline);
 }
