@@ -1,15 +1,16 @@
 // First Token: the canvas views on the page. Their shared time window (zoom with the
 // buttons or the wheel, pause with the button or space, drag to pan while paused), the
 // hover read-outs (measured numbers only), click-to-select on the timeline, and drawing
-// the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
-// animation frame.
+// the three time strips (ft-timeline.js, ft-strips.js) and the KV block grid (ft-blocks.js)
+// once per animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {firstShapeText} from "ft/delivery";
 import {describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
-import {drawKV, drawQueue, hitStep, hitTimeline} from "ft/timeline";
+import {drawKV, drawQueue} from "ft/strips";
+import {hitStep, hitTimeline} from "ft/timeline";
 import {$, fmtBytes, fmtS} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
 

@@ -1,23 +1,22 @@
-// First Token: the time-axis views drawn on <canvas> (timeline, KV cache, queue).
-// They share one `view` (visible span and right edge, live or paused) so the three
-// strips line up: a request queueing in the timeline sits over the queue rising
-// below it, and over the KV cache that was full at that moment. The features (delivery,
-// speculation, the observed server, the SLO marks) draw on the timeline through layers the
-// page's composition root adds (createTimeline): this module imports none of them.
+// First Token: the timeline drawn on <canvas>, and the time axis it shares with the strips
+// under it (ft-strips.js: KV cache, queue). They share one `view` (visible span and right
+// edge, live or paused) so the three line up: a request queueing in the timeline sits over
+// the queue rising below it, and over the KV cache that was full at that moment. The
+// features (delivery, speculation, the observed server, the SLO marks) draw on the timeline
+// through layers the page's composition root adds (createTimeline): this module imports none
+// of them.
 import {diagonalStripes, fitCanvas} from "ft/canvas";
-import {palette as P, alpha, reqColor} from "ft/palette";
-import {running} from "ft/state";
-import {fmtTokens} from "ft/util";
+import {palette as P, alpha} from "ft/palette";
 
 // Canvas colours: the palette from ft.css, some made translucent.
 const C = {
   bg: P.panel2, grid: P.grid, muted: P.muted, api: P.api,
-  tokenize: P.tokenize, queue: P.queue, queueFill: alpha(P.queue, 0.55),
+  tokenize: P.tokenize, queue: P.queue,
   prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
   decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
-  preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
+  preempt: P.bad,
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -55,7 +54,7 @@ export function timeAxis(ctx, f, top, bottom, font, labels) {
 }
 
 // First index whose `key` is >= t (the list is in time order).
-function firstFrom(list, t, key) {
+export function firstFrom(list, t, key) {
   let lo = 0, hi = list.length;
   while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][key] < t) lo = mid + 1; else hi = mid; }
   return lo;
@@ -64,6 +63,17 @@ function firstFrom(list, t, key) {
 export function rect(ctx, f, a, b, y, h) {
   const x0 = Math.max(f.gutter, f.x(a)), x1 = Math.min(f.gutter + f.pw, f.x(b));
   if (x1 > x0) ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
+}
+
+// A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
+export function stepPath(ctx, f, pts, yOf, xEnd) {
+  let prev = null;
+  for (const p of pts) {
+    const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
+    if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
+    prev = y;
+  }
+  if (prev !== null) ctx.lineTo(xEnd, prev);
 }
 
 // ------------------------------------------------------------------ timeline
@@ -347,155 +357,4 @@ export function hitStep(layout, s, x, y) {
     if (st.kind !== "release" && st.start <= t && t <= st.end) return st;
   }
   return null;
-}
-
-// The strips under the timeline share its time axis, size and background.
-function strip(canvas, view) {
-  const {ctx, w, h} = fitCanvas(canvas);
-  const compact = w < 700;
-  const top = 6;
-  ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-  return {ctx, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
-}
-
-// A strip's scale labels: its maximum at the top, 0 at the bottom.
-function scaleLabels(st, maxText) {
-  const {ctx, f, top, plotH} = st;
-  ctx.fillStyle = C.muted; ctx.font = `${st.compact ? 10 : 12}px system-ui, sans-serif`;
-  ctx.textAlign = "right"; ctx.textBaseline = "top";
-  ctx.fillText(maxText, f.gutter - 6, top);
-  ctx.textBaseline = "bottom";
-  ctx.fillText("0", f.gutter - 6, top + plotH);
-}
-
-// ------------------------------------------------------------------ KV cache
-// The part of a time-ordered list a strip draws: from the item before the window (its state
-// carries into view) to the last at or before its right edge, by `key`; [a, b).
-function spanInView(list, f, key) {
-  const a = Math.max(0, firstFrom(list, f.left, key) - 1);
-  let b = a;
-  while (b < list.length && list[b][key] <= f.right) b++;
-  return {a, b};
-}
-
-// The forwards in view; until(i) is when step i's state gave way (next step, or now).
-function stepsInView(steps, f, now) {
-  const {a, b} = spanInView(steps, f, "end");
-  return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
-}
-
-// Where a strip's lines end: now, or the window's right edge while paused.
-const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
-
-const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
-
-// A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
-export function stepPath(ctx, f, pts, yOf, xEnd) {
-  let prev = null;
-  for (const p of pts) {
-    const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
-    if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
-    prev = y;
-  }
-  if (prev !== null) ctx.lineTo(xEnd, prev);
-}
-
-// Scale to what is in view (a few requests hold little of a big cache); the budget and
-// capacity lines are drawn when they fall inside the scale and named when above it.
-function kvScale(s, f, span, use, bs, capacity) {
-  let peak = 0;
-  for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
-  for (const p of use) peak = Math.max(peak, p.used * bs);
-  let budget = s.last ? s.last.cache_blocks * bs : capacity;
-  for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
-  const want = Math.max(peak * 1.3, 64);
-  return {budget, ymax: budget <= want * 2 ? Math.max(want, budget * 1.05) : want};
-}
-
-// Filled entries after each forward, stacked per request in the request's colour.
-function drawKVStacks(ctx, f, steps, span, y) {
-  for (let i = span.a; i < span.b; i++) {
-    let acc = 0;
-    for (const [id, n] of steps[i].stack) {
-      ctx.fillStyle = reqColor(id);
-      const y0 = y(acc), y1 = y(acc + n);
-      rect(ctx, f, steps[i].end, span.until(i), y1, Math.max(1, y0 - y1));
-      acc += n;
-    }
-  }
-}
-
-// Blocks in use (as tokens: blocks × block size), as every step and stats event said, dashed.
-function drawInUse(ctx, f, use, y, bs, xEnd) {
-  ctx.strokeStyle = C.inUse; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
-  ctx.beginPath();
-  stepPath(ctx, f, use, (p) => y(p.used * bs), xEnd);
-  ctx.stroke(); ctx.setLineDash([]);
-}
-
-// The budget (the cache-budget setting, from stats) and the physical capacity.
-function drawLimits(ctx, f, s, y, scale, bs, capacity) {
-  if (scale.budget <= scale.ymax) {
-    ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
-    ctx.beginPath();
-    stepPath(ctx, f, pointsInView(s.stats, f), (p) => y(p.blocks * bs), f.gutter + f.pw);
-    ctx.stroke();
-  }
-  if (capacity <= scale.ymax) {
-    ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
-    ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
-  }
-}
-
-// Filled KV entries after every forward, stacked per request in the request's colour,
-// against the blocks in use, the live budget and the physical capacity.
-export function drawKV(canvas, s, view, now) {
-  const st = strip(canvas, view);
-  if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
-  const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-  const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
-  const scale = kvScale(s, st.f, span, use, bs, capacity);
-  const above = [];
-  if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
-  if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
-  // A band above the plot for that note, so no line or stack is drawn through it.
-  if (above.length) { st.top += 16; st.plotH -= 16; }
-  const {ctx, f, top, plotH} = st;
-  const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
-  timeAxis(ctx, f, top, top + plotH, "", false);
-  drawKVStacks(ctx, f, s.steps, span, y);
-  drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
-  drawLimits(ctx, f, s, y, scale, bs, capacity);
-  scaleLabels(st, fmtTokens(Math.round(scale.ymax)));
-  if (above.length) {
-    ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
-    ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
-  }
-  return {f};
-}
-
-// ------------------------------------------------------------------ queue
-export function drawQueue(canvas, s, view, now) {
-  const st = strip(canvas, view);
-  const {ctx, f, top, plotH} = st;
-  timeAxis(ctx, f, top, top + plotH, "", false);
-  // The stats samples, then the queue as the page's state holds it now (the header's and the
-  // slots' figure): a long forward holds the next sample back, not the requests' events.
-  const pts = pointsInView(s.stats, f);
-  if (!view.paused && s.hello) pts.push({t: now, queue: s.waiting.length, running: running(s)});
-  let ymax = 4;
-  for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
-  const y = (v) => top + plotH - (v / ymax) * plotH;
-  const xe = xNow(f, view, now);
-  if (pts.length) {
-    ctx.beginPath();
-    stepPath(ctx, f, pts, (p) => y(p.queue), xe);
-    ctx.lineTo(xe, y(0)); ctx.lineTo(Math.max(f.gutter, f.x(pts[0].t)), y(0)); ctx.closePath();
-    ctx.fillStyle = C.queueFill; ctx.fill();
-    ctx.beginPath();
-    stepPath(ctx, f, pts, (p) => y(p.running), xe);
-    ctx.strokeStyle = C.running; ctx.lineWidth = 2; ctx.stroke();
-  }
-  scaleLabels(st, String(ymax));
-  return {f};
 }
