@@ -5,7 +5,7 @@
 The file is the page itself (templates/index.html, rendered as the app serves it) in replay
 mode: its stylesheet, its scripts, plotly.js from the installed package and the trace are
 inlined, so it replays from file:// with no server and no network. The page shows a `preset`
-event's explanation and a link-free attribution line from `hello` (static/ft-replay.js).
+event's explanation and a link-free attribution line from `hello` (static/core/ft-replay.js).
 
 The page's ES modules cannot be inlined as they stand (a module is imported by URL, and a page
 opened from file:// may not load module scripts from files), so the import map the template
@@ -13,7 +13,7 @@ renders maps each module's specifier (`ft/util`, ...) to a `data:text/javascript
 of that module's text instead of its /static URL (server/pages.py); the modules import each
 other by those specifiers only, never by relative path, so they resolve the same either way.
 The trace is a JSON block (`<script type="application/json" id="ft-trace">`) that
-static/ft-replay.js reads.
+static/core/ft-replay.js reads.
 
 Inlining is safe by construction: the trace is JSON with every `<` written `\\u003c`; the
 modules are base64 (no `<` at all) in an import map that is JSON with `<` escaped the same way;
@@ -75,16 +75,18 @@ def _static(url):
     """The file behind one of the page's own /static URLs."""
     if url == "/static/plotly.min.js":
         return pages.plotly_js_path()
-    name = url.removeprefix("/static/")
-    path = pages.STATIC / name
-    if not url.startswith("/static/") or "/" in name or not path.is_file():
+    # JOB/NAME only: one folder down (static/ is in folders by job), and never out of static/.
+    parts = url.removeprefix("/static/").split("/")
+    path = pages.STATIC.joinpath(*parts)
+    if not url.startswith("/static/") or len(parts) != 2 or ".." in parts or not path.is_file():
         raise RuntimeError(f"the page refers to {url}, which is not one of its static files")
     return path
 
 
-def _module_url(filename):
-    """A module's text as a data: URL (the import map's value for it in the exported page)."""
-    text = (pages.STATIC / filename).read_text(encoding="utf-8")
+def _module_url(path):
+    """A module's text as a data: URL (the import map's value for it in the exported page);
+    `path` is the module's file under static/."""
+    text = (pages.STATIC / path).read_text(encoding="utf-8")
     return "data:text/javascript;base64," + base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 

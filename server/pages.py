@@ -8,8 +8,11 @@ shipped example: no websocket, no engine work) or `preset=NAME` (live: the page 
 engine for that preset). Only the traces in examples/ are served, by name. The full page
 takes the same view parameters, and `?trace=URL` for any same-origin trace.
 
-The pages' scripts are native ES modules, static/ft-NAME.js, that import each other by bare
-specifiers (`import {fmtS} from "ft/util"`). Every template gets `import_map`, the
+The pages' scripts are native ES modules, static/JOB/ft-NAME.js, in one folder per job (core:
+state, connection, replay and controls; draw: timeline, canvases, charts and panels; features:
+delivery, speculation, observed server, SLO marks, weights and busy; teach: presets, tour,
+diagnosis, measure, compare and presenter mode; classroom: the join page and the classroom
+strip). They import each other by bare specifiers (`import {fmtS} from "ft/util"`). Every template gets `import_map`, the
 `<script type="importmap">` that maps each specifier to its file; `app.py export` renders the
 same templates with each specifier mapped to a data: URL of the file's text instead, since a
 page opened from file:// cannot load module scripts from files (server/export.py).
@@ -24,7 +27,9 @@ from .state import current
 ROOT = Path(__file__).resolve().parents[1]   # templates/ and static/ sit at the top level
 EXAMPLES = ROOT / "examples"
 STATIC = ROOT / "static"
-MODULES = tuple(sorted(p.stem.removeprefix("ft-") for p in STATIC.glob("ft-*.js")))   # ft/NAME: static/ft-NAME.js
+# ft/NAME -> its file's path under static/ (JOB/ft-NAME.js). A module's name is unique across the
+# folders, so the specifiers say what a module is, not where it sits.
+MODULES = {p.stem.removeprefix("ft-"): p.relative_to(STATIC).as_posix() for p in sorted(STATIC.glob("*/ft-*.js"))}
 PANELS = ("timeline", "kv", "blocks", "queue", "slots", "detail")   # the page's parts, in page order
 EMBED_PANELS = ("timeline",)                                          # /embed's default
 THEMES = ("dark", "light")
@@ -38,8 +43,8 @@ class BadParam(ValueError):
 
 
 def import_map(url_of):
-    """The pages' import map: each module's specifier `ft/NAME` -> url_of("ft-NAME.js")."""
-    return {"imports": {f"ft/{name}": url_of(f"ft-{name}.js") for name in MODULES}}
+    """The pages' import map: each module's specifier `ft/NAME` -> url_of("JOB/ft-NAME.js")."""
+    return {"imports": {f"ft/{name}": url_of(path) for name, path in MODULES.items()}}
 
 
 @bp.app_context_processor

@@ -101,7 +101,7 @@ def start_app(*args, port=None):
 
 
 def page_module(page, name):
-    """A handle to the page's module `ft/NAME` (static/ft-NAME.js), the same instance the page
+    """A handle to the page's module `ft/NAME` (static/JOB/ft-NAME.js), the same instance the page
     runs: pass it as the argument of page.evaluate / wait_for_function to read its exports
     (`page.evaluate("m => m.runs", page_module(page, "compare"))`). A page or frame."""
     return page.evaluate_handle(f"import({json.dumps('ft/' + name)})")

@@ -214,7 +214,7 @@ def first_shapes_are_outlined(page, events):
 
 
 def median(values):
-    """static/ft-state.js percentile(values, 50): the element at round(half the index range)."""
+    """static/core/ft-state.js percentile(values, 50): the element at round(half the index range)."""
     s = sorted(values)
     return s[min(len(s) - 1, int(0.5 * (len(s) - 1) + 0.5))]
 

@@ -79,10 +79,10 @@ def test_a_busy_machine_is_named_against_the_engines_own_quiet_pace(live, browse
             const pt = (t, ms, pred, batch) => ({batch, ms, predMs: pred, kv: true, t, len: 10, guesses: 0});
             s.points.length = 0;
             for (let i = 0; i < 24; i++) s.points.push(pt(i * 0.1, 10 * (1 + i % 2), 1 + i % 2, 1 + i % 2));   // quiet: 10x the estimate
-            const quiet = busy.pace(0, 2.4);
+            const quiet = busy.pace(s, 0, 2.4);
             for (let i = 0; i < 12; i++) s.points.push(pt(5 + i * 0.1, 60 * (1 + i % 2), 1 + i % 2, 1 + i % 2));  // 6x slower
-            const slow = busy.pace(5, 6.2);
-            s.latestT = 6.2; busy.update();
+            const slow = busy.pace(s, 5, 6.2);
+            s.latestT = 6.2; busy.update(s);
             const note = document.getElementById('busy-note');
             return {quiet, slow, shown: !note.hidden, text: note.textContent};
           }""", page_module(page, "busy"))

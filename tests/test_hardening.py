@@ -453,7 +453,7 @@ def test_loopback_is_judged_by_address_after_resolving():
 def test_every_response_says_nosniff(live):
     """X-Content-Type-Options: nosniff on pages, static files, JSON, errors and the API."""
     c = live.app.test_client()
-    for r in (c.get("/"), c.get("/static/ft.css"), c.get("/healthz"), c.get("/metrics"), c.get("/v1/models"),
+    for r in (c.get("/"), c.get("/static/core/ft.css"), c.get("/healthz"), c.get("/metrics"), c.get("/v1/models"),
               c.get("/no-such-page"), c.post("/v1/completions", data="not json"), c.get("/join")):
         assert r.headers.get("X-Content-Type-Options") == "nosniff", (r.request.path, r.status_code)
 

@@ -94,13 +94,14 @@ def test_record_cli_writes_a_valid_trace_that_exports(tiny_cli, tmp_path, capsys
     app_cli.main(["export", str(out), "-o", str(page)])
     html = page.read_text()
     # Self-contained: no element refers to anything outside the file, and the import map maps
-    # every module the page has (each of static/ft-*.js) to a data: URL of its own text.
+    # every module the page has (each of static/JOB/ft-*.js) to a data: URL of its own text.
     assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)=\"(?!data:)", html)
     modules = json.loads(re.search(r'<script type="importmap">(.*?)</script>', html, re.S).group(1))["imports"]
     assert set(modules) == {f"ft/{name}" for name in pages.MODULES} and "ft/app" in modules
+    assert len(modules) == len(list(pages.STATIC.glob("*/ft-*.js")))   # no two folders hold one name
     for spec, url in modules.items():
         assert url.startswith("data:text/javascript;base64,")
-        file = pages.STATIC / f"ft-{spec.removeprefix('ft/')}.js"
+        file = pages.STATIC / pages.MODULES[spec.removeprefix("ft/")]
         assert base64.b64decode(url.split(",", 1)[1]).decode() == file.read_text(encoding="utf-8")
     m = re.search(r'<script type="application/json" id="ft-trace">(.*?)</script>', html, re.S)
     assert json.loads(m.group(1)) == {"name": "t", "events": trace}

@@ -49,7 +49,7 @@ def events(live):
 
 
 def fmt_s(v):
-    """static/ft-util.js fmtS, for the figures the page prints."""
+    """static/core/ft-util.js fmtS, for the figures the page prints."""
     a = abs(v)
     if a >= 10:
         return f"{v:.1f} s"

@@ -75,7 +75,7 @@ def of(evs, kind):
 
 
 def pct(x):
-    """static/ft-speculate.js pct (Math.round: halves up)."""
+    """static/features/ft-speculate.js pct (Math.round: halves up)."""
     return f"{math.floor(x * 100 + 0.5)}%"
 
 

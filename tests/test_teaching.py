@@ -56,13 +56,13 @@ class TeachPage(Page):
 
     def ft(self):
         """A handle to the page's modules these tests read, {teach, tour, figures, replay, compare,
-        util} (static/ft-NAME.js, the instances the page runs): pass it in an expression's argument."""
+        util} (static/JOB/ft-NAME.js, the instances the page runs): pass it in an expression's argument."""
         return self.page.evaluate_handle("""async () => { const ft = {};
             for (const n of ["teach", "tour", "figures", "replay", "compare", "util"]) ft[n] = await import(`ft/${n}`);
             return ft; }""")
 
     def fmt(self, seconds):
-        """A duration as the page writes it (fmtS, static/ft-util.js)."""
+        """A duration as the page writes it (fmtS, static/core/ft-util.js)."""
         return self.js("([ft, v]) => ft.util.fmtS(v)", [self.ft(), seconds])
 
     def active_t(self):

@@ -1,4 +1,4 @@
-"""'Why does this response feel slow?' in real Chromium: diagnose() (static/ft-diagnose.js) on
+"""'Why does this response feel slow?' in real Chromium: diagnose() (static/teach/ft-diagnose.js) on
 engineered situations (queue-bound, cache-bound, prefill-bound, decode-bound, stalled behind
 another request's prefill) names the cause with the measured numbers, the request panel shows it, a
 first token slowed by a new shape's first forward says that cost once it is measured, and on the

@@ -50,7 +50,7 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         page.evaluate("() => firstToken.send({type: 'submit', prompt: 'Say hi.', max_new_tokens: 4, chat: false})")
         page.wait_for_function("() => firstToken.state.steps.some(s => s.kind === 'decode' && s.weights === 'dequantised')")
         step = page.evaluate("() => firstToken.state.steps.find(s => s.kind === 'decode')")
-        line = page.evaluate("st => import('ft/weights').then(w => w.stepLine(st))", step)
+        line = page.evaluate("st => import('ft/weights').then(w => w.stepLine(firstToken.state, st))", step)
         assert line == f"weights read: {fp32}, fp32 dequantised (oneDNN fp32)"
         # on a phone the model line is hidden: the headline says it
         page.set_viewport_size({"width": 390, "height": 844})

@@ -6,9 +6,12 @@
 // second however many events it sends. Every event reaches the state through `show`: live
 // ones via the replay module's log (ft-replay.js), which also plays traces and slow motion.
 //
-// Each part gets the shared objects it reads (the state, the view, the UI state, the perf
-// counters) as init arguments, and imports the functions it calls from the modules that own
-// them; the list of imports at the top of a file is everything it may touch.
+// This file is the composition root: the shared objects (the state, the view, the UI state, the
+// perf counters, the timeline with the features' layers, the dispatch of event reactions) are
+// made here and passed to each part as arguments where it is called (`page` for the canvases
+// and panels); the teaching parts, the controls and the replay still take theirs once, in init.
+// A part imports the functions it calls from the modules that own them; the list of imports at
+// the top of a file is everything it may touch.
 import * as busy from "ft/busy";
 import * as canvases from "ft/canvases";
 import * as charts from "ft/charts";
@@ -16,14 +19,18 @@ import * as classroom from "ft/classroom";
 import * as compare from "ft/compare";
 import * as connection from "ft/connection";
 import * as controls from "ft/controls";
+import {timelineLayers as deliveryLayers} from "ft/delivery";
 import * as diagnosis from "ft/diagnose";
 import * as measure from "ft/measure";
 import * as panels from "ft/panels";
 import * as present from "ft/present";
 import * as replay from "ft/replay";
 import * as server from "ft/server";
-import {createState, ingest} from "ft/state";
+import {timelineLayers as speculationLayers} from "ft/speculate";
+import {createDispatch, createState, ingest} from "ft/state";
+import {timelineLayers as sloLayers} from "ft/targets";
 import * as teach from "ft/teach";
+import {createTimeline} from "ft/timeline";
 import * as tour from "ft/tour";
 import * as weights from "ft/weights";
 import {$, toast} from "ft/util";
@@ -35,39 +42,51 @@ const ui = {selected: null, awaitOwn: false, layouts: {}, dirtyDom: true};
 const perf = {frames: 0, fps: 0, drawMs: 0, windowStart: performance.now(), framesInWindow: 0,
               bytesInWindow: 0, bytesPerS: 0};
 const select = (id) => { ui.selected = id; ui.dirtyDom = true; };
+// The timeline and what the features draw on it: speculation's guesses, the SLO marks, the
+// way out and model loads, observe mode's client waits (each feature's timelineLayers). At one
+// stage layers draw in this order: the guesses on the lane under the first-shape outlines, the SLO
+// marks under the arrival marks.
+const timeline = createTimeline();
+for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
-const engineNow = () => (replay.active() ? replay.now() : connection.engineNow());
+const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
+// What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
+const page = {s, view, ui, perf, select, engineNow, timeline};
 
-connection.init({s, perf, onEvents: replay.logLive});
 controls.init({s, ui, embed});
-panels.init({s, ui, perf, select});
-charts.init({s});
-canvases.init({s, view, ui, select, engineNow});
+panels.wire(ui);
 replay.init({s, ui, show});
-server.init({s, engineNow});   // observe mode: the server strip, header and measured-by tags (ft-server.js)
-classroom.init({embed});
-weights.init({s});   // the weights format a decode step reads: header, control, floors (ft-weights.js)
-busy.init({s});   // "this machine is busy": decode steps against the engine's own quiet pace (ft-busy.js)
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
-for (const part of lessons) part.init({s});
-if (!embed) present.init();
+if (!embed) {   // their buttons and sheets
+  tour.init({s, ui}); measure.init({s}); compare.init({s}); present.init();
+}
 teach.init({s, embed, parts: lessons});
+
+// What the page does on an event besides folding it into the state: teaching first (a URL's
+// preset goes out before its settings), then the lessons, then the page's own reactions.
+const dispatch = createDispatch(s);
+dispatch.on(teach.reactions);
+for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
+dispatch.on({
+  hello(ev) {
+    ui.selected = null; panels.showModel(s, ev);
+    if (!replay.active()) { controls.onHello(); classroom.onHello(ev, embed); }   // a trace's page controls nothing
+  },
+  error(ev) {
+    if (ev.fatal) stopped(ev);
+    else toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
+  },
+  request(ev) { if (ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; } },
+  settings() { if (!replay.active()) controls.onSettings(); },
+  dropped(ev) { toast(`this page fell behind: the server dropped ${ev.count} events for it`); },
+});
 
 function show(events, at) {
   for (const ev of events) {
     ingest(s, ev, at);
-    teach.onEvent(ev);   // before the controls: a URL's preset goes out before its settings
-    if (ev.type === "hello") {
-      ui.selected = null; panels.showModel(ev);
-      if (!replay.active()) { controls.onHello(); classroom.onHello(ev); }   // a trace's page controls nothing
-    }
-    else if (ev.type === "error" && ev.fatal) stopped(ev);
-    else if (ev.type === "error") toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
-    else if (ev.type === "request" && ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; }
-    else if (ev.type === "settings" && !replay.active()) controls.onSettings();
-    else if (ev.type === "dropped") toast(`this page fell behind: the server dropped ${ev.count} events for it`);
+    dispatch.emit(ev);
   }
   ui.dirtyDom = true;
 }
@@ -94,19 +113,19 @@ let lastDom = 0, lastCharts = 0;
 function loop(ts) {
   countFrame(ts);
   const t0 = performance.now();
-  canvases.draw();
+  canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(); server.update(); teach.update(); weights.update(); classroom.update(); busy.update();
+    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
-  if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(); }
+  if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
   requestAnimationFrame(loop);
 }
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(); panels.update(); server.update(); teach.update(); weights.update(); busy.update(); charts.update();
+  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.
@@ -120,7 +139,8 @@ window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, 
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire();
-canvases.wire();
+classroom.wire();
+canvases.wire(page);
 replay.wire();
-if (!replay.start()) connection.connect();   // a trace given with the page: no connection at all
+if (!replay.start()) connection.connect({s, perf, onEvents: replay.logLive});   // a trace given with the page: no connection at all
 requestAnimationFrame(loop);

@@ -4,6 +4,7 @@
 // figures side by side, labelled: the engine's own measurements (its `finished` event; on an
 // observed server, the classroom app's, as a client of that server) and what this phone
 // measured (from pressing Send, so the network is included).
+import {createDispatch} from "ft/state";
 import {$, fmtS} from "ft/util";
 
 const codeRequired = document.body.dataset.codeRequired === "true";
@@ -85,21 +86,25 @@ function engineFigures(ev) {
     "this phone: measured here from pressing Send (network included), then tokens per second as they arrived.";
 }
 
-function onEvent(ev) {
-  if (ev.type === "start") $("answer-state").textContent = `· ${ev.id} · waiting for the first token…`;
-  else if (ev.type === "token") {
+// The answer's stream: its start, each token, its end (ft-state.js createDispatch reads the types).
+const answer = createDispatch();
+answer.on({
+  start(ev) { $("answer-state").textContent = `· ${ev.id} · waiting for the first token…`; },
+  token(ev) {
     run.arrivals.push(performance.now());
     $("answer").textContent += ev.text;
     $("answer-state").textContent = "· streaming";
     phoneFigures();
-  } else if (ev.type === "finished") {
+  },
+  finished(ev) {
     $("answer-state").textContent = "· done";
     engineFigures(ev);
-  } else if (ev.type === "error") {
+  },
+  error(ev) {
     $("answer-state").textContent = "· stopped";
     say(ev.message, true);
-  }
-}
+  },
+});
 
 // Server-sent events over fetch: blocks separated by a blank line; `data:` lines carry JSON,
 // `:` lines are keep-alives.
@@ -114,7 +119,7 @@ async function read(res) {
     while ((cut = buf.indexOf("\n\n")) >= 0) {
       const block = buf.slice(0, cut);
       buf = buf.slice(cut + 2);
-      for (const line of block.split("\n")) if (line.startsWith("data: ")) onEvent(JSON.parse(line.slice(6)));
+      for (const line of block.split("\n")) if (line.startsWith("data: ")) answer.emit(JSON.parse(line.slice(6)));
     }
   }
 }

@@ -1,17 +1,19 @@
 // First Token: the teaching layer's hub and its presets. The boot file gives it the teaching
 // parts (diagnosis, tour, measure, compare; none on an /embed) and it passes each of them
-// every event and the 4 Hz DOM tick. This file also draws the presets panel (one
-// button per `hello.presets` entry, each sending `{"type": "preset", "name": …}`), applies
-// `/?preset=NAME` once on load, and shows the lesson banner: the active preset (from the
-// `preset` event, so every page and a replayed trace show it) with its explanation, the
-// number that proves it, and that number measured live (ft-figures.js).
+// the 4 Hz DOM tick (the boot file hands their event reactions to the page's dispatch). This
+// file also draws the presets panel (one button per `hello.presets` entry, each sending
+// `{"type": "preset", "name": …}`), applies `/?preset=NAME` once on load, and shows the lesson
+// banner: the active preset (from the `preset` event, so every page and a replayed trace show
+// it) with its explanation, the number that proves it, and that number measured live
+// (ft-figures.js).
 import {send} from "ft/connection";
 import {proofText} from "ft/figures";
 import {active as replaying} from "ft/replay";
+import {ROLES} from "ft/state";
 import {$, el} from "ft/util";
 
 // From init: the page state, whether this is an /embed (its ?preset= and banner only), and
-// the teaching parts, each a module with `onEvent(ev)` and/or `update()`.
+// the teaching parts, each a module with an `update(page)` (page: ft-app.js's shared objects).
 let s, embed, parts;
 export function init(deps) { ({s, embed, parts} = deps); }
 let urlDone = false;
@@ -27,7 +29,7 @@ export const preset = (name) => presets().find((p) => p.name === name) || null;
 // classroom the presenter is asked first when students' questions would go. False: don't.
 export function confirmReset(what) {
   const asking = [...s.reqs.values()].filter((r) => r.source === "join" && r.end === null);
-  if (!asking.length || document.body.dataset.role !== "presenter") return true;
+  if (!asking.length || document.body.dataset.role !== ROLES.PRESENTER) return true;
   const who = [...new Set(asking.map((r) => r.label || r.id))];
   const list = who.slice(0, 5).join(", ") + (who.length > 5 ? ` and ${who.length - 5} more` : "");
   return window.confirm(`${asking.length} student question${asking.length > 1 ? "s are" : " is"} still ` +
@@ -95,17 +97,18 @@ function applyUrl() {
   if (name && !replaying()) apply(name);   // a replayed trace's page changes nothing
 }
 
-// Every event, before the controls see it (a URL's preset goes out before its settings).
-export function onEvent(ev) {
-  if (ev.type === "preset") active = ev;
-  else if (ev.type === "hello" || ev.type === "reset") active = null;   // a preset's own reset comes before it
-  if (embed) {   // an embed runs its ?preset= and shows its banner; no other teaching
-    if (ev.type === "hello") applyUrl();
-    return;
-  }
-  if (ev.type === "hello") { buildPresets(); applyUrl(); }
-  for (const part of parts) if (part.onEvent) part.onEvent(ev);
-}
+// What it does on events (ft-state.js createDispatch), before the controls see them: a URL's
+// preset goes out before its settings. An embed runs its ?preset= and shows its banner; no
+// presets panel.
+export const reactions = {
+  preset(ev) { active = ev; },
+  reset() { active = null; },   // a preset's own reset comes before it
+  hello() {
+    active = null;
+    if (!embed) buildPresets();
+    applyUrl();
+  },
+};
 
 // The banner: the tour's step while it runs, else the active preset.
 function banner() {
@@ -134,8 +137,8 @@ function banner() {
 // The 4 Hz DOM tick: the parts first (the tour writes its step's live figure), then the banner,
 // so the banner's figure is this tick's, as the header's and the strips' are (it lagged a tick:
 // "with 0 running" beside a header's 2/4).
-export function update() {
-  if (!embed) for (const part of parts) if (part.update) part.update();
+export function update(page) {
+  if (!embed) for (const part of parts) if (part.update) part.update(page);
   banner();
   if (!embed) document.body.dataset.focus = focus();
 }

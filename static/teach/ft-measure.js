@@ -14,19 +14,20 @@
 // (Plotly: the global that plotly.min.js, a classic script before the modules, defines.)
 import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
-import {percentile} from "ft/state";
+import {ROLES, percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
 import {$, fmtBytes, fmtS, toast} from "ft/util";
 import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
 
-let s;   // the page state, from init (its connectT tells history sent on connect from news)
+// The functions that read the page state take it as `s` (its connectT tells history sent on
+// connect from news).
 let result = null, drawn = null;
 let byFormat = {};   // weights format -> the latest finished sweep that read it
 let both = null;     // "Measure both weight formats" while it runs: {step}
 const DASHES = ["solid", "dot", "dashdot", "longdash"];
 
 // The format a sweep read: a finished one says; one still running reads the setting in force.
-const formatOf = (ev) => ev.weights || inForce(s);
+const formatOf = (s, ev) => ev.weights || inForce(s);
 // The sweeps to draw: one per format once both formats have one (the newest first), else the newest.
 function shown() {
   const fmts = Object.keys(byFormat);
@@ -55,8 +56,8 @@ function byContext(rows) {
 // One sweep's lines (one per context length) and its floor: the weights it read plus the batch's
 // keys/values at the measured bandwidth, an estimate. With two formats drawn each takes its own
 // colour, and the contexts their dashes.
-function stepLines(ev, two) {
-  const fmt = formatOf(ev), tag = two ? `${name(fmt, "short")}, ` : "";
+function stepLines(s, ev, two) {
+  const fmt = formatOf(s, ev), tag = two ? `${name(s, fmt, "short")}, ` : "";
   const data = byContext(ev.decode).map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx} tokens`,
     x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
     line: {color: two ? colorOf(fmt) : HUES[i % HUES.length], width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
@@ -64,16 +65,16 @@ function stepLines(ev, two) {
   const floors = ev.decode.map((r) => r.floor_s).filter((v) => typeof v === "number");
   if (floors.length) {
     const batches = [...new Set(ev.decode.map((r) => r.batch))].sort((a, b) => a - b);
-    const floor = percentile(floors, 50) * 1000, fl = floorOf(fmt, s);
-    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
+    const floor = percentile(floors, 50) * 1000, fl = floorOf(s, fmt);
+    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(s, fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
                x: batches, y: batches.map(() => floor), line: {color: two ? colorOf(fmt) : P.accent, width: 2, dash: "dash"},
-               hovertemplate: `estimate${two ? `, ${name(fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
+               hovertemplate: `estimate${two ? `, ${name(s, fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
   }
   return data;
 }
 
-function drawSteps(evs) {
-  const data = evs.flatMap((ev) => stepLines(ev, evs.length > 1));
+function drawSteps(s, evs) {
+  const data = evs.flatMap((ev) => stepLines(s, ev, evs.length > 1));
   Plotly.react($("m-steps"), data, Object.assign({}, LAYOUT, {
     xaxis: axis("requests in the batch", {dtick: 1}), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
@@ -121,13 +122,13 @@ export function roofs(hello, fmt = null) {
 const medianRatio = (pts) => percentile(pts.filter((p) => typeof p.predicted_s === "number" && p.predicted_s > 0)
   .map((p) => p.step_s / p.predicted_s), 50);
 
-function drawRoofline(evs) {
+function drawRoofline(s, evs) {
   const two = evs.length > 1, data = [];
   let xs = [], dec = [], pre = [], R = null;
   const point = (p, n, what) => `${what}<br>measured ${fmtS(p.step_s)} · roofline estimate ${fmtS(p.predicted_s)} (${p.bound}-bound)` +
     (rooflineGap(p.step_s, p.predicted_s) ? `<br>${rooflineGap(p.step_s, p.predicted_s)}` : "");
   for (const ev of evs) {   // each sweep's points, and the memory roof of the bytes it read
-    const fmt = formatOf(ev), tag = two ? `, ${name(fmt, "short")}` : "";
+    const fmt = formatOf(s, ev), tag = two ? `, ${name(s, fmt, "short")}` : "";
     dec = (ev.decode || []).slice().sort((a, b) => a.batch - b.batch || a.context - b.context);
     pre = (ev.prefill || []).slice().sort((a, b) => a.tokens - b.tokens);
     data.push(
@@ -139,12 +140,12 @@ function drawRoofline(evs) {
        text: pre.map((p) => point(p, p.tokens, `prefill${tag}: one ${p.tokens}-token prompt`)), hovertemplate: "%{text}<extra></extra>"});
     xs = xs.concat(dec.map((p) => p.batch), pre.map((p) => p.tokens));
   }
-  const roofList = evs.map((ev) => roofs(s.hello, formatOf(ev))).filter(Boolean);
+  const roofList = evs.map((ev) => roofs(s.hello, formatOf(s, ev))).filter(Boolean);
   R = roofList[roofList.length - 1] || null;
   if (R && xs.length) {
     const x0 = 1, x1 = Math.max(...xs) * 1.5;
     for (const r of roofList) {
-      const tag = two && r.fmt ? `, ${name(r.fmt, "short")}: ${mb(r.weightBytes)}` : "";
+      const tag = two && r.fmt ? `, ${name(s, r.fmt, "short")}: ${mb(r.weightBytes)}` : "";
       data.push({type: "scatter", mode: "lines", name: `memory roof (estimate${tag})`,
                  x: [x0, x1], y: [r.memoryS * 1000, r.memoryS * 1000], line: {color: two ? colorOf(r.fmt) : P.accent, width: 2, dash: "dash"},
                  hovertemplate: `memory roof (estimate${tag}): %{y:.1f} ms<extra></extra>`});
@@ -159,11 +160,11 @@ function drawRoofline(evs) {
     margin: Object.assign({}, LAYOUT.margin, {b: 40}),
     xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
     yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
-  $("m-roof-note").textContent = roofNote(dec, pre, R, two ? roofList : null);
+  $("m-roof-note").textContent = roofNote(s, dec, pre, R, two ? roofList : null);
 }
 
 // The gap between what was measured and what the roofline estimates, said plainly.
-function roofNote(dec, pre, R, both = null) {
+function roofNote(s, dec, pre, R, both = null) {
   if (!R) return "No roofline: this server did not send its measured rates.";
   const parts = [];
   let over = false;
@@ -176,17 +177,21 @@ function roofNote(dec, pre, R, both = null) {
                : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
   }
   return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
-    (both ? ` (The figures: the ${name(R.fmt)} sweep.)` : "") +
-    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
-    `${R.fmt && !both ? ` (${name(R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
+    (both ? ` (The figures: the ${name(s, R.fmt)} sweep.)` : "") +
+    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(s, r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
+    `${R.fmt && !both ? ` (${name(s, R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
     `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
 }
 
 function show(on) { $("sheet-measure").hidden = !on; }
 
-export function onEvent(ev) {
-  if (ev.type === "hello") { result = null; byFormat = {}; return; }
-  if (ev.type !== "measure") return;
+export const reactions = {
+  hello() { result = null; byFormat = {}; },
+  measure: measured,
+};
+
+// A `measure` event (`s`: the state it was folded into): the sheet's status line, and the points to draw.
+function measured(ev, s) {
   const status = $("m-status");
   const replayed = s.connectT !== null && ev.t < s.connectT;   // history sent on connect: no pop-up
   if (ev.status === "running") {
@@ -202,10 +207,10 @@ export function onEvent(ev) {
     if (ev.weights) byFormat[ev.weights] = ev;
     status.dataset.status = "done";
     const fmts = Object.keys(byFormat);
-    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(ev.weights)}` : ""}; ` +
+    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(s, ev.weights)}` : ""}; ` +
       "serving resumed. Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; " +
-      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(f)).join(", ")}); ` +
-      `the rates and KV charts: the latest sweep (${name(ev.weights)}).` : "");
+      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(s, f)).join(", ")}); ` +
+      `the rates and KV charts: the latest sweep (${name(s, ev.weights)}).` : "");
   } else {
     status.dataset.status = "error";
     status.textContent = `The measurement failed: ${ev.message}`;
@@ -213,23 +218,23 @@ export function onEvent(ev) {
 }
 
 // Charts are drawn when the sheet is visible (plotly needs its size).
-export function update() {
-  $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === "viewer";
+export function update({s}) {
+  $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === ROLES.VIEWER;
   $("m-both").disabled = !!both;
   if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
   drawn = result;
   const evs = shown();
-  drawSteps(evs); drawRates(result); drawKV(result); drawRoofline(evs);
+  drawSteps(s, evs); drawRates(result); drawKV(result); drawRoofline(s, evs);
   for (const id of ["m-steps", "m-rates", "m-kv", "m-roof"]) $(id).classList.toggle("partial", result.status === "running");
 }
 
-export function init(deps) {
-  ({s} = deps);
+// The sheet's buttons; `s`, the page state, for "Measure both".
+export function init({s}) {
   $("btn-measure").addEventListener("click", () => {
     if (send({type: "measure"})) { show(true); $("m-status").textContent = "asking the engine to measure…"; }
   });
   $("m-close").addEventListener("click", () => show(false));
-  $("m-both").addEventListener("click", measureBoth);
+  $("m-both").addEventListener("click", () => measureBoth(s));
 }
 
 // Resolves when pred() holds (polled), or rejects after `ms`.
@@ -242,7 +247,7 @@ const until = (pred, ms) => new Promise((resolve, reject) => {
 });
 
 // The sweep under each copy of the weights in turn, then the setting as it was: both drawn.
-export async function measureBoth() {
+async function measureBoth(s) {
   if (both) return;
   const was = s.settings.weights;
   both = {step: 0};

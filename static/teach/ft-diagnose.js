@@ -156,7 +156,7 @@ function inFlight(r, s) {
 export function diagnose(r, s) {
   if (!r) return null;
   if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
-  if (observing(s)) return diagnoseClient(r);   // observe mode: no engine stages, only what a client sees
+  if (observing(s)) return diagnoseClient(s, r);   // observe mode: no engine stages, only what a client sees
   if (!r.stages) return inFlight(r, s);
   if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
   const p = finishedParts(r, s), total = r.e2e;
@@ -174,9 +174,9 @@ export function diagnose(r, s) {
   delete d.extra;
   const spec = speculation(r, s);   // what speculative decoding did for its later tokens, when it guessed
   if (spec) { d.text += ` ${spec.text}`; d.spec = spec.verdict; }
-  const busy = busySuspect(r);   // the machine shared with another program while it ran (measured)
+  const busy = busySuspect(s, r);   // the machine shared with another program while it ran (measured)
   if (busy) { d.text += ` ${busy}`; d.busy = true; }
-  sloVerdict(d, r);
+  sloVerdict(d, r, s);
   return d;
 }
 
@@ -215,7 +215,7 @@ function speculation(r, s) {
 
 // The request against its service-level objectives (finished.slo): a miss leads the text and
 // names the objective and both numbers; a met one is said at the end.
-function sloVerdict(d, r) {
+function sloVerdict(d, r, s) {
   const o = r.slo, miss = missed(o);
   if (!o) return;
   d.slo = miss;
@@ -237,18 +237,16 @@ const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", pre
 
 // The selected request's diagnosis, computed again only when the request or the engine
 // second changes: the panel and the tour's last step both read it on the 4 Hz tick.
-let s;   // the page state, from init
-export function init(deps) { ({s} = deps); }
 let key = "", current = null, drawn;
-export function diagnosis() {
-  const r = selectedReq();
+export function diagnosis(s, ui) {
+  const r = selectedReq(s, ui);
   const k = r ? `${s.epoch}:${r.id}:${r.end}:${r.admits.length}:${r.first}:${Math.floor(s.latestT)}` : "";
   if (k !== key) { key = k; current = r ? diagnose(r, s) : null; }
   return current;
 }
 
-export function update() {
-  const d = diagnosis(), box = $("d-why");
+export function update({s, ui}) {
+  const d = diagnosis(s, ui), box = $("d-why");
   if (d === drawn) return;
   drawn = d;
   box.dataset.cause = d ? d.cause : "";

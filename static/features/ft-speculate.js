@@ -8,6 +8,7 @@
 // timeline's rows and lane, and the request panel's line. The headline, the lessons, the
 // diagnosis and the comparison read these; it writes no DOM (pure functions and canvas drawing).
 import {palette as P, alpha} from "ft/palette";
+import {rect} from "ft/timeline";
 import {fmtS} from "ft/util";
 
 export const WINDOW_S = 30;   // the headline's window: goodput's (engine/stats.py), the other figure over events
@@ -72,19 +73,29 @@ export function stepLine(st) {
 }
 
 // ------------------------------------------------------------------ the timeline
-// A forward's guessed positions for the lane across the top: {accepted, rejected}.
-const NONE = {accepted: 0, rejected: 0};
-export function laneGuesses(st) {
-  if (!st.spec) return NONE;   // most forwards, every frame: nothing to count
-  const c = tally([st]);
-  return {accepted: c.accepted, rejected: c.proposed - c.accepted};
-}
-
 // Tokens out per forward over the forwards in view, when any of them verified guesses (the
 // lane's label and hover say it then); null otherwise.
-export function perForward(steps, i0, f) {
+function perForward(steps, i0, f) {
   const c = tally(steps.slice(i0).filter((st) => st.start <= f.right));
   return c.drafts ? {forwards: c.forwards, out: c.out, mean: c.out / c.forwards} : null;
+}
+
+// On the lane of forwards, over each speculating forward's decode part, its guessed positions
+// at the foot in proportion to the tokens it computed: accepted, then rejected (the rows'
+// colours). Returns perForward over the forwards in view.
+function drawLaneGuesses({ctx, f, s, i0, lane}) {
+  const steps = s.steps;
+  for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
+    const st = steps[i];
+    if (st.kind === "release" || !st.tokens || !st.spec) continue;   // most forwards: nothing to count
+    const c = tally([st]);
+    const ah = (lane.h * c.accepted) / st.tokens, rh = (lane.h * (c.proposed - c.accepted)) / st.tokens;
+    ctx.fillStyle = C.accepted;
+    rect(ctx, f, st.start, st.end, lane.y + lane.h - ah - rh, ah);
+    ctx.fillStyle = C.rejected;
+    rect(ctx, f, st.start, st.end, lane.y + lane.h - rh, rh);
+  }
+  return perForward(steps, i0, f);
 }
 
 // On each request's row, over each forward in which it verified guesses, a column at the bar's
@@ -92,7 +103,7 @@ export function perForward(steps, i0, f) {
 // one hollow cell per rejected guess (proposed − accepted, as the `step` said), all cells one
 // height in view so that a column's height counts guesses. Narrow columns fill the cells
 // without gaps (rejected filled, nearly opaque). Returns the marks drawn, {id, t, accepted, rejected}.
-export function drawGuesses(ctx, f, g) {
+function drawGuesses({ctx, f, g}) {
   const marks = [];
   const inView = (run) => run.end >= f.left && run.start <= f.right;
   let most = 1;
@@ -120,6 +131,14 @@ export function drawGuesses(ctx, f, g) {
   }
   return marks;
 }
+
+// The timeline's layers (ft-timeline.js createTimeline): the guesses on the lane of forwards
+// (`perFwd`, the lane's label while forwards in view verified guesses) and on the rows
+// (`guesses`: the marks drawn).
+export const timelineLayers = [
+  {name: "perFwd", at: "lane", draw: drawLaneGuesses, laneLabel: (perFwd) => perFwd && `${perFwd.mean.toFixed(1)} tok/fwd`},
+  {name: "guesses", at: "steps", draw: drawGuesses},
+];
 
 // The lesson banner's figure for both presets, over the forwards since the preset (t0): guesses
 // accepted, tokens out per forward, and `throughput` (ft-figures.js) of the requests finished since.

@@ -3,6 +3,7 @@
 // from their defaults, and URL parameters on arrival become one `set`. Also the load,
 // burst and reset buttons and the prompt box.
 import {send} from "ft/connection";
+import {ROLES} from "ft/state";
 import {confirmReset} from "ft/teach";
 import {$, el, fmtBytes, toast} from "ft/util";
 import {choiceText as weightsChoice} from "ft/weights";
@@ -65,7 +66,7 @@ function choiceInput(name, lim, head, row) {
     input.type = "radio"; input.name = name; input.value = choice;
     input.addEventListener("change", () => { if (input.checked) send({type: "set", settings: {[name]: choice}}); });
     // the weights' copies say their format and bytes per step, from hello.weights
-    option.append(input, el("span", "", name === "weights" ? weightsChoice(choice) : choice));
+    option.append(input, el("span", "", name === "weights" ? weightsChoice(s, choice) : choice));
     group.append(option);
   }
   row.append(group);
@@ -210,7 +211,7 @@ function reloadModel() {
 export function onHello() {
   if (!urlApplied) {
     urlApplied = true;
-    if (s.hello.role !== "viewer") applyUrl();
+    if (s.hello.role !== ROLES.VIEWER) applyUrl();
     else if (location.search) toast("viewing a class: URL settings are not sent; the presenter controls the engine");
   }
   if (!embed) buildControls();

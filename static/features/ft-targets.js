@@ -4,9 +4,12 @@
 // and the roofline (`step.predicted_s`, `measure` points: the slower of a forward's bytes at
 // the measured bandwidth and its flops at the measured matmul rate, an estimate). Pure
 // functions of events; the hover read-outs, request panel, diagnosis, measure sheet and
-// comparison read them.
+// comparison read them. The timeline's SLO marks are its layer (timelineLayers).
+import {alpha, palette as P} from "ft/palette";
 import {stepMedians} from "ft/state";
 import {fmtS} from "ft/util";
+
+const C = {met: P.sloMet, missed: P.sloMissed, backing: alpha(P.panel2, 0.85)};
 
 // The targets a request missed, by name ([] when it met both; null when it was not judged).
 export function missed(slo) {
@@ -66,3 +69,34 @@ export function rooflineText(measuredS, predictedS, bound) {
   const gap = rooflineGap(measuredS, predictedS);
   return `roofline estimate ${fmtS(predictedS)} (${bound}-bound) vs measured ${fmtS(measuredS)}` + (gap ? `\n  ${gap}` : "");
 }
+
+// ------------------------------------------------------------------ the timeline
+// Each judged request's service-level verdict (finished.slo) just after its end: a quiet tick
+// when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
+// "✗ both"); the hover read-out and the request panel give the numbers.
+// Returns the marks drawn (the page's layout().sloMarks).
+function drawSlo({ctx, f, g}) {
+  const {reqs, barY, barH, rowH} = g;
+  const marks = [];
+  const px = Math.max(10, Math.min(14, Math.floor(rowH - 3)));
+  ctx.font = `600 ${px}px system-ui, sans-serif`;
+  ctx.textAlign = "left"; ctx.textBaseline = "middle";
+  for (const r of reqs) {
+    if (!r.slo || r.end < f.left || r.end > f.right) continue;
+    const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
+    const text = r.slo.met ? "✓" : `✗ ${which}`;
+    // just after the request's end; a request that ended at the right edge gets its mark
+    // inside the plot, on a backing of the strip's colour so the bars under it do not muddle it
+    const tw = ctx.measureText(text).width, y = barY(r) + barH / 2;
+    const x = Math.min(f.x(r.end) + 3, f.gutter + f.pw + 8 - tw);
+    ctx.fillStyle = C.backing;
+    ctx.fillRect(x - 2, y - px / 2 - 1, tw + 4, px + 2);
+    ctx.fillStyle = r.slo.met ? C.met : C.missed;
+    ctx.fillText(text, x, y);
+    marks.push({id: r.id, met: r.slo.met, text, x, y, px});
+  }
+  return marks;
+}
+
+// The timeline's layers (ft-timeline.js createTimeline): the SLO marks, over the tokens.
+export const timelineLayers = [{name: "slo", at: "marks", draw: drawSlo}];

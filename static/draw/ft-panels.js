@@ -14,13 +14,9 @@ import {clientAccounting, clientNote, clientState, modelLine, observing} from "f
 import {apply as applyPreset} from "ft/teach";
 import {$, el, fmtBytes, fmtS} from "ft/util";
 
-// From init: the page state, its UI state (selected request, dirtyDom), the perf counters the
-// footer shows, and `select(id)`, which picks the request the detail panel shows.
-let s, ui, perf, select;
-export function init(deps) {
-  ({s, ui, perf, select} = deps);
-  wireStart();
-}
+// The functions here take what they read: `s` the page state, `ui` its UI state (selected
+// request, dirtyDom, awaitOwn), `perf` the counters the footer shows, and `select(id)`, which
+// picks the request the detail panel shows. `update(page)` gets them all, as {s, ui, perf, select}.
 let detailKey = "";
 
 // Where each later token's time went (`finished.later`), drawn as l-<key> segments.
@@ -51,7 +47,7 @@ function stackedBar(parts, total, label, cls = "") {
 }
 
 // A finished request's accounting: TTFT by stage, then the mean later token by part.
-function accountingBars(r) {
+function accountingBars(s, r) {
   const out = [];
   const here = ttftHere(r), way = wayOut(s.settings);
   const stages = STAGES.filter(([k]) => k !== "load" || r.stages.load > 0);   // a cold start's wait, when there was one
@@ -69,7 +65,7 @@ function accountingBars(r) {
 }
 
 // Met or missed against the service-level objectives, with the numbers (finished.slo).
-function sloLine(r) {
+function sloLine(s, r) {
   const text = sloText(r);
   if (!text) return [];
   const line = el("div", "slo-line", text);
@@ -78,10 +74,10 @@ function sloLine(r) {
   return why ? [line, el("p", "slo-why", why)] : [line];
 }
 
-function accounting(r) {
-  if (observing(s)) return clientAccounting(r);   // measured by this client, never "by the server"
+function accounting(s, r) {
+  if (observing(s)) return clientAccounting(s, r);   // measured by this client, never "by the server"
   if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
-  if (r.stages) return sloLine(r).concat(accountingBars(r));
+  if (r.stages) return sloLine(s, r).concat(accountingBars(s, r));
   const bits = [];
   if (r.queueS !== null) bits.push(`queued ${fmtS(r.queueS)}`);
   if (r.prefills.length) bits.push(`prefill ${fmtS(prefillTime(r))}`);
@@ -102,8 +98,8 @@ function promptChips(r) {
   return list;
 }
 
-export function showModel(h) {
-  if (observing(s)) { $("model").textContent = modelLine(); return; }
+export function showModel(s, h) {
+  if (observing(s)) { $("model").textContent = modelLine(s); return; }
   // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
   const w = el("span", "model-weights", h.dtype);
   w.id = "model-weights";
@@ -111,7 +107,7 @@ export function showModel(h) {
     `${h.layers} layers · ${h.max_slots} slots`);
 }
 
-function headline() {
+function headline(s) {
   const L = s.last;
   const pct = (o, k) => (o && o[k] !== undefined ? o[k] : null);
   $("h-ttft50").textContent = fmtS(pct(L && L.ttft, "p50"));
@@ -128,15 +124,15 @@ function headline() {
   $("h-policy-k").textContent = st.max_batched_tokens ? `schedule · ${st.max_batched_tokens} tok/step` : "schedule";
   $("h-policy").parentElement.title = st.schedule ? `schedule: ${st.schedule} · step token budget ` +
     `${st.max_batched_tokens} · prefix caching ${st.prefix_caching ? "on" : "off"}` : "";
-  goodput(L);
-  guesses();
+  goodput(s, L);
+  guesses(s);
   const recent = s.delivery.slice(-300);
   $("h-delivery").textContent = clock.offset === null ? "syncing" : fmtS(percentile(recent, 50));
 }
 
 // Goodput (requests/s that met both objectives, last 30 s) and the share of judged requests
 // that met them, as the last stats event says; the objectives in the tooltip.
-function goodput(L) {
+function goodput(s, L) {
   const g = L ? L.goodput : null, a = L ? L.slo_attainment : null, st = s.settings;
   $("h-goodput").textContent = typeof g === "number" ? `${g.toFixed(g >= 10 ? 1 : 2)}/s` : "—";
   $("h-slo").textContent = typeof a === "number" ? `${Math.round(a * 100)}%` : "—";
@@ -150,7 +146,7 @@ function goodput(L) {
 // Speculative decoding over the forwards of the last 30 s (goodput's window), from their `step`
 // events: the share of guesses accepted and the mean acceptance length; shown, with the
 // timeline's legend item for the guesses, while speculation is on or guesses were verified.
-function guesses() {
+function guesses(s) {
   const c = recent(s), on = speculating(s, c), x = rates(c);
   $("h-spec-fig").hidden = !on;
   $("tl-spec").hidden = !on;
@@ -165,7 +161,7 @@ function guesses() {
 
 // The step-time target, where the forwards are drawn: how many prompt tokens a mixed step may
 // take now (stats.prefill_cap), and the trade it makes.
-function capNote() {
+function capNote(s) {
   const box = $("step-cap"), target = s.settings.max_step_ms;
   if (!box) return;
   box.hidden = !target;
@@ -177,14 +173,14 @@ function capNote() {
     " — streams stay steady; a long prompt takes more steps, so its own first token comes later.";
 }
 
-function footer() {
+function footer(s, perf) {
   $("foot").textContent = `page ${perf.fps.toFixed(0)} fps (${perf.drawMs.toFixed(1)} ms drawing) · ` +
     `websocket ${fmtBytes(Math.round(perf.bytesPerS))}/s · ` +
     `${s.events} events · clock offset ${clock.offset === null ? "—" : "±" + fmtS(clock.rtt / 2)}` +
     (s.dropped ? ` · ${s.dropped} events dropped for this page` : "");
 }
 
-function kvInfo() {
+function kvInfo(s) {
   const h = s.hello, L = s.last;
   const bpt = h.kv_bytes_per_token;
   const bytesPer = (h.dtype === "float32" ? 4 : 2);
@@ -196,7 +192,7 @@ function kvInfo() {
 }
 
 // The KV blocks: in use, the budget, shared and cached ones; prefix-cache hits and preemptions (stats).
-function blocksInfo() {
+function blocksInfo(s) {
   const h = s.hello, L = s.last;
   if (!L || L.cache_blocks_used === null || !h.cache_blocks) {
     $("blocks-info").textContent = ""; $("prefix-info").textContent = "";
@@ -213,24 +209,24 @@ function blocksInfo() {
 }
 
 // What the head of the queue waits for, as the engine says (stats.blocked_on).
-function waitReason(L) {
+function waitReason(s, L) {
   return {cache: "for KV-cache blocks", slot: `for a batch slot (${running(s)}/${s.settings.slots} busy)`,
           drain: "for running requests to drain (KV-cache mode changed)",
           batch: "for the running batch to finish (static batching)",
           budget: `for room in a step (its ${s.settings.max_batched_tokens}-token budget went to running requests)`}[L.blocked_on] || "";
 }
 
-function queueInfo() {
+function queueInfo(s, select) {
   const L = s.last;
   const badge = $("kv-full"), info = $("queue-info");   // on the KV and queue strips (either may be absent)
   const n = s.waiting.length, cacheBound = L && n > 0 && L.blocked_on === "cache";
   if (badge) badge.hidden = !cacheBound;
   if (badge && cacheBound) badge.textContent = `cache full: ${n} waiting for KV blocks (${L.cache_blocks_used}/${L.cache_blocks} in use)`;
-  if (info) info.textContent = n === 0 ? "nobody waiting" : `${n} waiting ${L ? waitReason(L) : ""}`.trim();
+  if (info) info.textContent = n === 0 ? "nobody waiting" : `${n} waiting ${L ? waitReason(s, L) : ""}`.trim();
 }
 
 // A request's chip: its id, or a classroom student's name (the id in the tooltip).
-function chip(id) {
+function chip(s, select, id) {
   const r = s.reqs.get(id), label = r && r.label;
   const c = el("button", "rchip", label || id);
   if (label) c.title = id;
@@ -239,10 +235,10 @@ function chip(id) {
   return c;
 }
 
-function slots() {
+function slots(s, select) {
   const limit = s.settings.slots || s.slots.length;
   $("slots").replaceChildren(...s.slots.map((id, i) => {
-    const cell = id ? chip(id) : el("span", i < limit ? "slot free" : "slot off");
+    const cell = id ? chip(s, select, id) : el("span", i < limit ? "slot free" : "slot off");
     if (!id) cell.title = i < limit ? `slot ${i}: free` : `slot ${i}: above the slots setting`;
     cell.classList.add("cell");
     return cell;
@@ -250,13 +246,13 @@ function slots() {
   $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
   const shown = s.waiting.slice(0, SHOW_WAITING);
   const w = $("waiting");
-  w.replaceChildren(...shown.map((id) => chip(id)));
+  w.replaceChildren(...shown.map((id) => chip(s, select, id)));
   if (s.waiting.length > shown.length) w.append(el("span", "muted", ` +${s.waiting.length - shown.length} more`));
   $("waiting-info").textContent = s.hello ? `${s.waiting.length} in queue` : "";
 }
 
 // The request panel follows the newest request with output (else the newest) unless one was picked.
-export function selectedReq() {
+export function selectedReq(s, ui) {
   if (ui.selected && s.reqs.has(ui.selected)) return s.reqs.get(ui.selected);
   for (let i = s.order.length - 1; i >= 0; i--) {
     const r = s.reqs.get(s.order[i]);
@@ -270,13 +266,13 @@ const requeued = (r) => r.end === null && r.preempts.length > 0 && r.preempts[r.
 
 // Where the request stands with the scheduler: its place in the queue and why, the prompt
 // tokens the prefix cache supplied, its preemptions, and its speculative decoding (each from events).
-function schedNote(r) {
-  if (observing(s)) return clientNote(r);
+function schedNote(s, r) {
+  if (observing(s)) return clientNote(s, r);
   const L = s.last, a = r.admits[0], lines = [];
   if (L && r.end === null && (!a || requeued(r))) {
     const pos = s.waiting.indexOf(r.id);
-    lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(L)}`.trim() :
-      `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${s.waiting.length}); the first waits ${waitReason(L)}` : ""}`);
+    lines.push(pos === 0 ? `first in the queue, waiting ${waitReason(s, L)}`.trim() :
+      `waiting in the queue${pos > 0 ? ` (${pos + 1} of ${s.waiting.length}); the first waits ${waitReason(s, L)}` : ""}`);
   }
   const cached = a ? a.cachedTokens : r.finalCached;
   if (cached !== null) lines.push(`${cached} of ${a ? a.promptTokens : r.promptTokens} prompt tokens reused from the prefix cache`);
@@ -294,8 +290,8 @@ function schedNote(r) {
   return lines.join("\n");
 }
 
-function detail() {
-  const r = selectedReq();
+function detail(s, ui) {
+  const r = selectedReq(s, ui);
   if (!r) {
     $("d-title").textContent = "— none yet";
     $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
@@ -305,7 +301,7 @@ function detail() {
   const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
     r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
   $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
-  $("d-sched").textContent = schedNote(r);
+  $("d-sched").textContent = schedNote(s, r);
   const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
   if (key === detailKey) return;
   detailKey = key;
@@ -317,16 +313,17 @@ function detail() {
     chips.replaceChildren(...promptChips(r));
     $("d-ntok").textContent = r.promptTokens !== null ? `(${r.promptTokens})` : "";
   }
-  $("d-accounting").replaceChildren(...accounting(r));
+  $("d-accounting").replaceChildren(...accounting(s, r));
 }
 
 // The first screen's invitation (a live page on which nothing has run yet; a replay has its own).
-function start() {
+function start(s) {
   const box = $("start");
   if (box) box.hidden = !(s.hello && !s.order.length && !replaying());
 }
 
-function wireStart() {
+// The first screen's form and buttons (the page's own next request gets selected: ui.awaitOwn).
+export function wire(ui) {
   if (!$("start-form")) return;
   $("start-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -337,23 +334,23 @@ function wireStart() {
   $("start-tour").addEventListener("click", () => $("btn-tour").click());
 }
 
-export function update() {
-  headline();
-  start();
+export function update({s, ui, perf, select}) {
+  headline(s);
+  start(s);
   if (s.loading && !s.hello) {
     setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
   }
-  footer();
-  capNote();
+  footer(s, perf);
+  capNote(s);
   if (!ui.dirtyDom) return;
   ui.dirtyDom = false;
   // The parts the page has (an /embed shows those its `panels` parameter asked for).
   if (s.hello) {
-    if ($("kv-info")) kvInfo();
-    if ($("blocks-info")) blocksInfo();
-    queueInfo();
+    if ($("kv-info")) kvInfo(s);
+    if ($("blocks-info")) blocksInfo(s);
+    queueInfo(s, select);
   }
-  if ($("slots")) slots();
-  if ($("d-title")) detail();
+  if ($("slots")) slots(s, select);
+  if ($("d-title")) detail(s, ui);
 }
 

@@ -5,14 +5,13 @@
 // viewer's page keeps drawing everything but its controls are disabled: only the presenter
 // changes the engine (the server refuses a viewer's control messages anyway).
 import {send} from "ft/connection";
+import {ROLES} from "ft/state";
 import {$, el} from "ft/util";
 
 const POLL_MS = 2000;   // the class list, while the panel is open
-let embed;              // from init: an /embed shows no presenter panel
 let pollTimer = null, room = null;   // room: hello.classroom, on the presenter's page
 
-export function init(deps) {
-  ({embed} = deps);
+export function wire() {
   // The header wraps as its figures widen: the panel below it follows.
   new ResizeObserver(place).observe(document.querySelector("header.top"));
   addEventListener("resize", () => update());
@@ -25,7 +24,7 @@ function svgNode(text) {
 }
 
 function viewer(room) {
-  document.body.dataset.role = "viewer";
+  document.body.dataset.role = ROLES.VIEWER;
   const controls = $("controls");
   if (!controls) return;   // /embed: nothing to disable
   // Everything that would change the engine; `data-view` marks what changes only this page's
@@ -252,10 +251,11 @@ function row(c) {
   return li;
 }
 
-export function onHello(ev) {
-  document.body.dataset.role = ev.role || "solo";
+// A server's hello: this page's role. `embed`: an /embed shows no presenter panel.
+export function onHello(ev, embed) {
+  document.body.dataset.role = ev.role || ROLES.SOLO;
   const room = ev.classroom;
   if (!room) return;
-  if (ev.role === "viewer") viewer(room);
-  else if (ev.role === "presenter" && !embed) panel(room);
+  if (ev.role === ROLES.VIEWER) viewer(room);
+  else if (ev.role === ROLES.PRESENTER && !embed) panel(room);
 }

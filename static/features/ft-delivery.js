@@ -10,6 +10,7 @@
 // writes is the timeline legend's three items (#tl-way, #tl-load, #tl-shape).
 import {palette as P, alpha} from "ft/palette";
 import {percentile} from "ft/state";
+import {rect} from "ft/timeline";
 import {fmtS} from "ft/util";
 
 const C = {
@@ -69,13 +70,13 @@ export function loadWait(r, s) {
 
 // ------------------------------------------------------------------ the timeline
 // Under everything on the rows: a band over the whole plot for each model load in view.
-export function drawLoadBands(ctx, f, s, g, rect) {
+function drawLoadBands({ctx, f, s, g}) {
   ctx.fillStyle = C.loadBand;
   for (const l of s.loads) rect(ctx, f, l.start, l.end, g.top, g.plotH);
 }
 
 // On each request's row, the part of its queue stage that waited for a load, in the load colour.
-export function drawLoadWaits(ctx, f, s, g, now, rect) {
+function drawLoadWaits({ctx, f, s, g, now}) {
   if (!s.loads.length) return;
   ctx.fillStyle = C.load;
   for (const r of g.reqs) {
@@ -90,8 +91,8 @@ export function drawLoadWaits(ctx, f, s, g, now, rect) {
 // On the lane of forwards, an outline round each that was the first of its shape since the server
 // started, in the load colour (a cold cost, as the load is) and at least 5 px wide, so a forward
 // of a few ms still shows at any zoom. Returns the marks drawn (the tests read them).
-export function drawFirstShapes(ctx, f, steps, i0, lane) {
-  const marks = [];
+function drawFirstShapes({ctx, f, s, i0, lane}) {
+  const marks = [], steps = s.steps;
   ctx.strokeStyle = C.load; ctx.lineWidth = 1.5;
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
@@ -107,9 +108,9 @@ export function drawFirstShapes(ctx, f, steps, i0, lane) {
 // Each token's arrival here: a mark at the row's lower edge, linked to its tick at engine time
 // when they are apart (with nothing set between the server and the page, only marks visibly
 // apart are drawn). Then the loads' labels; the timeline's legend says what is between (the
-// injected delay named injected), and names the first-shape outline while `shapes` (how many
-// drawFirstShapes drew) are in view. Returns what it wrote (the lessons' tests read it).
-export function drawArrivals(ctx, f, s, g, compact, shapes) {
+// injected delay named injected), and names the first-shape outline while `shapes` (the marks
+// drawFirstShapes drew, an earlier layer) are in view. Returns what it wrote (the lessons' tests read it).
+function drawArrivals({ctx, f, s, g, compact, out: {shapes}}) {
   const way = wayOut(s.settings);
   const out = {marks: 0, apart: 0, loads: [], note: way ? `arrival here: ${way.text}` : null};
   const inX = (x) => x >= f.gutter && x <= f.gutter + f.pw;
@@ -152,7 +153,7 @@ export function drawArrivals(ctx, f, s, g, compact, shapes) {
     ctx.fillStyle = C.load; ctx.fillText(text, x, y);
     out.loads.push({text, left: x, top: y, right: x + w, bottom: y + px});
   }
-  legend(way, s.loads.length > 0, shapes > 0);
+  legend(way, s.loads.length > 0, shapes.length > 0);
   return out;
 }
 
@@ -173,6 +174,16 @@ function legend(way, loads, shapes) {
   if (loadEl) loadEl.hidden = !loads;
   if (shapeEl) shapeEl.hidden = !shapes;
 }
+
+// The timeline's layers (ft-timeline.js createTimeline): the loads behind everything, the
+// first-shape outlines on the lane of forwards, the loads' part of each row's wait over its
+// stages, and each token's arrival here over its tick (`delivery`: what it wrote).
+export const timelineLayers = [
+  {name: "loadBands", at: "behind", draw: drawLoadBands},
+  {name: "shapes", at: "lane", draw: drawFirstShapes},
+  {name: "loadWaits", at: "stages", draw: drawLoadWaits},
+  {name: "delivery", at: "marks", draw: drawArrivals},
+];
 
 // ------------------------------------------------------------------ a new shape's first forward
 // What a forward that was the first of its shape took against the later forwards like it in the

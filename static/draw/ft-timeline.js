@@ -1,25 +1,22 @@
-// First Token: the time-axis views drawn on <canvas> (timeline, KV cache, queue).
-// They share one `view` (visible span and right edge, live or paused) so the three
-// strips line up: a request queueing in the timeline sits over the queue rising
-// below it, and over the KV cache that was full at that moment.
+// First Token: the timeline drawn on <canvas>, and the time axis it shares with the strips
+// under it (ft-strips.js: KV cache, queue). They share one `view` (visible span and right
+// edge, live or paused) so the three line up: a request queueing in the timeline sits over
+// the queue rising below it, and over the KV cache that was full at that moment. The
+// features (delivery, speculation, the observed server, the SLO marks) draw on the timeline
+// through layers the page's composition root adds (createTimeline): this module imports none
+// of them.
 import {diagonalStripes, fitCanvas} from "ft/canvas";
-import {drawArrivals, drawFirstShapes, drawLoadBands, drawLoadWaits} from "ft/delivery";
-import {palette as P, alpha, reqColor} from "ft/palette";
-import {drawGuesses, laneGuesses, perForward} from "ft/speculate";
-import {running} from "ft/state";
-import {fmtTokens} from "ft/util";
+import {palette as P, alpha} from "ft/palette";
 
 // Canvas colours: the palette from ft.css, some made translucent.
 const C = {
   bg: P.panel2, grid: P.grid, muted: P.muted, api: P.api,
-  tokenize: P.tokenize, queue: P.queue, queueFill: alpha(P.queue, 0.55),
+  tokenize: P.tokenize, queue: P.queue,
   prefill: P.prefill, prefillWait: alpha(P.prefill, 0.28), firstSample: P.first,
   decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
-  preempt: P.bad, capacity: P.bad, budget: P.accent, inUse: P.text, running: P.decode,
-  sloMet: P.sloMet, sloMissed: P.sloMissed, sloBacking: alpha(P.panel2, 0.85),
-  guessAccepted: P.spec, guessRejected: P.bad,
+  preempt: P.bad,
 };
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
@@ -57,7 +54,7 @@ export function timeAxis(ctx, f, top, bottom, font, labels) {
 }
 
 // First index whose `key` is >= t (the list is in time order).
-function firstFrom(list, t, key) {
+export function firstFrom(list, t, key) {
   let lo = 0, hi = list.length;
   while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][key] < t) lo = mid + 1; else hi = mid; }
   return lo;
@@ -66,6 +63,17 @@ function firstFrom(list, t, key) {
 export function rect(ctx, f, a, b, y, h) {
   const x0 = Math.max(f.gutter, f.x(a)), x1 = Math.min(f.gutter + f.pw, f.x(b));
   if (x1 > x0) ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
+}
+
+// A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
+export function stepPath(ctx, f, pts, yOf, xEnd) {
+  let prev = null;
+  for (const p of pts) {
+    const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
+    if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
+    prev = y;
+  }
+  if (prev !== null) ctx.lineTo(xEnd, prev);
 }
 
 // ------------------------------------------------------------------ timeline
@@ -113,39 +121,35 @@ function drawBands(ctx, f, steps, i0, g) {
 }
 
 // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
-// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split;
-// a speculating forward's guessed positions at the foot, accepted then rejected (the rows'
-// colours). Labelled "forwards", or, while forwards in view verified guesses, with the tokens
-// they gave out per forward (`perFwd`, ft-speculate.js).
-function drawStepLane(ctx, f, steps, i0, lane, compact, perFwd) {
+// tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split
+// (a layer at "lane" may draw over its foot: speculation's guessed positions).
+function drawStepLane(ctx, f, steps, i0, lane) {
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
     if (st.kind === "release" || !st.tokens) continue;
-    const ph = (lane.h * st.prefillTokens) / st.tokens, gs = laneGuesses(st);
-    const ah = (lane.h * gs.accepted) / st.tokens, rh = (lane.h * gs.rejected) / st.tokens;
+    const ph = (lane.h * st.prefillTokens) / st.tokens;
     ctx.fillStyle = C.prefill;
     rect(ctx, f, st.start, st.end, lane.y, ph);
     ctx.fillStyle = st.n % 2 ? C.decodeB : C.decodeA;
-    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph - ah - rh);
-    if (!ah && !rh) continue;
-    ctx.fillStyle = C.guessAccepted;
-    rect(ctx, f, st.start, st.end, lane.y + lane.h - ah - rh, ah);
-    ctx.fillStyle = C.guessRejected;
-    rect(ctx, f, st.start, st.end, lane.y + lane.h - rh, rh);
+    rect(ctx, f, st.start, st.end, lane.y + ph, lane.h - ph);
   }
-  if (compact) return;
+}
+
+// The lane's name in the gutter: "forwards", or what a layer says instead (its laneLabel).
+function drawLaneLabel(ctx, f, lane, text) {
   ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
   ctx.textAlign = "right"; ctx.textBaseline = "middle";
-  ctx.fillText(perFwd ? `${perFwd.mean.toFixed(1)} tok/fwd` : "forwards", f.gutter - 6, lane.y + lane.h / 2);
+  ctx.fillText(text, f.gutter - 6, lane.y + lane.h / 2);
 }
 
 // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
-function drawStages(ctx, f, g, now) {
+// `queue`, when given, draws the rows' wait before their prefill instead of the queue stage.
+function drawStages(ctx, f, g, now, queue) {
   const endOr = (t, r) => (t !== null ? t : (r.end !== null ? r.end : now));
   const span = (a, b, y) => rect(ctx, f, a, b, y, g.barH);
   const pass = (fill, each) => { ctx.fillStyle = fill; for (const r of g.reqs) each(r, g.barY(r)); };
   pass(C.tokenize, (r, y) => { if (r.tokStart !== null) span(r.tokStart, r.tokEnd, y); });
-  if (g.clientWaits) g.clientWaits(ctx, f, g, now);   // observe mode: no queue a client can see (ft-server.js)
+  if (queue) queue();
   else pass(C.queue, (r, y) => {
     if (!r.rejected) span(r.tokEnd !== null ? r.tokEnd : r.arrival, endOr(r.prefills.length ? r.prefills[0].start : null, r), y);
   });
@@ -177,7 +181,7 @@ function drawDecodeSteps(ctx, f, steps, i0, g) {
 }
 
 // Rejections, a tick per token (the first taller, in the first-sample colour; an accepted guess is
-// its forward's cell instead, drawGuesses), preemptions.
+// its forward's cell instead, drawn by speculation's layer), preemptions.
 function drawOutcomes(ctx, f, g, view) {
   const {reqs, barY, barH, rowH, rowOf, top} = g;
   const inView = (t) => t >= f.left && t <= f.right;
@@ -195,32 +199,6 @@ function drawOutcomes(ctx, f, g, view) {
   ctx.fillStyle = C.firstSample;
   for (const r of reqs) if (r.first !== null && inView(r.first)) ctx.fillRect(f.x(r.first) - tickW, rowTop(r), tickW * 2, rowH);
   for (const r of reqs) for (const p of r.preempts) if (inView(p.t)) preemptMark(ctx, f.x(p.t), rowTop(r), rowH);
-  drawSlo(ctx, f, g, inView);
-}
-
-// Each judged request's service-level verdict (finished.slo) just after its end: a quiet tick
-// when it met both objectives, the missed one named when it did not ("✗ TTFT", "✗ token",
-// "✗ both"); the hover read-out and the request panel give the numbers.
-function drawSlo(ctx, f, g, inView) {
-  const {reqs, barY, barH, rowH} = g;
-  g.sloMarks = [];
-  const px = Math.max(10, Math.min(14, Math.floor(rowH - 3)));
-  ctx.font = `600 ${px}px system-ui, sans-serif`;
-  ctx.textAlign = "left"; ctx.textBaseline = "middle";
-  for (const r of reqs) {
-    if (!r.slo || !inView(r.end)) continue;
-    const which = r.slo.met ? "" : !r.slo.ttft_met && !r.slo.tpot_met ? "both" : !r.slo.ttft_met ? "TTFT" : "token";
-    const text = r.slo.met ? "✓" : `✗ ${which}`;
-    // just after the request's end; a request that ended at the right edge gets its mark
-    // inside the plot, on a backing of the strip's colour so the bars under it do not muddle it
-    const tw = ctx.measureText(text).width, y = barY(r) + barH / 2;
-    const x = Math.min(f.x(r.end) + 3, f.gutter + f.pw + 8 - tw);
-    ctx.fillStyle = C.sloBacking;
-    ctx.fillRect(x - 2, y - px / 2 - 1, tw + 4, px + 2);
-    ctx.fillStyle = r.slo.met ? C.sloMet : C.sloMissed;
-    ctx.fillText(text, x, y);
-    g.sloMarks.push({id: r.id, met: r.slo.met, text, x, y, px});
-  }
 }
 
 // A preemption: a line through the row under a flag pointing down (not a bar like the first
@@ -291,7 +269,31 @@ function gutterFor(ctx, s, view, w, compact) {
   return Math.round(Math.max(base, Math.min(w / 4, widest + 14)));
 }
 
-export function drawTimeline(canvas, s, view, now, opts) {
+// ------------------------------------------------------------------ layers
+// When a layer draws, in drawing order: over the forwards' background bands ("behind"), over
+// the lane of forwards ("lane"), instead of the rows' queue stage ("queue"), over the rows'
+// stages ("stages"), over their decode steps ("steps"), and over the tokens and preemptions
+// ("marks"), all under the row labels.
+const STAGES = ["behind", "lane", "queue", "stages", "steps", "marks"];
+
+// A timeline with its layers. A layer is {name, at, draw(scene)}: `at` one of STAGES; `draw`
+// gets the scene {ctx, f, s, g, lane, i0, now, compact, out}, where `out` holds what the layers
+// before it returned, by name, and what it returns is the drawn layout's field `name` (hover
+// read-outs and tests read it). Optional: `on(s)`, whether it draws for this state (default:
+// always), and `laneLabel(result)`, the lane's label in place of "forwards" (falsy: no change).
+// Layers at one stage draw in the order they were added.
+export function createTimeline() {
+  const layers = [];
+  return {
+    addLayer(layer) {
+      if (!STAGES.includes(layer.at)) throw new Error(`timeline layer ${layer.name}: no stage "${layer.at}"`);
+      layers.push(layer);
+    },
+    draw: (canvas, s, view, now, opts) => drawTimeline(canvas, s, view, now, layers.filter((l) => !l.on || l.on(s)), opts),
+  };
+}
+
+function drawTimeline(canvas, s, view, now, layers, opts) {
   const {ctx, w, h} = fitCanvas(canvas);
   const compact = w < 700;
   view.gutter = gutterFor(ctx, s, view, w, compact);
@@ -301,31 +303,33 @@ export function drawTimeline(canvas, s, view, now, opts) {
   const top = lane.y + lane.h + 3, plotH = h - axisH - top;
   ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
   const g = layoutRows(s, f, now, top, plotH, compact);
-  if (opts.clientWaits && s.hello && s.hello.mode === "observe") g.clientWaits = opts.clientWaits;
   // The height these rows need (the strip's CSS min-height reads it): set only when it changes.
   const want = `${Math.ceil(g.wanted * MIN_ROW + top + axisH) + 3}px`;   // + the strip's border
   if (opts.grow !== false && canvas.parentElement.style.getPropertyValue("--tl-rows-h") !== want) {
     canvas.parentElement.style.setProperty("--tl-rows-h", want);
   }
   const i0 = firstFrom(s.steps, f.left, "end");
+  const out = {}, scene = {ctx, f, s, g, lane, i0, now, compact, out};
+  const layersAt = (at) => { for (const l of layers) if (l.at === at) out[l.name] = l.draw(scene); };
   drawBands(ctx, f, s.steps, i0, g);
-  drawLoadBands(ctx, f, s, g, rect);   // a cold start's model load (ft-delivery.js)
-  const perFwd = perForward(s.steps, i0, f);   // tokens out per forward in view, while they speculate
-  drawStepLane(ctx, f, s.steps, i0, lane, compact, perFwd);
-  const shapes = drawFirstShapes(ctx, f, s.steps, i0, lane);   // a new shape's first forward (ft-delivery.js)
+  layersAt("behind");
+  drawStepLane(ctx, f, s.steps, i0, lane);
+  layersAt("lane");
+  const label = layers.map((l) => l.laneLabel && l.laneLabel(out[l.name])).find(Boolean);
+  if (!compact) drawLaneLabel(ctx, f, lane, label || "forwards");
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
     ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
   }
-  drawStages(ctx, f, g, now);
-  drawLoadWaits(ctx, f, s, g, now, rect);
+  drawStages(ctx, f, g, now, layers.some((l) => l.at === "queue") ? () => layersAt("queue") : null);
+  layersAt("stages");
   drawDecodeSteps(ctx, f, s.steps, i0, g);
-  const guesses = drawGuesses(ctx, f, g);   // speculative decoding's accepted and rejected guesses
+  layersAt("steps");
   drawOutcomes(ctx, f, g, view);
-  const delivery = drawArrivals(ctx, f, s, g, compact, shapes.length);   // each token's arrival here, the loads' labels
+  layersAt("marks");
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, slo: g.sloMarks, delivery, guesses, perFwd, shapes};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, ...out};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time
@@ -353,155 +357,4 @@ export function hitStep(layout, s, x, y) {
     if (st.kind !== "release" && st.start <= t && t <= st.end) return st;
   }
   return null;
-}
-
-// The strips under the timeline share its time axis, size and background.
-function strip(canvas, view) {
-  const {ctx, w, h} = fitCanvas(canvas);
-  const compact = w < 700;
-  const top = 6;
-  ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-  return {ctx, compact, f: frame(w, view, compact), top, plotH: h - top - 4};
-}
-
-// A strip's scale labels: its maximum at the top, 0 at the bottom.
-function scaleLabels(st, maxText) {
-  const {ctx, f, top, plotH} = st;
-  ctx.fillStyle = C.muted; ctx.font = `${st.compact ? 10 : 12}px system-ui, sans-serif`;
-  ctx.textAlign = "right"; ctx.textBaseline = "top";
-  ctx.fillText(maxText, f.gutter - 6, top);
-  ctx.textBaseline = "bottom";
-  ctx.fillText("0", f.gutter - 6, top + plotH);
-}
-
-// ------------------------------------------------------------------ KV cache
-// The part of a time-ordered list a strip draws: from the item before the window (its state
-// carries into view) to the last at or before its right edge, by `key`; [a, b).
-function spanInView(list, f, key) {
-  const a = Math.max(0, firstFrom(list, f.left, key) - 1);
-  let b = a;
-  while (b < list.length && list[b][key] <= f.right) b++;
-  return {a, b};
-}
-
-// The forwards in view; until(i) is when step i's state gave way (next step, or now).
-function stepsInView(steps, f, now) {
-  const {a, b} = spanInView(steps, f, "end");
-  return {a, b, until: (i) => (i + 1 < steps.length ? steps[i + 1].end : now)};
-}
-
-// Where a strip's lines end: now, or the window's right edge while paused.
-const xNow = (f, view, now) => Math.min(f.gutter + f.pw, f.x(view.paused ? f.right : now));
-
-const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); return list.slice(a, b); };
-
-// A step line through time-ordered points {t, …} (each value holds until the next), on to xEnd.
-export function stepPath(ctx, f, pts, yOf, xEnd) {
-  let prev = null;
-  for (const p of pts) {
-    const x = Math.max(f.gutter, Math.min(f.gutter + f.pw, f.x(p.t))), y = yOf(p);
-    if (prev === null) ctx.moveTo(x, y); else { ctx.lineTo(x, prev); ctx.lineTo(x, y); }
-    prev = y;
-  }
-  if (prev !== null) ctx.lineTo(xEnd, prev);
-}
-
-// Scale to what is in view (a few requests hold little of a big cache); the budget and
-// capacity lines are drawn when they fall inside the scale and named when above it.
-function kvScale(s, f, span, use, bs, capacity) {
-  let peak = 0;
-  for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
-  for (const p of use) peak = Math.max(peak, p.used * bs);
-  let budget = s.last ? s.last.cache_blocks * bs : capacity;
-  for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
-  const want = Math.max(peak * 1.3, 64);
-  return {budget, ymax: budget <= want * 2 ? Math.max(want, budget * 1.05) : want};
-}
-
-// Filled entries after each forward, stacked per request in the request's colour.
-function drawKVStacks(ctx, f, steps, span, y) {
-  for (let i = span.a; i < span.b; i++) {
-    let acc = 0;
-    for (const [id, n] of steps[i].stack) {
-      ctx.fillStyle = reqColor(id);
-      const y0 = y(acc), y1 = y(acc + n);
-      rect(ctx, f, steps[i].end, span.until(i), y1, Math.max(1, y0 - y1));
-      acc += n;
-    }
-  }
-}
-
-// Blocks in use (as tokens: blocks × block size), as every step and stats event said, dashed.
-function drawInUse(ctx, f, use, y, bs, xEnd) {
-  ctx.strokeStyle = C.inUse; ctx.lineWidth = 1.5; ctx.setLineDash([5, 4]);
-  ctx.beginPath();
-  stepPath(ctx, f, use, (p) => y(p.used * bs), xEnd);
-  ctx.stroke(); ctx.setLineDash([]);
-}
-
-// The budget (the cache-budget setting, from stats) and the physical capacity.
-function drawLimits(ctx, f, s, y, scale, bs, capacity) {
-  if (scale.budget <= scale.ymax) {
-    ctx.strokeStyle = C.budget; ctx.lineWidth = 2;
-    ctx.beginPath();
-    stepPath(ctx, f, pointsInView(s.stats, f), (p) => y(p.blocks * bs), f.gutter + f.pw);
-    ctx.stroke();
-  }
-  if (capacity <= scale.ymax) {
-    ctx.strokeStyle = C.capacity; ctx.lineWidth = 2;
-    ctx.beginPath(); ctx.moveTo(f.gutter, y(capacity) + 1); ctx.lineTo(f.gutter + f.pw, y(capacity) + 1); ctx.stroke();
-  }
-}
-
-// Filled KV entries after every forward, stacked per request in the request's colour,
-// against the blocks in use, the live budget and the physical capacity.
-export function drawKV(canvas, s, view, now) {
-  const st = strip(canvas, view);
-  if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
-  const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-  const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
-  const scale = kvScale(s, st.f, span, use, bs, capacity);
-  const above = [];
-  if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
-  if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
-  // A band above the plot for that note, so no line or stack is drawn through it.
-  if (above.length) { st.top += 16; st.plotH -= 16; }
-  const {ctx, f, top, plotH} = st;
-  const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
-  timeAxis(ctx, f, top, top + plotH, "", false);
-  drawKVStacks(ctx, f, s.steps, span, y);
-  drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
-  drawLimits(ctx, f, s, y, scale, bs, capacity);
-  scaleLabels(st, fmtTokens(Math.round(scale.ymax)));
-  if (above.length) {
-    ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
-    ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
-  }
-  return {f};
-}
-
-// ------------------------------------------------------------------ queue
-export function drawQueue(canvas, s, view, now) {
-  const st = strip(canvas, view);
-  const {ctx, f, top, plotH} = st;
-  timeAxis(ctx, f, top, top + plotH, "", false);
-  // The stats samples, then the queue as the page's state holds it now (the header's and the
-  // slots' figure): a long forward holds the next sample back, not the requests' events.
-  const pts = pointsInView(s.stats, f);
-  if (!view.paused && s.hello) pts.push({t: now, queue: s.waiting.length, running: running(s)});
-  let ymax = 4;
-  for (const p of pts) ymax = Math.max(ymax, p.queue, p.running);
-  const y = (v) => top + plotH - (v / ymax) * plotH;
-  const xe = xNow(f, view, now);
-  if (pts.length) {
-    ctx.beginPath();
-    stepPath(ctx, f, pts, (p) => y(p.queue), xe);
-    ctx.lineTo(xe, y(0)); ctx.lineTo(Math.max(f.gutter, f.x(pts[0].t)), y(0)); ctx.closePath();
-    ctx.fillStyle = C.queueFill; ctx.fill();
-    ctx.beginPath();
-    stepPath(ctx, f, pts, (p) => y(p.running), xe);
-    ctx.strokeStyle = C.running; ctx.lineWidth = 2; ctx.stroke();
-  }
-  scaleLabels(st, String(ymax));
-  return {f};
 }

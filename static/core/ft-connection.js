@@ -1,15 +1,10 @@
 // First Token: the connection. One websocket to /ws that reconnects with backoff, an
 // NTP-style clock sync over it (page seconds = engine t + offset; the round trip with the
 // smallest RTT wins), and `send` for control messages (docs/protocol.md).
+import {clockSync} from "ft/state";
 import {$, toast} from "ft/util";
 
 const pageNow = () => performance.now() / 1000;
-
-// From init: the page state (frames, bytes and the newest engine time are counted in it), its
-// perf counters, and `onEvents(events, at)`, which gets each frame's events except `sync`, with
-// `at` the frame's arrival on the engine clock (null until synced).
-let s, perf, onEvents;
-export function init(deps) { ({s, perf, onEvents} = deps); }
 
 // The engine clock's offset from this page's (seconds), and the round trip it was measured with.
 export const clock = {offset: null, rtt: null, best: Infinity, timer: null};
@@ -53,22 +48,24 @@ function opened() {
   clock.timer = setInterval(syncRound, 30000);
 }
 
-function received(e) {
+// One frame: counted in the page state `s` and its `perf` counters; its events except `sync` go
+// to `onEvents(events, at)`, with `at` the frame's arrival on the engine clock (null until synced).
+function received({s, perf, onEvents}, e) {
   const arrived = pageNow();
   s.frames++; s.bytes += e.data.length; perf.bytesInWindow += e.data.length;
   let events;
   try { events = JSON.parse(e.data); } catch (err) { toast(`bad frame from server: ${err}`); return; }
   const at = clock.offset === null ? null : arrived - clock.offset;
-  for (const ev of events) if (ev.type === "sync") onSync(ev, arrived);
-  onEvents(events.filter((ev) => ev.type !== "sync"), at);
+  for (const ev of events) if (clockSync(ev)) onSync(ev, arrived);
+  onEvents(events.filter((ev) => !clockSync(ev)), at);
 }
 
-function closed() {
+function closed(sink) {
   clearInterval(clock.timer);
   if (stopped) return;
   const wait = Math.min(5000, 300 * 2 ** retries++);
   setConn("down", `reconnecting in ${(wait / 1000).toFixed(1)} s`);
-  setTimeout(connect, wait);
+  setTimeout(() => connect(sink), wait);
 }
 
 // Replaying a trace: stop listening for good. The page tells the server (`leave`), which then
@@ -84,13 +81,14 @@ export function stop() {
   else if (ws.readyState === WebSocket.CONNECTING) ws.onopen = leave;
 }
 
-export function connect() {
+// `sink`: {s, perf, onEvents}, where each frame goes (received); a reconnect keeps it.
+export function connect(sink) {
   const proto = location.protocol === "https:" ? "wss://" : "ws://";
   ws = new WebSocket(proto + location.host + "/ws");
   ws.onopen = opened;
-  ws.onmessage = received;
-  ws.onclose = closed;
+  ws.onmessage = (e) => received(sink, e);
+  ws.onclose = () => closed(sink);
 }
 
-// Engine time now: from the synced clock, else the newest time any event carried.
-export const engineNow = () => (clock.offset === null ? s.latestT : pageNow() - clock.offset);
+// Engine time now: from the synced clock, else the newest time any event in `s` carried.
+export const engineNow = (s) => (clock.offset === null ? s.latestT : pageNow() - clock.offset);

@@ -18,13 +18,13 @@
 import {send} from "ft/connection";
 import {sloCounts, throughput} from "ft/figures";
 import {pct, rates, tally} from "ft/speculate";
-import {createState, ingest, percentile} from "ft/state";
+import {createState, firstOf, ingest, ofType, percentile} from "ft/state";
 import {confirmReset} from "ft/teach";
-import {drawTimeline} from "ft/timeline";
 import {$, el, fmtS} from "ft/util";
 import {formats as weightFormats, mb, name as formatName} from "ft/weights";
 
-let s;   // the page state, from init (both runs start from its hello and settings)
+// The page state `s` (both runs start from its hello and settings) and the page's timeline with
+// the features' layers (each run is drawn on one) are passed to the functions that read them.
 let awaiting = false;   // a comparison's `preset` message was sent; its event starts the recording
 let recording = null;   // {events, requests, reset} while a run is captured
 export let runs = null;   // the last finished pair: {cmp, a, b}
@@ -50,7 +50,7 @@ export const COMPARISONS = {
                 a: ["speculation off", {speculation: "off"}], b: ["speculation on (ngram)", {speculation: "ngram"}]},
   // Offered where both copies exist; labels named from hello.weights when it arrives.
   weights: {title: "weights: dequantised (fp32) vs as stored (4-bit)", base: "weights", figs: "weights",
-            offered: () => { const f = weightFormats(s); return !!(f && f.stored && f.dequantised); },
+            offered: (s) => { const f = weightFormats(s); return !!(f && f.stored && f.dequantised); },
             a: ["weights dequantised", {weights: "dequantised"}], b: ["weights as stored", {weights: "stored"}]},
 };
 const basesOf = (cmp) => cmp.bases || [cmp.base];
@@ -88,22 +88,22 @@ function shifted(ev, t0) {
 
 // A run's own state from its recorded events (one recording per preset it ran, in order), times
 // from its first arrival; `parts`: each preset's requests, for its own figures.
-function replayRun(cmp, side, recs) {
+function replayRun(s, cmp, side, recs) {
   const rs = createState();
   ingest(rs, shifted(s.hello, s.hello.t), null);
   rs.settings = Object.assign({}, s.settings);
   const events = recs.flatMap((rec) => rec.events), last = recs[recs.length - 1];
-  const first = events.find((e) => e.type === "request");
+  const first = firstOf(events, "request");
   const t0 = first ? first.t : recs[0].t;
   for (const ev of events) ingest(rs, shifted(ev, t0), null);
-  const count = (type) => events.filter((e) => e.type === type).length;
+  const count = (type) => ofType(events, type).length;
   return {label: cmp[side][0], settings: rs.settings, s: rs, requests: recs.reduce((a, rec) => a + rec.requests, 0),
           arrived: count("request"), done: count("finished") + count("rejected"),
           elapsed: (events.length ? events[events.length - 1].t : last.t) - t0,
           emptyCache: recs.every((rec) => rec.reset !== null && rec.reset.cached_blocks === 0),
-          prompts: events.filter((e) => e.type === "tokenized").map((e) => e.ids.join(",")),
+          prompts: ofType(events, "tokenized").map((e) => e.ids.join(",")),
           several: basesOf(cmp).length > 1,
-          parts: recs.map((rec) => ({who: users(rec.requests), ids: new Set(rec.events.filter((e) => e.type === "request")
+          parts: recs.map((rec) => ({who: users(rec.requests), ids: new Set(ofType(rec.events, "request")
                                                                              .map((e) => e.id))}))};
 }
 
@@ -111,16 +111,16 @@ const users = (n) => `${n} user${n === 1 ? "" : "s"}`;
 
 // Each of the comparison's presets in turn under this side's settings, recorded until all its
 // requests have finished.
-async function runSide(cmp, side) {
+async function runSide(s, cmp, side) {
   const recs = [];
   for (const base of basesOf(cmp)) {
     recording = null; awaiting = true; pending = null;
     send({type: "preset", name: base, settings: cmp[side][1]});
     await until(() => recording !== null, 30000);
     const rec = recording, n = rec.requests;
-    const count = (...types) => rec.events.filter((e) => types.includes(e.type)).length;
+    const count = (...types) => ofType(rec.events, ...types).length;
     await until(() => {
-      partial[side] = replayRun(cmp, side, recs.concat([rec]));
+      partial[side] = replayRun(s, cmp, side, recs.concat([rec]));
       const p = partial[side], who = basesOf(cmp).length > 1 ? ` · ${users(n)}` : "";
       status(`running ${side.toUpperCase()}: ${cmp[side][0]}${who} — ${p.done} of ${p.requests} requests done, ` +
              `${fmtS(Math.max(0, p.elapsed))}…`);
@@ -129,7 +129,7 @@ async function runSide(cmp, side) {
     recs.push(rec);
     recording = null;
   }
-  return replayRun(cmp, side, recs);
+  return replayRun(s, cmp, side, recs);
 }
 
 // TTFT p50, total tokens/s (output tokens ÷ first arrival to last finish), ITL-ish per-token p50,
@@ -181,7 +181,7 @@ function sloFig(f) {
   return d;
 }
 
-export async function run() {
+async function run(s) {
   if (busy) return;
   const cmp = COMPARISONS[$("c-which").value];
   if (!confirmReset("Comparing two runs")) return;
@@ -191,9 +191,9 @@ export async function run() {
   try {
     const bases = basesOf(cmp);
     status(`running A: ${cmp.a[0]} (the ${bases.join(" then ")} preset${bases.length > 1 ? "s" : ""})…`);
-    const a = await runSide(cmp, "a");
+    const a = await runSide(s, cmp, "a");
     status(`running B: ${cmp.b[0]} (the same requests)…`);
-    const b = await runSide(cmp, "b");
+    const b = await runSide(s, cmp, "b");
     runs = {cmp, a, b};
     const n = a.prompts.length;
     const same = n === b.prompts.length && a.prompts.every((p, i) => p === b.prompts[i]);
@@ -244,7 +244,7 @@ function weightsLine(a, b) {
 }
 
 // Both runs on one time axis: finished ones, or what is recorded so far (an empty side waits).
-function draw() {
+function draw(timeline) {
   const shown = runs || partial;
   const fa = shown.a && figures(shown.a.s), fb = shown.b && figures(shown.b.s);
   const longest = Math.max(1, ...["a", "b"].map((k) => (shown[k] ? shown[k].elapsed : 0)),
@@ -260,7 +260,7 @@ function draw() {
       fig("goodput", f.goodput === null ? "—" : `${f.goodput.toFixed(2)}/s`), sloFig(f),
       fig("TTFT p50", fmtS(f.ttft)), fig("total tokens/s", f.tps.toFixed(1)), fig("per later token p50", fmtS(f.tpot)),
       fig("all done after", fmtS(f.span))] : [fig("no request finished", "")]));
-    drawTimeline(canvas, r.s, view, span, {selected: null, grow: false});
+    timeline.draw(canvas, r.s, view, span, {selected: null, grow: false});
   }
 }
 
@@ -272,44 +272,46 @@ function fig(k, v) {
 }
 
 // The comparisons this server offers (the weights one where it has both copies), named from hello.
-function options() {
+function options(s) {
   const f = weightFormats(s), was = $("c-which").value;
   if (f && f.stored && f.dequantised) {
-    COMPARISONS.weights.title = `weights: ${formatName("dequantised")} vs ${formatName("stored")}`;
-    COMPARISONS.weights.a[0] = `${formatName("dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
-    COMPARISONS.weights.b[0] = `${formatName("stored")} (${mb(f.stored.decode_bytes)}/step)`;
+    COMPARISONS.weights.title = `weights: ${formatName(s, "dequantised")} vs ${formatName(s, "stored")}`;
+    COMPARISONS.weights.a[0] = `${formatName(s, "dequantised")} (${mb(f.dequantised.decode_bytes)}/step)`;
+    COMPARISONS.weights.b[0] = `${formatName(s, "stored")} (${mb(f.stored.decode_bytes)}/step)`;
   }
-  $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered())
+  $("c-which").replaceChildren(...Object.entries(COMPARISONS).filter(([, c]) => !c.offered || c.offered(s))
     .map(([k, c]) => { const o = el("option", "", c.title); o.value = k; return o; }));
   if (was && COMPARISONS[was] && [...$("c-which").options].some((o) => o.value === was)) $("c-which").value = was;
 }
 
-export function init(deps) {
-  ({s} = deps);
-  options();
+// The sheet's list and buttons, for the page state `s`.
+export function init({s}) {
+  options(s);
   $("btn-compare").addEventListener("click", () => { $("sheet-compare").hidden = false; });
   $("c-close").addEventListener("click", () => { $("sheet-compare").hidden = true; });
-  $("c-run").addEventListener("click", run);
+  $("c-run").addEventListener("click", () => run(s));
   $("c-cancel").addEventListener("click", () => { cancelled = true; });
 }
 
-export function onEvent(ev) {
-  if (ev.type === "hello") options();
-  if (awaiting && ev.type === "reset") pending = {reset: ev};
-  else if (awaiting && ev.type === "preset") {
+// While a comparison awaits its preset, the `reset` before it and then the `preset` event, which
+// starts the recording; while one records, every event (after its `preset`).
+export const reactions = {
+  "*"(ev) { if (recording) recording.events.push(ev); },
+  hello(ev, s) { options(s); },
+  reset(ev) { if (awaiting) pending = {reset: ev}; },
+  preset(ev) {
+    if (!awaiting) return;
     awaiting = false;
     recording = {events: [], forwards: 0, requests: ev.requests, t: ev.t, reset: pending ? pending.reset : null};
-  } else if (recording) {
-    recording.events.push(ev);
-    if (ev.type === "step") recording.forwards++;
-  }
-}
+  },
+  step() { if (recording) recording.forwards++; },
+};
 
-export function update() {
+export function update({timeline}) {
   if ($("sheet-compare").hidden) { drawn = {runs: null, size: ""}; return; }
   const c = $("c-a-canvas"), size = `${c.clientWidth}x${c.clientHeight}`;
   // a finished pair is drawn again only when it or the size changes; a recording every tick
   if (runs && runs === drawn.runs && size === drawn.size) return;
   drawn = {runs, size};
-  draw();
+  draw(timeline);
 }

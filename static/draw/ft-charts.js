@@ -9,8 +9,6 @@ import {rooflineGap} from "ft/targets";
 import {$} from "ft/util";
 import {floorMarks, formatTraces, pointFormats} from "ft/weights";
 
-let s;   // the page state, from init
-export function init(deps) { ({s} = deps); }
 let version = -1;   // the state version last drawn
 let drawnSize = "";   // and the charts' boxes it was drawn in
 
@@ -68,10 +66,10 @@ export function rooflineRatio(pts) {
   return percentile(pts.filter((p) => p.predMs).map((p) => p.ms / p.predMs), 50);
 }
 
-function stepTraces(points) {
+function stepTraces(s, points) {
   const on = points.filter((p) => p.kv), off = points.filter((p) => !p.kv);
   // steps that read different copies of the weights (the `weights` setting): dots and a median each
-  const data = pointFormats(on).length > 1 ? formatTraces(on, jitter, stepHover, medians) : [
+  const data = pointFormats(on).length > 1 ? formatTraces(s, on, jitter, stepHover, medians) : [
     Object.assign({type: "scattergl", mode: "markers", name: "KV cache on", x: on.map(jitter), y: on.map((p) => p.ms),
                    marker: {color: alpha(P.decode, 0.45), size: 5}}, stepHover(on)),
     Object.assign({type: "scatter", mode: "lines+markers", name: "median", line: {color: P.decode, width: 3},
@@ -90,7 +88,7 @@ function stepTraces(points) {
   return data;
 }
 
-function drawStages(div) {
+function drawStages(div, s) {
   const done = [];
   for (let i = s.order.length - 1; i >= 0 && done.length < SHOW_FINISHED; i--) {
     const r = s.reqs.get(s.order[i]);
@@ -127,11 +125,11 @@ function drawStages(div) {
 }
 
 // The largest batch size drawn: the slots, or more where a step held more (a setting changed).
-const mostBatch = (points) => points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
+const mostBatch = (s, points) => points.reduce((m, p) => Math.max(m, p.batch), s.settings.slots || 4);
 
 // One tick per batch size while they fit in the chart's width (about 40 px a label).
-function batchTick(points, div) {
-  const most = mostBatch(points);
+function batchTick(s, points, div) {
+  const most = mostBatch(s, points);
   const fit = Math.max(2, Math.floor((div.clientWidth - 70) / 40));
   return [1, 2, 4, 8, 16, 32].find((d) => most / d <= fit) || 64;
 }
@@ -154,7 +152,7 @@ function stepsFrame(div, traces) {
 
 // With the KV cache off, what grows is the sequence each step recomputes, not the batch: the
 // chart then plots step time against sequence length (the cache-on steps of the same run too).
-function byLength(div) {
+function byLength(div, s) {
   const off = s.points.filter((p) => !p.kv), since = off.length ? off[0].t : 0;
   const on = s.points.filter((p) => p.kv && p.t >= since);
   $("steps-title").textContent = "Decode step time vs sequence length";
@@ -169,31 +167,31 @@ function byLength(div) {
   }));
 }
 
-function drawSteps(div) {
-  if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div); return; }
+function drawSteps(div, s) {
+  if (s.settings.kv_cache === false || s.points.some((p) => !p.kv)) { byLength(div, s); return; }
   $("steps-title").textContent = "Decode step time vs batch size";
   const k = rooflineRatio(s.points.filter((p) => p.kv));
   $("step-info").textContent = `(${s.points.length} measured decode-only steps; mixed steps left out)` +
     (k !== null && k > 2 ? ` · measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model` : "");
   // The estimated floor (weight bytes ÷ measured bandwidth) of the copy of the weights the steps
   // read, each copy's when they read both (ft-weights.js), inside the scale: plotly's autorange ignores shapes.
-  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(fmts, undefined, div.clientWidth < 340);
+  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(s, fmts, div.clientWidth < 340);
   const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-  const traces = stepTraces(s.points), {nticks, ...frame} = stepsFrame(div, traces);
+  const traces = stepTraces(s, s.points), {nticks, ...frame} = stepsFrame(div, traces);
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, frame, {
     xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: false, gridcolor: P.grid, zeroline: false},
                          // a fixed range that always holds a tick: with every point at one batch size,
                          // plotly's own range (their jitter, ±0.15) held none, and with no tick label
                          // to stand off from, the axis title's y was -Infinity (Chromium logged it)
-                         {range: [0.5, mostBatch(s.points) + 0.5], dtick: batchTick(s.points, div)}),
+                         {range: [0.5, mostBatch(s, s.points) + 0.5], dtick: batchTick(s, s.points, div)}),
     yaxis: {title: {text: "ms per step"}, range: [0, top], gridcolor: P.grid, nticks},
   }));
 }
 
 // Redrawn when the state moved or a chart's box changed size (the window, presenter mode, a
 // panel that grew): the plot is sized to the box, and the ticks that fit (batchTick) depend
-// on its width.
-export function update() {
+// on its width. `s`: the page state.
+export function update(s) {
   if (!window.Plotly) return;
   const stagesDiv = $("chart-stages"), stepsDiv = $("chart-steps");
   const box = (d) => (d ? `${d.clientWidth}x${d.clientHeight}` : "");
@@ -204,7 +202,7 @@ export function update() {
   // resize) gives plotly a plot of zero or negative size, whose labels land at -Infinity: skip
   // it; the box's next size draws it.
   const roomy = (d) => d && d.offsetParent !== null && d.clientWidth >= MIN_CHART_W;
-  if (roomy(stagesDiv)) drawStages(stagesDiv);
-  if (roomy(stepsDiv) && stepsDiv.clientHeight > STEPS_MARGIN.t + STEPS_MARGIN.b + 20) drawSteps(stepsDiv);
+  if (roomy(stagesDiv)) drawStages(stagesDiv, s);
+  if (roomy(stepsDiv) && stepsDiv.clientHeight > STEPS_MARGIN.t + STEPS_MARGIN.b + 20) drawSteps(stepsDiv, s);
 }
 

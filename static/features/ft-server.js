@@ -7,7 +7,7 @@
 // What it draws: the header ("observing {title} {version} · {model}") and the measured-by tag
 // under each headline figure; the server strip (running/waiting, KV usage, prompt and
 // generated tokens/s per scrape interval, llama.cpp's slots), its scrape line and its gauges;
-// the client rows' wait for their first chunk (the timeline's hook, `clientWaits`); the request
+// the client rows' wait for their first chunk (its timeline layer, `clientWaits`); the request
 // panel's client-side accounting and the client-side diagnosis. The shared modules call in
 // here only where observe mode differs; everything is drawn from events, so a recorded
 // observe trace replays the same.
@@ -16,10 +16,9 @@ import {palette as P, alpha, reqColor} from "ft/palette";
 import {fitText, frame, rect, stepPath, timeAxis} from "ft/timeline";
 import {$, el, fmtS} from "ft/util";
 
-let s, engineNow;
-export function init(deps) { ({s, engineNow} = deps); }
-
-export const observing = (st = s) => !!(st && st.hello && st.hello.mode === "observe");
+// Every function here that reads the page state takes it as `s`; those that say how old a scrape
+// is now take `now`, the engine time the page shows (live, or a replay's virtual clock).
+export const observing = (s) => !!(s && s.hello && s.hello.mode === "observe");
 
 const C = {
   bg: P.panel2, muted: P.muted, text: P.text2, running: P.decode, waiting: P.queue, waitingFill: alpha(P.queue, 0.35),
@@ -30,7 +29,7 @@ const NOT_EXPOSED = "not exposed by this server";
 
 // ------------------------------------------------------------ who the server is
 // Its profile as the newest word says: a scrape's title/version, else hello.server.
-function profile() {
+function profile(s) {
   const h = s.hello, v = s.last && s.last.server, hs = h && h.server;
   const kind = v ? v.profile : hs ? hs.kind : null;
   return {kind, title: (v && v.title) || (hs && hs.title) || null,
@@ -40,19 +39,19 @@ function profile() {
 
 // The names this server fills (hello.server.exposed), or, when hello came before the server was
 // recognised, the names any scrape so far has filled.
-function exposedOf(group) {
-  const p = profile();
+function exposedOf(s, group) {
+  const p = profile(s);
   if (p.exposed) return new Set(p.exposed[group]);
   const seen = new Set();
   for (const x of s.scrapes) if (x.server) for (const [k, v] of Object.entries(x.server[group] || {})) if (v !== null) seen.add(k);
   return seen;
 }
-const notes = () => (profile().exposed ? profile().exposed.notes : {}) || {};
+const notes = (s) => (profile(s).exposed ? profile(s).exposed.notes : {}) || {};
 
 const shortModel = (m) => (m ? String(m).split("/").pop() : "model not named yet");
 
-export function modelLine() {
-  const h = s.hello, p = profile();
+export function modelLine(s) {
+  const h = s.hello, p = profile(s);
   if (p.title) return `observing ${p.title}${p.version ? ` ${p.version}` : ""} · ${shortModel(h.model)}`;
   const readable = s.last ? !!s.last.server : h.metrics;
   return `observing ${h.target} · ${shortModel(h.model)} · ` +
@@ -61,22 +60,22 @@ export function modelLine() {
 
 // ------------------------------------------------------------ measured-by tags
 // How old the server's latest scrape is now (its age at the stats event, plus the time since).
-function ageNow(L) {
+function ageNow(L, now) {
   const v = L && L.server;
-  return v ? v.age_s + Math.max(0, engineNow() - L.t) : null;
+  return v ? v.age_s + Math.max(0, now - L.t) : null;
 }
 
 // Whether the server's latest scrape is older than twice its period: its figures are not the
 // server's now (shown greyed, "stale"; a scrape that answers late, or not again).
-export function stale(L) {
+function stale(L, now) {
   const v = L && L.server;
-  return !!v && ageNow(L) > 2 * (v.period_s || v.every_s);
+  return !!v && ageNow(L, now) > 2 * (v.period_s || v.every_s);
 }
 
-export function tag(name) {
+function tag(s, name, now) {
   const L = s.last, by = L && L.measured_by ? L.measured_by[name] : null;
   if (by === "server") {
-    return L.server ? `server, ${ageNow(L).toFixed(1)} s ago${stale(L) ? " · stale" : ""}` : "server: /metrics not readable";
+    return L.server ? `server, ${ageNow(L, now).toFixed(1)} s ago${stale(L, now) ? " · stale" : ""}` : "server: /metrics not readable";
   }
   if (by === "client") return "this client";
   return "";
@@ -94,7 +93,7 @@ function byTag(fig) {
   return t;
 }
 
-function headline(on) {
+function headline(s, on, now) {
   if (!on && !labelled) return;   // an engine's page: the panels' own labels, untouched
   labelled = on;
   for (const id of Object.keys(FIGS)) {
@@ -104,9 +103,9 @@ function headline(on) {
     if (!(id in saved)) saved[id] = k.textContent;
     t.hidden = !on;
     if (!on) { k.textContent = saved[id]; fig.dataset.stale = "false"; continue; }
-    t.textContent = FIGS[id] ? tag(FIGS[id]) : "this page";
+    t.textContent = FIGS[id] ? tag(s, FIGS[id], now) : "this page";
     t.dataset.by = FIGS[id] ? (s.last && s.last.measured_by ? s.last.measured_by[FIGS[id]] || "" : "") : "page";
-    fig.dataset.stale = String(t.dataset.by === "server" && stale(s.last));   // greyed (ft.css)
+    fig.dataset.stale = String(t.dataset.by === "server" && stale(s.last, now));   // greyed (ft.css)
   }
   if (!on) return;
   const L = s.last, v = L && L.server, n = v && v.slots ? v.slots.length : null;
@@ -115,7 +114,7 @@ function headline(on) {
   $("h-running").textContent = L && L.running !== null ? String(L.running) : "—";
   $("h-waiting").textContent = L && L.queue !== null ? String(L.queue) : "—";
   $("h-policy").textContent = L && L.in_flight !== null ? String(L.in_flight) : "—";
-  if (n) byTag($("h-running").parentElement).textContent = `of ${n} slots · ${tag("running")}`;
+  if (n) byTag($("h-running").parentElement).textContent = `of ${n} slots · ${tag(s, "running", now)}`;
   const missing = (g) => (v && !v.profile ? "server: no names First Token knows" : v && v.gauges[g] === null ? NOT_EXPOSED : null);
   for (const [id, g] of [["h-running", "running"], ["h-waiting", "waiting"]]) {
     if (missing(g)) byTag($(id).parentElement).textContent = missing(g);
@@ -137,7 +136,7 @@ const GAUGES = [["gauges", "batch_size", "batch size", (x) => num(x, 2)],
                 ["rates", "steps_per_s", "forward steps/s", (x) => num(x, 1)],
                 ["rates", "spec_drafted_per_s", "drafted tokens/s", (x) => num(x, 0)]];
 
-function scrapeLine() {
+function scrapeLine(s, now) {
   const L = s.last, v = L && L.server, line = $("server-scrape");
   if (!v) {
     const since = s.scrapes.length && !s.scrapes[s.scrapes.length - 1].server ? s.scrapes[s.scrapes.length - 1].t : null;
@@ -147,8 +146,8 @@ function scrapeLine() {
     line.dataset.stale = "true";
     return;
   }
-  const old = stale(L);
-  line.textContent = `scraped every ${v.every_s} s · last ${ageNow(L).toFixed(1)} s ago · period ` +
+  const old = stale(L, now);
+  line.textContent = `scraped every ${v.every_s} s · last ${ageNow(L, now).toFixed(1)} s ago · period ` +
     `${v.period_s === null ? "—" : `${v.period_s.toFixed(2)} s`}${old ? " · stale" : ""}`;
   line.dataset.stale = String(old);
 }
@@ -156,47 +155,48 @@ function scrapeLine() {
 // Why a figure the server exposes has no value now: never in its /metrics so far (its build does
 // not report it), none this interval (a ratio with nothing to divide: no lookups, no drafts), or
 // not in this scrape.
-function missingWhy(group, name) {
+function missingWhy(s, group, name) {
   const seen = s.scrapes.some((p) => p.server && p.server[group] && p.server[group][name] !== null &&
                                      p.server[group][name] !== undefined);
   if (!seen) return "none in this server's /metrics so far";
   return group === "ratios" ? "none this interval (nothing to divide)" : "not in this scrape";
 }
 
-function gauges() {
-  const v = s.last && s.last.server, box = $("server-gauges"), n = notes(), old = stale(s.last);
-  const key = JSON.stringify([v && v.scraped_t, v && v.profile, !!profile().exposed, old]);
+function gauges(s, now) {
+  const v = s.last && s.last.server, box = $("server-gauges"), n = notes(s), old = stale(s.last, now);
+  const key = JSON.stringify([v && v.scraped_t, v && v.profile, !!profile(s).exposed, old]);
   if (box.dataset.key === key) return;
   box.dataset.key = key;
   box.replaceChildren(...GAUGES.map(([group, name, label, fmt]) => {
-    const on = exposedOf(group).has(name), value = v ? v[group][name] : null;
+    const on = exposedOf(s, group).has(name), value = v ? v[group][name] : null;
     const has = value !== null && value !== undefined;
     const item = el("div", "sg");
     item.dataset.name = name; item.dataset.exposed = String(on);
     item.dataset.stale = String(on && has && old);
     item.append(el("span", "sg-k", label), el("span", "sg-v", on ? fmt(value) : "—"));
-    const note = !on ? NOT_EXPOSED : !has && v ? missingWhy(group, name) : n[name] || n[name.replace(/_per_s$/, "")] || "";
+    const note = !on ? NOT_EXPOSED : !has && v ? missingWhy(s, group, name) : n[name] || n[name.replace(/_per_s$/, "")] || "";
     item.append(el("span", "sg-n", on ? `server${note ? `: ${note}` : ""}${has && old ? " · stale" : ""}` : note));
     item.title = `${label}: ${on ? `${fmt(value)}, measured by the server${note ? ` (${note})` : ""}` : NOT_EXPOSED}`;
     return item;
   }));
 }
 
-export function update() {
-  const on = observing();
+// The 4 Hz tick.
+export function update(s, now) {
+  const on = observing(s);
   document.body.classList.toggle("observing", on);
   for (const [id, show] of [["server-strip", on], ["legend-observe", on], ["legend-engine", !on]]) {
     if ($(id)) $(id).hidden = !show;
   }
-  if ($("h-running")) headline(on);
+  if ($("h-running")) headline(s, on, now);
   if (!on) return;
-  $("model").textContent = modelLine();
+  $("model").textContent = modelLine(s);
   $("model").title = `${s.hello.model ?? ""} at ${s.hello.target}`;
   if ($("server-strip")) {
-    const p = profile();
+    const p = profile(s);
     $("server-title").textContent = p.title ? `${p.title}${p.version ? ` ${p.version}` : ""}, from its /metrics` : "";
-    scrapeLine();
-    gauges();
+    scrapeLine(s, now);
+    gauges(s, now);
   }
 }
 
@@ -204,7 +204,7 @@ export function update() {
 const hatch = (ctx) => diagonalStripes(ctx, 8, alpha(P.muted, 0.5), 1);
 
 // The scrapes that matter to the window: from the one before its left edge to the last at or before its right.
-function inView(f) {
+function inView(s, f) {
   const list = s.scrapes, out = [];
   for (let i = 0; i < list.length; i++) {
     if (list[i].t > f.right) break;
@@ -214,8 +214,8 @@ function inView(f) {
   return out;
 }
 
-function lanes(compact) {
-  const p = profile(), L = s.last && s.last.server;
+function lanes(s, compact) {
+  const p = profile(s), L = s.last && s.last.server;
   const nSlots = L && L.slots ? L.slots.length : p.slots ? Math.max(0, ...s.scrapes.map((x) => (x.server && x.server.slots ? x.server.slots.length : 0))) : 0;
   const out = [{id: "queue", h: compact ? 44 : 56, label: "running · waiting (server)"},
                {id: "kv", h: compact ? 24 : 30, label: "KV usage (server)", gauge: "kv_usage"},
@@ -277,8 +277,8 @@ function stepLine(ctx, f, pts, end, yOf, color, fill, base) {
   flush(end);
 }
 
-function drawQueueLane(ctx, f, l, pts, end, compact) {
-  const w = exposedOf("gauges");
+function drawQueueLane(ctx, f, s, l, pts, end, compact) {
+  const w = exposedOf(s, "gauges");
   if (!w.has("running") && !w.has("waiting")) { greyed(ctx, f, l, "running and waiting", compact); return; }
   const n = s.last && s.last.server && s.last.server.slots ? s.last.server.slots.length : 0;
   let ymax = Math.max(4, n);
@@ -292,8 +292,8 @@ function drawQueueLane(ctx, f, l, pts, end, compact) {
   laneLabel(ctx, f, l, `running (green) · waiting (orange), server${w.has("waiting") ? "" : ` · waiting ${NOT_EXPOSED}`}`, compact);
 }
 
-function drawKvLane(ctx, f, l, pts, end, compact) {
-  if (!exposedOf("gauges").has("kv_usage")) { greyed(ctx, f, l, "KV usage", compact); return; }
+function drawKvLane(ctx, f, s, l, pts, end, compact) {
+  if (!exposedOf(s, "gauges").has("kv_usage")) { greyed(ctx, f, l, "KV usage", compact); return; }
   if (!s.scrapes.some((p) => p.server && p.server.gauges.kv_usage !== null)) {   // a name this server's build dropped
     greyed(ctx, f, l, "KV usage", compact, "none in this server's /metrics so far (its build does not report it)");
     return;
@@ -305,8 +305,8 @@ function drawKvLane(ctx, f, l, pts, end, compact) {
 }
 
 // Rates as bars one scrape interval wide, ending at the scrape (the counters' increase over it).
-function drawRateLane(ctx, f, l, pts, compact) {
-  if (!exposedOf("rates").has(l.rate)) { greyed(ctx, f, l, l.label.split(" (")[0], compact); return; }
+function drawRateLane(ctx, f, s, l, pts, compact) {
+  if (!exposedOf(s, "rates").has(l.rate)) { greyed(ctx, f, l, l.label.split(" (")[0], compact); return; }
   let ymax = 1;
   for (const p of pts) if (p.server && p.server.rates[l.rate] !== null) ymax = Math.max(ymax, p.server.rates[l.rate]);
   ctx.fillStyle = l.color;
@@ -317,7 +317,7 @@ function drawRateLane(ctx, f, l, pts, compact) {
     rect(ctx, f, p.t - period, p.t, l.y + l.h - h, h);
   }
   gutterText(ctx, f, l.y + 12, `${Math.round(ymax)}/s`, compact);
-  const note = notes()[l.rate.replace(/_per_s$/, "")];
+  const note = notes(s)[l.rate.replace(/_per_s$/, "")];
   laneLabel(ctx, f, l, l.label + (note ? ` · ${note}` : ""), compact);
 }
 
@@ -332,29 +332,29 @@ function drawSlotLane(ctx, f, l, pts, end, compact) {
   gutterText(ctx, f, l.y + l.h / 2, l.label, compact, "middle");
 }
 
-export function drawServer(canvas, view, now) {
+export function drawServer(canvas, s, view, now) {
   const {ctx, w, h} = fitCanvas(canvas);
   const compact = w < 700, f = frame(w, view, compact);
-  const L = lanes(compact);
+  const L = lanes(s, compact);
   const want = `${L.height}px`;
   if (canvas.parentElement.style.getPropertyValue("--sv-h") !== want) canvas.parentElement.style.setProperty("--sv-h", want);
   ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
-  if (!observing()) return {f, lanes: []};
+  if (!observing(s)) return {f, lanes: []};
   const bottom = L.list[L.list.length - 1].y + L.list[L.list.length - 1].h;
   timeAxis(ctx, f, 2, bottom, `${compact ? 10 : 12}px system-ui, sans-serif`, true);
-  const end = view.paused ? f.right : now, pts = inView(f);
+  const end = view.paused ? f.right : now, pts = inView(s, f);
   gaps(ctx, f, pts, end, 2, bottom);
   for (const l of L.list) {
-    if (l.id === "queue") drawQueueLane(ctx, f, l, pts, end, compact);
-    else if (l.id === "kv") drawKvLane(ctx, f, l, pts, end, compact);
-    else if (l.rate) drawRateLane(ctx, f, l, pts, compact);
+    if (l.id === "queue") drawQueueLane(ctx, f, s, l, pts, end, compact);
+    else if (l.id === "kv") drawKvLane(ctx, f, s, l, pts, end, compact);
+    else if (l.rate) drawRateLane(ctx, f, s, l, pts, compact);
     else drawSlotLane(ctx, f, l, pts, end, compact);
   }
   return {f, lanes: L.list};
 }
 
 // The hover read-out: the scrape that holds at the pointer's time, for the lane under it.
-export function hitServer(layout, x, y) {
+export function hitServer(layout, s, x, y) {
   if (!layout || !layout.lanes.length || x < layout.f.gutter) return null;
   const l = layout.lanes.find((q) => y >= q.y && y <= q.y + q.h + 4);
   if (!l) return null;
@@ -368,7 +368,7 @@ export function hitServer(layout, x, y) {
   if (l.id === "kv") return [head, `KV usage ${v.gauges.kv_usage === null ? NOT_EXPOSED : pct(v.gauges.kv_usage)}`];
   if (l.rate) {
     const r = v.rates[l.rate];
-    return [head, r === null ? `${l.label.split(" (")[0]}: ${exposedOf("rates").has(l.rate) ? "no rate for this interval" : NOT_EXPOSED}`
+    return [head, r === null ? `${l.label.split(" (")[0]}: ${exposedOf(s, "rates").has(l.rate) ? "no rate for this interval" : NOT_EXPOSED}`
       : `${Math.round(r)} ${l.label.split(" (")[0]} over the ${fmtS(v.period_s)} before it (the server's counters)`];
   }
   const row = v.slots ? v.slots.find((q) => q.id === l.slot) || v.slots[l.slot] : null;
@@ -378,10 +378,10 @@ export function hitServer(layout, x, y) {
     ` · prompt ${row.prompt_tokens ?? "—"} tokens${row.cached_tokens ? ` (${row.cached_tokens} cached)` : ""}`];
 }
 
-// ------------------------------------------------------------ client rows (the timeline's hook)
+// ------------------------------------------------------------ client rows (the timeline's layer)
 // Before its first chunk a request is only waiting, as far as a client can tell (not "queue");
 // from the first scrape that showed it in a server slot, shaded as such.
-export function clientWaits(ctx, f, g, now) {
+function clientWaits({ctx, f, g, now}) {
   for (const r of g.reqs) {
     if (r.rejected) continue;
     const y = g.barY(r), end = r.first ?? r.end ?? now;
@@ -395,8 +395,12 @@ export function clientWaits(ctx, f, g, now) {
   }
 }
 
+// The timeline's layer (ft-timeline.js createTimeline): in observe mode the rows' wait before
+// their first chunk is the client's, in place of the engine's queue stage.
+export const timelineLayers = [{name: "clientWaits", at: "queue", on: observing, draw: clientWaits}];
+
 // The timeline's hover read-out for a request in observe mode.
-export function describeClient(r) {
+export function describeClient(s, r) {
   const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens${r.source === "observe" ? " (estimated)" : ""} → max ${r.maxNew ?? "?"} new`];
   if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
   if (r.inSlot !== null) lines.push(`in a server slot from +${fmtS(r.inSlot - r.arrival)} (server, ±0.5 s)`);
@@ -408,7 +412,7 @@ export function describeClient(r) {
 
 // ------------------------------------------------------------ the request panel and the diagnosis
 // The server's figures that held at time t (the last scrape at or before it), in words, or "".
-export function serverAt(t) {
+function serverAt(s, t) {
   let p = null;
   for (const q of s.scrapes) { if (q.t <= t) p = q; else break; }
   if (!p || !p.server) return "";
@@ -421,7 +425,7 @@ export function serverAt(t) {
 
 const mean = (xs) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
 
-export function clientNote(r) {
+export function clientNote(s, r) {
   const lines = [];
   if (r.inSlot !== null) lines.push(`in a server slot from +${fmtS(r.inSlot - r.arrival)} (server, ±0.5 s: its /slots)`);
   if (r.end === null && r.first === null) lines.push(`waiting for its first chunk: ${fmtS(s.latestT - r.arrival)} so far (this client)`);
@@ -432,7 +436,7 @@ export function clientState(r) {
   return r.rejected ? "rejected" : r.end !== null ? r.reason : r.first !== null ? "streaming" : "waiting for first chunk";
 }
 
-export function clientAccounting(r) {
+export function clientAccounting(s, r) {
   if (r.rejected) return [el("div", "acc-total", `rejected: ${r.rejected}`)];
   const out = [];
   const ttft = r.ttft ?? (r.first !== null ? r.first - r.arrival : null);
@@ -452,10 +456,10 @@ export function clientAccounting(r) {
   return out;
 }
 
-export function diagnoseClient(r) {
+export function diagnoseClient(s, r) {
   if (r.end === null) {
     if (r.first === null) {
-      const waited = s.latestT - r.arrival, srv = serverAt(s.latestT);
+      const waited = s.latestT - r.arrival, srv = serverAt(s, s.latestT);
       return {cause: "first_chunk", numbers: {first_chunk: waited},
               text: `So far it has waited ${fmtS(waited)} for its first chunk (measured by this client)` +
                 (srv ? `; ${srv}` : "") + ". The full diagnosis comes when it finishes."};
@@ -468,13 +472,13 @@ export function diagnoseClient(r) {
   const total = r.e2e, streaming = Math.max(0, total - r.ttft), gaps = r.gaps || [];
   const numbers = {total, first_chunk: r.ttft, streaming};
   if (r.ttft >= streaming) {
-    const srv = serverAt(r.arrival + r.ttft / 2);
+    const srv = serverAt(s, r.arrival + r.ttft / 2);
     return {cause: "first_chunk", numbers,
             text: `Most of this request's ${fmtS(total)} was waiting for its first chunk (${fmtS(r.ttft)}, measured by this ` +
               `client): the server's queueing and prefill are inside that time, and a client cannot tell them apart` +
               (srv ? `; ${srv}` : "") + "."};
   }
-  const longest = gaps.length ? Math.max(...gaps) : null, srv = serverAt(r.first + streaming / 2);
+  const longest = gaps.length ? Math.max(...gaps) : null, srv = serverAt(s, r.first + streaming / 2);
   return {cause: "streaming", numbers,
           text: `Most of this request's ${fmtS(total)} was streaming its ${r.tokens.length} chunks (${fmtS(streaming)}, ` +
             `measured by this client)` + (gaps.length ? `: a mean gap of ${fmtS(mean(gaps))}, the longest ${fmtS(longest)}` : "") +

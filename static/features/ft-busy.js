@@ -13,10 +13,9 @@ const WINDOW = 12;      // decode steps per median
 const BUSY = 4;         // this many times its quiet pace, or more: busy
 const RECENT_S = 5;     // the latest steps: within this many seconds of engine time
 
-let s;
-let best = null, seenTo = 0, epoch = -1;   // the quietest window's median ratio, the points read so far
-
-export function init(deps) { ({s} = deps); }
+// The quietest window's median ratio, the points read so far, and the state's epoch they were
+// read in (`s`, the page state, is passed to each function below).
+let best = null, seenTo = 0, epoch = -1;
 
 // Decode steps timed and estimated, without guesses (a verifying forward's estimate is its own).
 const timed = (pts) => pts.filter((p) => p.predMs > 0 && !p.guesses);
@@ -24,7 +23,7 @@ const ratio = (p) => p.ms / p.predMs;
 
 // The quietest window's median ratio so far (updated as points arrive; a new server, a reset of
 // the page's state, starts over).
-function quiet() {
+function quiet(s) {
   if (s.epoch !== epoch) { epoch = s.epoch; best = null; seenTo = 0; }
   const pts = timed(s.points);
   if (seenTo > pts.length) seenTo = 0;   // the points were trimmed: read them again
@@ -39,8 +38,8 @@ function quiet() {
 // How busy the machine was over engine time [t0, t1]: {factor, ms, usualMs, n}, the decode steps'
 // median time there against what the same work took at the quiet pace; null with too few steps
 // or no quiet pace known yet. `factor` >= BUSY: busy.
-export function pace(t0, t1) {
-  const q = quiet();
+export function pace(s, t0, t1) {
+  const q = quiet(s);
   const pts = timed(s.points).filter((p) => p.t >= t0 && p.t <= t1).slice(-WINDOW * 4);
   if (q === null || pts.length < WINDOW / 2) return null;
   const factor = percentile(pts.map(ratio), 50) / q;
@@ -55,9 +54,9 @@ export function busyText(p) {
 }
 
 // For the diagnosis: a sentence when the machine was busy while r was being decoded, else null.
-export function busySuspect(r) {
+export function busySuspect(s, r) {
   if (r.first === null || r.end === null) return null;
-  const p = pace(r.first, r.end);
+  const p = pace(s, r.first, r.end);
   if (!p || !p.busy) return null;
   return `A suspect beside these: this machine was busy while it ran — decode steps took ${p.factor.toFixed(1)}× ` +
     `the engine's own quiet pace (median ${fmtS(p.ms / 1000)} against ${fmtS(p.usualMs / 1000)}, measured), ` +
@@ -65,10 +64,10 @@ export function busySuspect(r) {
 }
 
 // The 4 Hz tick: the note above the timeline.
-export function update() {
+export function update(s) {
   const note = $("busy-note");
   if (!note) return;
-  const p = s.hello && s.hello.mode !== "observe" ? pace(s.latestT - RECENT_S, s.latestT) : null;
+  const p = s.hello && s.hello.mode !== "observe" ? pace(s, s.latestT - RECENT_S, s.latestT) : null;
   note.hidden = !(p && p.busy);
   if (!note.hidden) note.textContent = busyText(p);
 }

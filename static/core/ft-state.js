@@ -3,6 +3,10 @@
 // histories that the canvas and chart code read. A recorded trace replays through
 // the same function, so everything drawn is something an event said.
 
+// A page's part in a classroom (`hello.role`, docs/protocol.md; the body's data-role): the wire's
+// strings, named once. SOLO: no classroom.
+export const ROLES = Object.freeze({SOLO: "solo", PRESENTER: "presenter", VIEWER: "viewer"});
+
 // Bounds keep memory and drawing cost flat however long the page stays open.
 const KEEP_FINISHED = 300;   // finished/rejected requests kept (running/waiting always kept)
 const KEEP_STEPS = 4000;     // model forwards kept for the timeline and KV chart
@@ -314,6 +318,32 @@ export function ingest(s, ev, arrivedEngineT) {
   // `sync` is handled by the connection; unknown types are ignored (forward compatible).
   if (Object.hasOwn(ON, ev.type)) ON[ev.type](s, ev, arrivedEngineT);
 }
+
+// ------------------------------------------------------------------ the rest of the page
+// Event types are read in this module alone. Besides the reducer above, some of the page's parts
+// act when an event comes (a toast, a preset's banner, a comparison's recording): each hands a
+// table {type: fn(ev, s)} ("*": every event, before its own type's) to a dispatch, which calls
+// them after the reducer, table by table in the order they were added; `s` is the state the
+// event was folded into (the dispatch's own; none for a stream with no state).
+export function createDispatch(s) {
+  const tables = [];
+  return {
+    on(table) { tables.push(table); },
+    emit(ev) {
+      for (const t of tables) {
+        if (t["*"]) t["*"](ev, s);
+        if (Object.hasOwn(t, ev.type)) t[ev.type](ev, s);
+      }
+    },
+  };
+}
+
+// What the connection, the replay and the comparison ask of events.
+export const startsRun = (ev) => ev.type === "hello";    // a server's (or a trace's) history starts at its hello
+export const clockSync = (ev) => ev.type === "sync";     // the connection's clock: no state, never in a trace
+export const typed = (ev) => typeof ev.type === "string";
+export const ofType = (events, ...types) => events.filter((ev) => types.includes(ev.type));
+export const firstOf = (events, type, keep = () => true) => events.find((ev) => ev.type === type && keep(ev));
 
 // Percentile of a numeric array (nearest rank), null when empty.
 export function percentile(values, q) {

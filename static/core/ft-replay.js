@@ -8,7 +8,7 @@
 // Slow motion replays the last seconds of the live log slowly while the connection keeps
 // logging; back to live rebuilds the state from the whole log.
 import {engineNow as liveNow, setConn, stop as stopLive} from "ft/connection";
-import {createState} from "ft/state";
+import {createState, firstOf, startsRun, typed} from "ft/state";
 import {$, toast} from "ft/util";
 
 const KEEP_EVENTS = 200000;   // the live log's bound: events...
@@ -34,8 +34,8 @@ let raf = null;
 export function logLive(events, at) {
   let restarted = false;
   for (const ev of events) {
-    if (ev.type === "hello") { log.events = []; log.at = []; restarted = true; }
-    if (!log.events.length && ev.type !== "hello") continue;   // `loading` before a hello
+    if (startsRun(ev)) { log.events = []; log.at = []; restarted = true; }
+    if (!log.events.length && !startsRun(ev)) continue;   // `loading` before a hello
     log.events.push(ev); log.at.push(at);
   }
   trimLog();
@@ -84,9 +84,10 @@ function resetState() {
 // of the same arrival, as the connection delivered them.
 function advance(T) {
   const evs = player.events;
-  while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T))) {
+  const due = (ev) => startsRun(ev) || !(ev.t > T);
+  while (player.i < evs.length && due(evs[player.i])) {
     const start = player.i, at = player.at ? player.at[start] : null;
-    while (player.i < evs.length && (evs[player.i].type === "hello" || !(evs[player.i].t > T)) &&
+    while (player.i < evs.length && due(evs[player.i]) &&
            (player.at ? player.at[player.i] : null) === at) player.i++;
     show(evs.slice(start, player.i), at);
   }
@@ -101,7 +102,7 @@ function seek(T) {
 }
 
 // The end of what can be played: the trace's last event, or (slow motion) live now.
-const end = () => (player.mode === "slow" ? liveNow() : player.t1);
+const end = () => (player.mode === "slow" ? liveNow(s) : player.t1);
 
 function frame(ts) {
   raf = null;
@@ -159,10 +160,10 @@ function showPanel(on) {
 // Why `trace` is not a trace (null when it is one): checked before anything changes.
 function problem(trace) {
   if (!Array.isArray(trace)) return "a trace is a JSON array of events";
-  if (!trace.length || !trace[0] || trace[0].type !== "hello") return "a trace starts with a hello event";
+  if (!trace.length || !trace[0] || !startsRun(trace[0])) return "a trace starts with a hello event";
   for (let i = 0; i < trace.length; i++) {
     const ev = trace[i];
-    if (!ev || typeof ev !== "object" || typeof ev.type !== "string" || typeof ev.t !== "number" || !isFinite(ev.t)) {
+    if (!ev || typeof ev !== "object" || !typed(ev) || typeof ev.t !== "number" || !isFinite(ev.t)) {
       return `event ${i} has no type and time`;
     }
   }
@@ -173,12 +174,12 @@ function describe(trace, name) {
   const h = trace[0];
   const date = typeof h.server_time === "number" ? new Date(h.server_time * 1000).toISOString().slice(0, 10) : "?";
   $("rp-title").textContent = `Replay${name ? `: ${name}` : ""}`;
-  const srv = h.mode === "observe" ? h.server || (trace.find((ev) => ev.type === "stats" && ev.server && ev.server.title) || {}).server : null;
+  const srv = h.mode === "observe" ? h.server || (firstOf(trace, "stats", (ev) => ev.server && ev.server.title) || {}).server : null;
   $("rp-credit").textContent = h.mode === "observe"
     ? `Recorded by First Token observing ${srv ? `${srv.title}${srv.version ? ` ${srv.version}` : ""}` : h.target} ` +
       `(${String(h.model ?? "?").split("/").pop()}) from the client's side, ${date}`
     : `Recorded with First Token on ${h.model ?? "?"}, ${h.device ?? "?"}, ${date}`;
-  const preset = trace.find((ev) => ev.type === "preset");
+  const preset = firstOf(trace, "preset");
   $("rp-preset").hidden = !preset;
   if (preset) $("rp-preset-title").textContent = preset.title || preset.name;   // its explanation: the lesson banner
 }
@@ -243,7 +244,7 @@ function loadFile(file) {
 // and the connection keeps logging). False when there is nothing to watch.
 function slowMotion(speed = 0.25, seconds = SLOW_SECONDS) {
   if (player.mode === "trace" || !log.events.length) return false;
-  const now = liveNow();
+  const now = liveNow(s);
   Object.assign(player, {mode: "slow", events: log.events, at: log.at, i: 0, t0: log.events[0].t, vt: -Infinity});
   for (const ev of log.events) player.t0 = Math.min(player.t0, ev.t);
   resetState();

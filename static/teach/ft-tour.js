@@ -6,14 +6,14 @@
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
 import {diagnosis} from "ft/diagnose";
 import {median, proofText} from "ft/figures";
-import {selectedReq as selected} from "ft/panels";
+import {selectedReq} from "ft/panels";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
 import {$, fmtS, toast} from "ft/util";
 import * as weights from "ft/weights";
 
-let s;               // the page state, from init
+let s, ui;           // the page state and its UI state (the selected request), from init
 export let index = -1;   // the step shown, -1 when the tour is off
 let since = 0;       // engine time the step began (its figures count from the preset after it)
 let spottedAt = -Infinity;   // page time the step's parts were outlined
@@ -26,12 +26,12 @@ export const STEPS = [
   {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
    watch: "the prompt's token chips (piece and id) in the request panel",
    text() {
-     const r = selected();
+     const r = selectedReq(s, ui);
      const n = r && r.promptTokens;
      return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
        "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
        " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
-   }, live: () => { const r = selected(); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
+   }, live: () => { const r = selectedReq(s, ui); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
   {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
    watch: "the blue prefill bar on each row, and TTFT",
    text: () => "Before the first token, the model reads the whole prompt in one forward pass: prefill (blue). " +
@@ -40,9 +40,9 @@ export const STEPS = [
   {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
    watch: "one tick per token, and the measured step time against the bandwidth floor",
    text() {
-     const fl = weights.floorOf();   // the copy of the weights read now, and its floor (an estimate)
+     const fl = weights.floorOf(s);   // the copy of the weights read now, and its floor (an estimate)
      return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
-       `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(fl.fmt)}` : ""})` +
+       `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(s, fl.fmt)}` : ""})` +
        (fl ? `, so it cannot beat ${fmtS(fl.floorS)} (estimate: memory-bandwidth floor)` : "") + ".";
    },
    live() {
@@ -54,12 +54,12 @@ export const STEPS = [
    spot: [".timeline-wrap", "#chart-steps", ".fig:has(#h-weights)"],
    watch: "the request's ticks closing up at the switch, and the step-time chart's two clouds against their floors",
    text() {
-     const f = weights.formats(), q = f && f.dequantised, k = f && f.stored;
+     const f = weights.formats(s), q = f && f.dequantised, k = f && f.stored;
      if (!k) return "A decode step is bound by reading the weights: fewer bytes, faster steps. This server holds one copy " +
        "of the weights only, so the lesson cannot switch here" + (s.hello.weights && s.hello.weights.why ? ` (${s.hello.weights.why}).` : ".");
      return "A decode step reads every weight once, so its time is bound by bytes, not by arithmetic. The model file " +
-       `stores its weights as ${weights.name("stored", "short")} blocks (${weights.mb(k.decode_bytes)} a step); ` +
-       `dequantised to ${weights.name("dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
+       `stores its weights as ${weights.name(s, "stored", "short")} blocks (${weights.mb(k.decode_bytes)} a step); ` +
+       `dequantised to ${weights.name(s, "dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
        "This request reads the fp32 copy first, then, a few seconds in, the blocks: watch its ticks close up.";
    },
    live: () => live("weights")},
@@ -85,7 +85,7 @@ export const STEPS = [
      "behind others' prefill (chunked prefill).",
    // the diagnosis itself is in the request panel, outlined: the banner names its suspect only
    live() {
-     const d = diagnosis(), r = selected();
+     const d = diagnosis(s, ui), r = selectedReq(s, ui);
      return d && r ? `${r.label || r.id}: the suspect is ${d.cause} — the request panel gives its measured stages` : "";
    }},
   {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
@@ -177,21 +177,22 @@ export const prev = () => go(index < 0 ? 0 : index - 1);
 
 let urlDone = false;
 export function init(deps) {
-  ({s} = deps);
+  ({s, ui} = deps);
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).addEventListener("click", () => (index < 0 ? start() : stop()));
   $("tour-prev").addEventListener("click", prev);
   $("tour-next").addEventListener("click", next);
   $("tour-end").addEventListener("click", stop);
 }
 
-export function onEvent(ev) {
+export const reactions = {
   // `/?tour=N` opens step N once the presets are known.
-  if (ev.type === "hello" && index < 0 && !urlDone) {
+  hello() {
+    if (index >= 0 || urlDone) return;
     urlDone = true;
     const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
     if (n >= 1 && n <= STEPS.length) go(n - 1);
-  }
-}
+  },
+};
 
 export function update() {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";

@@ -11,17 +11,14 @@ import {percentile} from "ft/state";
 import * as teach from "ft/teach";
 import {$, fmtBytes, fmtS} from "ft/util";
 
-let s;   // the page state, from init
-export function init(deps) { ({s} = deps); }
-
 // Megabytes as the lesson says them ("97 MB", "538 MB"); small models' bytes as fmtBytes does.
 export const mb = (b) => (b >= 10e6 ? `${Math.round(b / 1e6)} MB` : fmtBytes(b));
 
 // The formats this server has (`hello.weights.formats`), or null (observe mode, traces before 12).
-export const formats = (st = s) => (st && st.hello && st.hello.weights ? st.hello.weights.formats : null);
+export const formats = (st) => (st && st.hello && st.hello.weights ? st.hello.weights.formats : null);
 
 // The format the engine reads now: the setting, or the only copy there is.
-export function inForce(st = s) {
+export function inForce(st) {
   const f = formats(st);
   if (!f) return null;
   const v = st.settings && st.settings.weights;
@@ -41,7 +38,7 @@ function bits(st, fmt) {
 }
 
 // How a format is named: "4-bit as stored" / "fp32 dequantised" (long), "4-bit" / "fp32" (short).
-export function name(fmt, kind = "long", st = s) {
+export function name(st, fmt, kind = "long") {
   if (!fmt) return "";
   const b = bits(st, fmt);
   if (kind === "short") return b;
@@ -50,7 +47,7 @@ export function name(fmt, kind = "long", st = s) {
 
 // The control's choice: "as stored (4-bit, 97 MB)" / "dequantised (fp32, 538 MB)", on two lines
 // (the parenthesis under the name: the controls panel is narrow; ft.css keeps the line break).
-export function choiceText(fmt, st = s) {
+export function choiceText(st, fmt) {
   const f = formats(st);
   if (!f || !f[fmt]) return fmt;
   return `${fmt === "stored" ? "as stored" : fmt}\n(${bits(st, fmt)}, ${mb(f[fmt].decode_bytes)})`;
@@ -58,7 +55,7 @@ export function choiceText(fmt, st = s) {
 
 // A format's bytes per batch-1 decode step and its bandwidth floor (an estimate), with the
 // measured bandwidth; the default format's from `hello.bandwidth` where hello has no `weights`.
-export function floorOf(fmt = inForce(), st = s) {
+export function floorOf(st, fmt = inForce(st)) {
   const h = st && st.hello, bw = h && h.bandwidth, f = formats(st);
   const gbs = bw && typeof bw.gbs === "number" ? bw.gbs : null;
   if (f && fmt && f[fmt]) return {fmt, bytes: f[fmt].decode_bytes, floorS: f[fmt].floor_s, gbs};
@@ -72,16 +69,16 @@ export function floorLabel(fl) {
 }
 
 // The header: "weights: 4-bit as stored, 97 MB/step".
-export function headerText(st = s) {
-  const fmt = inForce(st), fl = floorOf(fmt, st);
+export function headerText(st) {
+  const fmt = inForce(st), fl = floorOf(st, fmt);
   if (!fmt || !fl) return "";
-  return `weights: ${name(fmt, "long", st)}, ${mb(fl.bytes)}/step`;
+  return `weights: ${name(st, fmt, "long")}, ${mb(fl.bytes)}/step`;
 }
 
 // A forward's hover line: the weights it read and what multiplied them (step.weights, .kernel).
-export function stepLine(st) {
+export function stepLine(s, st) {
   if (!st.weights || typeof st.weightBytes !== "number") return null;
-  return `weights read: ${mb(st.weightBytes)}, ${name(st.weights)} (${st.kernel})`;
+  return `weights read: ${mb(st.weightBytes)}, ${name(s, st.weights)} (${st.kernel})`;
 }
 
 // ---------------------------------------------------------------- the steps chart, by format
@@ -96,16 +93,16 @@ export const colorOf = (fmt) => (COLORS[fmt] || (() => P.decode))();
 // line so that the labels never sit on each other in a phone's chart.
 // `narrow`: a chart too narrow for the figures (a phone's; a presenter's panel, whose type is
 // larger) gets the short label; the chart's heading says the rest.
-export function floorMarks(fmts, st = s, narrow = false) {
-  const list = (fmts && fmts.length ? fmts : [inForce(st)]).map((f) => floorOf(f, st)).filter(Boolean);
+export function floorMarks(st, fmts, narrow = false) {
+  const list = (fmts && fmts.length ? fmts : [inForce(st)]).map((f) => floorOf(st, f)).filter(Boolean);
   const shapes = [], annotations = [], two = list.length > 1;
   list.forEach((fl, i) => {
     const y = fl.floorS * 1000, c = two ? colorOf(fl.fmt) : P.accent;
     shapes.push({type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y, line: {color: c, width: 2, dash: "dash"}});
     annotations.push({xref: "paper", x: two && i ? 0.99 : 0.01, xanchor: two && i ? "right" : "left", y, yanchor: "bottom",
                       showarrow: false, font: {color: c, size: 13},
-                      text: narrow ? (two ? `est. floor, ${name(fl.fmt, "short", st)}` : "estimated floor")
-                        : two ? `est. floor, ${name(fl.fmt, "short", st)}: ${mb(fl.bytes)}` : floorLabel(fl)});
+                      text: narrow ? (two ? `est. floor, ${name(st, fl.fmt, "short")}` : "estimated floor")
+                        : two ? `est. floor, ${name(st, fl.fmt, "short")}: ${mb(fl.bytes)}` : floorLabel(fl)});
   });
   return {shapes, annotations, top: Math.max(0, ...list.map((fl) => fl.floorS * 1000))};
 }
@@ -130,15 +127,15 @@ export function lessonFigure(st, t0) {
   if (!f) return null;
   if (!f.stored) {
     const why = st.hello.weights.why;
-    return `this server reads one copy of the weights only: ${name("dequantised", "long", st)}` + (why ? ` (${why})` : "");
+    return `this server reads one copy of the weights only: ${name(st, "dequantised", "long")}` + (why ? ` (${why})` : "");
   }
   const by = stepsByFormat(st, t0), q = by.get("dequantised"), k = by.get("stored");
   if (!q && !k) return null;
-  const part = (fmt, m) => `${name(fmt, "long", st)} ${m.ms.toFixed(1)} ms (median of ${m.n} step${m.n === 1 ? "" : "s"}; ` +
+  const part = (fmt, m) => `${name(st, fmt, "long")} ${m.ms.toFixed(1)} ms (median of ${m.n} step${m.n === 1 ? "" : "s"}; ` +
     `floor ${fmtS(f[fmt].floor_s)}, est.)`;
   if (!(q && k)) {
     const [fmt, m] = q ? ["dequantised", q] : ["stored", k];
-    return `decode step at batch 1: ${part(fmt, m)} · waiting for steps reading ${name(fmt === "stored" ? "dequantised" : "stored", "long", st)}…`;
+    return `decode step at batch 1: ${part(fmt, m)} · waiting for steps reading ${name(st, fmt === "stored" ? "dequantised" : "stored", "long")}…`;
   }
   const r = q.ms / k.ms, bytes = f.dequantised.decode_bytes / f.stored.decode_bytes;
   return `decode step at batch 1: ${part("dequantised", q)} → ${part("stored", k)}: ` +
@@ -148,35 +145,35 @@ export const proof = {weights: lessonFigure};
 
 // ---------------------------------------------------------------- the header, at 4 Hz
 
-export function update() {
-  const text = headerText(), span = $("model-weights"), fig = $("h-weights-fig");
+export function update(s) {
+  const text = headerText(s), span = $("model-weights"), fig = $("h-weights-fig");
   // presenter mode shows the headline figure during the weights lesson (in the schedule's place)
   document.body.classList.toggle("weights-lesson", !!(teach.active && teach.active.name === "weights"));
   if (span) {
     span.textContent = text || (s.hello && s.hello.dtype) || "";
-    const fl = floorOf();
+    const fl = floorOf(s);
     span.title = text && fl ? `the copy of the weights each decode step reads now (the weights setting): ${fmtBytes(fl.bytes)}` +
       `, floor ${fmtS(fl.floorS)} at ${fl.gbs ? fl.gbs.toFixed(1) : "?"} GB/s (an estimate: bytes ÷ the bandwidth measured at start)` +
       (s.hello.weights.kernel ? `; 4-bit kernel: ${s.hello.weights.kernel}` : `; no 4-bit kernel here${s.hello.weights.why ? `: ${s.hello.weights.why}` : ""}`) : "";
   }
   if (fig) {
     fig.hidden = !text;
-    const fmt = inForce(), fl = floorOf();
-    $("h-weights").textContent = text ? `${name(fmt, "short")} · ${mb(fl.bytes)}` : "—";
+    const fmt = inForce(s), fl = floorOf(s);
+    $("h-weights").textContent = text ? `${name(s, fmt, "short")} · ${mb(fl.bytes)}` : "—";
     fig.title = span ? span.title : "";
     fig.dataset.format = fmt || "";
   }
 }
 
 // Translucent dots and a median line per format, for the step-time chart (ft-charts.js).
-export function formatTraces(pts, jitter, hover, medians) {
+export function formatTraces(s, pts, jitter, hover, medians) {
   const out = [];
   for (const fmt of pointFormats(pts)) {
     const mine = pts.filter((p) => p.weights === fmt), c = colorOf(fmt);
-    out.push(Object.assign({type: "scattergl", mode: "markers", name: name(fmt, "short"), x: mine.map(jitter), y: mine.map((p) => p.ms),
+    out.push(Object.assign({type: "scattergl", mode: "markers", name: name(s, fmt, "short"), x: mine.map(jitter), y: mine.map((p) => p.ms),
                             marker: {color: alpha(c, 0.45), size: 5}, showlegend: false}, hover(mine)));
-    out.push(Object.assign({type: "scatter", mode: "lines+markers", name: name(fmt, "short"), line: {color: c, width: 3},
-                            hovertemplate: `batch %{x}: median %{y:.1f} ms (${name(fmt)}, its dots: each step)<extra></extra>`}, medians(mine)));
+    out.push(Object.assign({type: "scatter", mode: "lines+markers", name: name(s, fmt, "short"), line: {color: c, width: 3},
+                            hovertemplate: `batch %{x}: median %{y:.1f} ms (${name(s, fmt)}, its dots: each step)<extra></extra>`}, medians(mine)));
   }
   return out;
 }

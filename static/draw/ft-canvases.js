@@ -1,23 +1,24 @@
 // First Token: the canvas views on the page. Their shared time window (zoom with the
 // buttons or the wheel, pause with the button or space, drag to pan while paused), the
 // hover read-outs (measured numbers only), click-to-select on the timeline, and drawing
-// the three time strips (ft-timeline.js) and the KV block grid (ft-blocks.js) once per
-// animation frame.
+// the three time strips (ft-timeline.js, ft-strips.js) and the KV block grid (ft-blocks.js)
+// once per animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {firstShapeText} from "ft/delivery";
-import {clientWaits, describeClient, drawServer, hitServer, observing} from "ft/server";
+import {describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
-import {drawKV, drawQueue, drawTimeline, hitStep, hitTimeline} from "ft/timeline";
+import {drawKV, drawQueue} from "ft/strips";
+import {hitStep, hitTimeline} from "ft/timeline";
 import {$, fmtBytes, fmtS} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
 
-// From init: the page state, the shared time window (span, right edge, paused), the UI state
-// (selected request; the layouts drawn, which hover and click read), `select(id)`, and
-// `engineNow()`: the time the strips end at (live, or a replay's virtual clock).
-let s, view, ui, select, engineNow;
-export function init(deps) { ({s, view, ui, select, engineNow} = deps); }
+// `wire(page)` and `draw(page)` take the page: {s, view, ui, select, engineNow, timeline}, the
+// page state, the shared time window (span, right edge, paused), the UI state (selected
+// request; the layouts drawn, which hover and click read), `select(id)`, `engineNow()`: the
+// time the strips end at (live, or a replay's virtual clock), and the timeline with the
+// features' layers (ft-timeline.js createTimeline).
 let hover = null;
 let tapTimer = null;
 const TAP_TIP_MS = 2500;
@@ -49,19 +50,19 @@ function describeReq(r) {
 // A forward: what it computed (a speculating one: the tokens it gave out and its guesses), its
 // measured time, the roofline's estimate beside it, and whether it was the first of its shape
 // since the server started.
-function stepText(st) {
+function stepText(s, st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
   const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return [what, stepLine(st), weightsLine(st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
+  return [what, stepLine(st), weightsLine(s, st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, the tokens out per forward in view while
 // they speculate (the lane's label), and the step-time target's cap while it is on.
-function laneText(st, perFwd) {
-  const lines = [stepText(st)];
+function laneText(s, st, perFwd) {
+  const lines = [stepText(s, st)];
   if (perFwd) lines.push(`forwards in view: ${perFwd.out} tokens out from ${perFwd.forwards} forwards = ${perFwd.mean.toFixed(2)} per forward`);
   const cap = s.last && s.last.prefill_cap, target = s.settings.max_step_ms;
   if (target) lines.push(`step-time target ${target} ms: a mixed step now takes at most ${cap ?? "— (not known yet)"} prompt tokens`);
@@ -79,11 +80,11 @@ function lastAtOrBefore(list, key, t) {
 const HOVER = {
   timeline(s, layouts, h) {
     const st = hitStep(layouts.timeline, s, h.x, h.y);
-    if (st) return laneText(st, layouts.timeline.perFwd);
+    if (st) return laneText(s, st, layouts.timeline.perFwd);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
-    const lines = observing(s) ? describeClient(hit.req) : describeReq(hit.req);
-    if (hit.step) lines.push(stepText(hit.step));
+    const lines = observing(s) ? describeClient(s, hit.req) : describeReq(hit.req);
+    if (hit.step) lines.push(stepText(s, hit.step));
     return lines;
   },
   kv(s, layouts, h) {
@@ -104,7 +105,7 @@ const HOVER = {
     const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
     return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
   },
-  server(s, layouts, h) { return hitServer(layouts.server, h.x, h.y); },   // observe mode (ft-server.js)
+  server(s, layouts, h) { return hitServer(layouts.server, s, h.x, h.y); },   // observe mode (ft-server.js)
   queue(s, layouts, h) {
     const f = layouts.queue && layouts.queue.f;
     const p = f && lastAtOrBefore(s.stats, "t", f.t(h.x));
@@ -122,21 +123,21 @@ function showTip(lines, hover) {
   tip.style.left = `${x}px`; tip.style.top = `${y}px`;
 }
 
-function setSpan(span, anchorT) {
+function setSpan(view, span, anchorT) {
   const old = view.span;
   view.span = Math.min(600, Math.max(1, span));
   if (view.paused && anchorT !== undefined) view.right = anchorT + (view.right - anchorT) * (view.span / old);
   $("span-label").textContent = `${+view.span.toFixed(1)} s`;
 }
 
-function setPaused(p) {
+function setPaused(view, p) {
   view.paused = p;
   $("btn-pause").textContent = p ? "Live" : "Pause";
   $("btn-pause").classList.toggle("primary", p);
 }
 
 // While paused, dragging pans the window.
-function pan(e, f) {
+function pan(view, e, f) {
   if (!view.paused) return;
   const startX = e.clientX, startRight = view.right;
   const move = (m) => { view.right = startRight - ((m.clientX - startX) / f.pw) * view.span; };
@@ -146,7 +147,7 @@ function pan(e, f) {
 }
 
 // Every canvas has hover read-outs; the time strips also zoom (wheel) and pan (drag).
-function wireCanvas(id) {
+function wireCanvas({view, ui}, id) {
   const c = $(id);
   if (!c) return;
   const frameOf = () => ui.layouts[id] && ui.layouts[id].f;
@@ -154,9 +155,9 @@ function wireCanvas(id) {
     c.addEventListener("wheel", (e) => {
       e.preventDefault();
       const f = frameOf();
-      setSpan(view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
+      setSpan(view, view.span * (e.deltaY > 0 ? 1.25 : 0.8), f ? f.t(e.offsetX) : undefined);
     }, {passive: false});
-    c.addEventListener("pointerdown", (e) => pan(e, frameOf()));
+    c.addEventListener("pointerdown", (e) => pan(view, e, frameOf()));
   }
   c.addEventListener("mousemove", (e) => { hover = {id, x: e.offsetX, y: e.offsetY, cx: e.clientX, cy: e.clientY}; });
   c.addEventListener("mouseleave", hideTip);
@@ -168,17 +169,18 @@ function wireCanvas(id) {
 
 function hideTip() { hover = null; $("tip").hidden = true; }
 
-export function wire() {
+export function wire(page) {
+  const {s, view, ui, select} = page;
   window.addEventListener("scroll", hideTip, {passive: true});
-  $("btn-zoom-in").addEventListener("click", () => setSpan(view.span * 0.8));
-  $("btn-zoom-out").addEventListener("click", () => setSpan(view.span * 1.25));
-  $("btn-pause").addEventListener("click", () => setPaused(!view.paused));
+  $("btn-zoom-in").addEventListener("click", () => setSpan(view, view.span * 0.8));
+  $("btn-zoom-out").addEventListener("click", () => setSpan(view, view.span * 1.25));
+  $("btn-pause").addEventListener("click", () => setPaused(view, !view.paused));
   document.addEventListener("keydown", (e) => {
     if (e.code === "Space" && !["TEXTAREA", "INPUT", "BUTTON"].includes(document.activeElement.tagName)) {
-      e.preventDefault(); setPaused(!view.paused);
+      e.preventDefault(); setPaused(view, !view.paused);
     }
   });
-  for (const id of Object.keys(HOVER)) wireCanvas(id);
+  for (const id of Object.keys(HOVER)) wireCanvas(page, id);
   $("timeline").addEventListener("click", (e) => {
     const layout = ui.layouts.timeline;
     const h = layout && hitTimeline(layout, s, e.offsetX, e.offsetY);
@@ -186,16 +188,16 @@ export function wire() {
   });
 }
 
-export function draw() {
+export function draw({s, view, ui, engineNow, timeline}) {
   const now = engineNow();
   if (!view.paused) view.right = now + view.span * 0.03;
   view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
-  ui.layouts.timeline = drawTimeline($("timeline"), s, view, now, {selected: ui.selected, clientWaits});
+  ui.layouts.timeline = timeline.draw($("timeline"), s, view, now, {selected: ui.selected});
   // The strips the page has (an /embed shows those its `panels` parameter asked for).
   if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);
   if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);
   if ($("blocks")) ui.layouts.blocks = drawBlocks($("blocks"), s);
-  if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), view, now);
+  if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), s, view, now);
   if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
 }
 
