@@ -74,6 +74,35 @@ def reference(bundle, text, max_new):
     return out[0, ids.shape[1]:].tolist()
 
 
+def wait_until(predicate, timeout, what, every=0.02):
+    """Poll `predicate()` until it returns something truthy, which is returned; fail after
+    `timeout` seconds naming `what` was awaited (a string, or a function that says it then). The one polling loop of the suite: `timeout`
+    is a liveness bound (it only catches a hang, so it is set an order of magnitude over the
+    need), never a claim about speed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+        time.sleep(every)
+
+
+def idle(driver):
+    """Nothing in flight and every KV block back: the engine's accounting returned to zero."""
+    eng = driver.engine
+    return (not eng.scheduler.running and not eng.scheduler.waiting and eng.in_flight == 0
+            and eng.blocks.used == 0 and driver._inbox.empty())
+
+
+def wait_idle(driver, timeout=30):
+    """Wait until `driver`'s engine is idle (`idle`)."""
+    eng = driver.engine
+    wait_until(lambda: idle(driver), timeout, lambda: f"the engine idle (blocks used {eng.blocks.used}, "
+                                                      f"in flight {eng.in_flight})")
+
+
 def frames(conn, seconds, until=None):
     """Events from a websocket for up to `seconds`, or until `until(events)` holds."""
     events, end = [], time.time() + seconds

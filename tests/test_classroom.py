@@ -17,7 +17,7 @@ import app as app_mod
 from engine import EngineConfig
 from engine.request import GenerateRequest
 from engine.settings import SettingError
-from helpers import frames, schema_validator
+from helpers import collect, frames, schema_validator, wait_until
 from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,
                               VIEWER_REFUSED, Classroom, base_url, clean_name, lan_address)
 
@@ -35,14 +35,14 @@ def room(tiny):
     live.classroom = classroom
     classroom.base = live.url   # as app.py sets it at start: the address students reach
     live.driver.update_settings({"max_new_tokens": 6})
-    assert wait_for(lambda: live.driver.settings["max_new_tokens"] == 6)
+    wait_until(lambda: live.driver.settings["max_new_tokens"] == 6, 30, "max_new_tokens applied")
     eng, step = live.driver.engine, live.driver.engine.step
     live.gate = threading.Event()
     live.gate.set()
 
     def gated():
         if not live.gate.is_set():
-            time.sleep(0.01)
+            time.sleep(0.01)   # a shut gate's turn: the engine thread does nothing, without spinning
             return []
         return step()
     eng.step = gated
@@ -84,15 +84,6 @@ def has_error(events):
     return any(e["type"] == "error" for e in events)
 
 
-def wait_for(pred, seconds=20):
-    end = time.time() + seconds
-    while time.time() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 # ------------------------------------------------------------------ students
 
 
@@ -108,9 +99,7 @@ def test_students_requests_appear_labelled_and_each_answer_reaches_only_its_stud
         t.start()
     for t in threads:
         t.join(60)
-    events, end = [], time.time() + 10
-    while time.time() < end and sum(e["type"] == "finished" for e in events) < len(NAMES):
-        events += sub.get(timeout=0.5)
+    events = collect(sub, lambda evs: sum(e["type"] == "finished" for e in evs) >= len(NAMES), timeout=30)
     check = schema_validator()
     for e in events:
         check.validate(e)
@@ -143,14 +132,14 @@ def test_one_request_in_flight_per_student_then_the_rate_limit(room):
     first = []
     t = threading.Thread(target=ask, args=(ada, room, "one", first))
     t.start()
-    assert wait_for(lambda: first)
+    wait_until(lambda: first, 30, "the first ask accepted")
     status, body = ask(ada, room, "two")
     assert status == 409 and body["error"]["code"] == "in_flight"
     other = student(room, "Grace")   # another student is not held up by Ada's limit
     second = []
     t2 = threading.Thread(target=ask, args=(other, room, "hello", second))
     t2.start()
-    assert wait_for(lambda: second)
+    wait_until(lambda: second, 30, "the other student's ask accepted")
     room.gate.set()
     t.join(30)
     t2.join(30)
@@ -173,7 +162,7 @@ def test_the_class_together_has_a_bound_on_requests_in_flight(room):
                for i, n in enumerate(NAMES[:2])]
     for t in threads:
         t.start()
-    assert wait_for(lambda: all(held))
+    wait_until(lambda: all(held), 30, "both asks accepted")
     third = student(room, NAMES[2])
     r = third.post(room.url + "/join/ask", json={"prompt": "me too"}, timeout=10)
     assert r.status_code == 503 and r.json()["error"]["code"] == "class_busy" and r.headers["Retry-After"]
@@ -184,7 +173,7 @@ def test_the_class_together_has_a_bound_on_requests_in_flight(room):
     for t in threads:
         t.join(30)
     assert all(h[-1]["type"] == "finished" for h in held)
-    assert wait_for(lambda: room.classroom.in_flight == 0)
+    wait_until(lambda: room.classroom.in_flight == 0, 30, "no request in flight")
     # rate_burst is 2: the refused ask spent none, so two go in back to back
     assert ask(third, room, "now")[0] == 200 and ask(third, room, "again")[0] == 200
 
@@ -310,7 +299,7 @@ def test_the_per_address_cap_and_places_freed_by_removal_and_idle_expiry(room):
     assert r.status_code == 503 and r.get_json()["error"]["code"] == "full"   # B, C, D, E
     assert phones["B"].get("/join/session").get_json() == {"joined": True, "name": "B"}   # B was seen last
     c.idle_expire_s = 0.2
-    time.sleep(0.3)                                  # all idle: the next join takes the longest idle place
+    time.sleep(0.3)   # the time under test: all idle past the expiry, the next join takes the longest idle place
     assert join_as(phone(room, "10.0.0.10"), "F").status_code == 200
     assert sorted(s.name for s in c.students.values() if not s.removed) == ["B", "D", "E", "F"]
     r = phones["C"].get("/join/session")             # C expired: join again
@@ -383,11 +372,11 @@ def test_a_student_who_leaves_has_the_request_cancelled(room):
     rid = json.loads(line[6:])["id"]
     r.close()   # the phone closes the stream
     evs = []
-    assert wait_for(lambda: evs.extend(sub.get(timeout=0.2)) or
-                    any(e["type"] == "finished" and e["id"] == rid for e in evs), 10)
+    wait_until(lambda: evs.extend(sub.get(timeout=0.2)) or
+               any(e["type"] == "finished" and e["id"] == rid for e in evs), 30, "the closed stream's request finished")
     (fin,) = [e for e in evs if e["type"] == "finished" and e["id"] == rid]
     assert fin["reason"] == "cancelled"
-    assert wait_for(lambda: room.classroom.roster()[0]["in_flight"] is None, 5)
+    wait_until(lambda: room.classroom.roster()[0]["in_flight"] is None, 30, "the roster shows nothing in flight")
 
 
 # ------------------------------------------------------------------ presenter and viewers
@@ -485,7 +474,7 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
     errors = [e for e in got if e["type"] == "error"]
     assert len(errors) == len(refused) and all(e["message"] == VIEWER_REFUSED and e["field"] == "type" for e in errors)
     assert any(e["type"] == "sync" and e["client_t"] == 7.0 for e in got)
-    time.sleep(0.3)
+    time.sleep(0.3)   # nothing to wait on: a change that got through would land within this grace period
     assert room.driver.settings == before
     assert not [e for e in sub.get(timeout=0) if e["type"] in ("request", "reset", "preset", "measure") or
                 (e["type"] == "settings" and "max_new_tokens" not in e["changed"])]
@@ -507,7 +496,7 @@ def test_the_presenter_clears_the_queue_and_removes_a_student(room):
     threads = [threading.Thread(target=ask, args=(sessions[n], room, f"{n} waits", streams[n])) for n in NAMES]
     for t in threads:
         t.start()
-    assert wait_for(lambda: all(streams.values()))
+    wait_until(lambda: all(streams.values()), 30, "every student's ask accepted")
     ids = {n: streams[n][0]["id"] for n in NAMES}
     presenter, viewer = presenter_ws(room), Client.connect(room.ws_url)
     try:

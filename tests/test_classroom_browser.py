@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from helpers import ARTIFACTS, page_module
-from test_classroom import ask, room, student, wait_for  # noqa: F401  (room: a fixture)
+from helpers import ARTIFACTS, page_module, wait_until
+from test_classroom import ask, room, student  # noqa: F401  (room: a fixture)
 
 PHONE = {"width": 390, "height": 844}
 
@@ -32,7 +32,7 @@ def context(browser):
 def test_join_on_a_phone_streams_the_answer_with_its_ttft(room, context):
     ARTIFACTS.mkdir(exist_ok=True)
     room.driver.update_settings({"max_new_tokens": 24})
-    assert wait_for(lambda: room.driver.settings["max_new_tokens"] == 24)
+    wait_until(lambda: room.driver.settings["max_new_tokens"] == 24, 30, "max_new_tokens applied")
     sub = room.driver.events.subscribe(replay=False)
     page = context(PHONE)
     page.goto(room.url + "/join?code=owl")
@@ -83,7 +83,7 @@ def test_a_viewer_page_cannot_change_the_engine_the_presenter_can(room, context)
     presenter.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
     assert presenter.evaluate("firstToken.state.hello.role") == "presenter"
     assert room.classroom.key not in presenter.url   # the key left the address bar
-    assert wait_for(lambda: room.driver.settings["rate"] == 2.0)   # the presenter's URL settings apply
+    wait_until(lambda: room.driver.settings["rate"] == 2.0, 30, "the presenter's URL settings applied")
     assert presenter.is_visible("#classroom svg") and presenter.text_content("#cls-url") == room.url + "/join"
     assert "owl" in presenter.text_content("#classroom")
     presenter.reload()   # the cookie keeps it the presenter
@@ -118,7 +118,7 @@ def test_the_presenter_sees_students_on_the_timeline_and_removes_one(room, conte
     assert presenter.text_content("#cls-count") == "Students (3)"
     presenter.screenshot(path=str(ARTIFACTS / "classroom-presenter-1920x1080.png"))
     presenter.click("#cls-list li:has-text('Grace') .cls-remove")
-    assert wait_for(lambda: [c["name"] for c in room.classroom.roster() if c["removed"]] == ["Grace"], 5)
+    wait_until(lambda: [c["name"] for c in room.classroom.roster() if c["removed"]] == ["Grace"], 30, "Grace removed")
     presenter.wait_for_function("document.getElementById('cls-count').textContent === 'Students (2)'")
     r = sessions["Grace"].post(room.url + "/join/ask", json={"prompt": "still here?"}, timeout=10)
     assert r.status_code == 403

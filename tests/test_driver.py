@@ -7,20 +7,12 @@ import pytest
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine.events import Finished, Rejected, Token
 from engine.request import GenerateRequest
+from helpers import collect, wait_idle
 
 
 def drain(handle, timeout=60):
     events = list(handle.events(timeout=timeout))
     return [e.token_id for e in events if isinstance(e, Token)], events[-1]
-
-
-def wait_idle(driver, timeout=30):
-    eng, deadline = driver.engine, time.time() + timeout
-    while time.time() < deadline:
-        if not eng.scheduler.running and not eng.scheduler.waiting and driver._inbox.empty():
-            return
-        time.sleep(0.01)
-    raise AssertionError("engine did not go idle")
 
 
 @pytest.fixture
@@ -35,18 +27,26 @@ def test_submit_streams_tokens_then_finished(driver):
     assert isinstance(last, Finished) and last.output_tokens == len(ids) and 1 <= len(ids) <= 5
 
 
+def next_index(events, kind):
+    """The index just past the first event of type `kind` (len(events) without one)."""
+    return next((i + 1 for i, e in enumerate(events) if e["type"] == kind), len(events))
+
+
 def test_engine_thread_time_between_forwards_is_measured(driver):
     """/healthz carries the engine thread's time between forwards and the CPU time it ran: all
     of it is outside the forwards (the runner's own sums), none of it while idle."""
+    sub = driver.events.subscribe(replay=False)
     t0 = time.perf_counter()
     drain(driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=20, stream=True)))
     wait_idle(driver)
-    time.sleep(0.2)   # the engine thread's last turn ends after the scheduler empties
+    # The engine thread's last turn ends after the scheduler empties: a `stats` from a later
+    # (idle) turn says that turn's sums are in.
+    collect(sub, lambda evs: any(e["type"] == "stats" for e in evs[next_index(evs, "finished"):]))
     elapsed = time.perf_counter() - t0
     first = driver.health()[0]["engine_thread"]
     assert 0 < first["between_forwards_cpu_s"] <= first["between_forwards_s"] * 1.05 + 1e-3
     assert first["between_forwards_s"] + driver.engine.runner.wall_s < elapsed
-    time.sleep(0.6)   # idle: stats ticks, no forward, nothing counted
+    collect(sub, lambda evs: sum(e["type"] == "stats" for e in evs) >= 2)   # idle turns: no forward
     assert driver.health()[0]["engine_thread"] == first
 
 
@@ -66,13 +66,13 @@ def test_bad_settings_change_nothing(tiny, bad, field):
 def test_settings_event_broadcast_and_load_generator(driver):
     sub = driver.events.subscribe(replay=False)
     driver.update_settings({"prompt_tokens": 48, "max_new_tokens": 2, "rate": 16.0, "load": True})
-    time.sleep(1.0)
+    evs = collect(sub, lambda evs: sum(e["type"] == "request" for e in evs) >= 4)   # ~0.25 s at 16/s
     driver.update_settings({"load": False})
     wait_idle(driver)
-    evs = sub.get(1)
+    evs += sub.get(1)
     assert any(e["type"] == "settings" and "rate" in e["changed"] for e in evs)
     reqs = [e for e in evs if e["type"] == "request"]
-    assert 4 <= len(reqs) <= 40                    # Poisson at 16/s for ~1 s
+    assert 4 <= len(reqs) <= 40                    # and the generator stopped when told
     assert all(e["source"] == "load" and e["prompt_tokens"] == 48 for e in reqs)
     assert driver.engine.blocks.used == 0
 
@@ -81,10 +81,10 @@ def test_burst_and_reset(driver):
     driver.update_settings({"max_new_tokens": 200})
     sub = driver.events.subscribe(replay=False)
     driver.burst(10)
-    time.sleep(0.3)
+    evs = collect(sub, lambda evs: any(e["type"] == "token" for e in evs))   # reset mid-run: some are generating
     driver.reset()
     wait_idle(driver)
-    evs = sub.get(1)
+    evs += sub.get(1)
     fins = [e for e in evs if e["type"] == "finished"]
     assert len(fins) == 10 and all(e["reason"] in ("cancelled", "length", "stop") for e in fins)
     assert any(e["type"] == "reset" for e in evs)

@@ -14,6 +14,7 @@ from engine.events import Finished
 from engine.request import GenerateRequest
 from server import create_app, control
 from conftest import LiveApp
+from helpers import wait_idle
 
 FUZZ = settings(max_examples=40, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -66,17 +67,6 @@ def settle(driver):
     driver.update_settings({name: spec.default for name, spec in driver.specs.items()})
     driver.reset()
     wait_idle(driver)
-
-
-def wait_idle(driver, timeout=30):
-    import time
-    eng, end = driver.engine, time.monotonic() + timeout
-    while time.monotonic() < end:
-        if (not eng.scheduler.running and not eng.scheduler.waiting and driver._inbox.empty()
-                and eng.in_flight == 0 and eng.blocks.used == 0):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"not idle: blocks {eng.blocks.used}, in flight {eng.in_flight}")
 
 
 def assert_serves(driver):
