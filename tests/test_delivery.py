@@ -7,6 +7,7 @@ import urllib.request
 
 from simple_websocket import Client
 
+from helpers import collect, wait_until
 from server.delivery import Delivery
 
 
@@ -44,10 +45,7 @@ def set_and_wait(live, changes):
     """Change settings and wait until the engine thread has applied them (a streaming request
     reads them when it starts)."""
     live.driver.update_settings(changes)
-    deadline = time.monotonic() + 10
-    while any(live.driver.settings[k] != v for k, v in changes.items()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: all(live.driver.settings[k] == v for k, v in changes.items()), 30, f"settings {changes}")
 
 
 def slow_forwards(live, seconds=0.01):
@@ -71,9 +69,7 @@ def stream_chunks(url, max_tokens):
 
 
 def engine_tokens(sub, timeout=30):
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(e["type"] == "finished" for e in events):
-        events += sub.get(0.2)
+    events = collect(sub, lambda evs: any(e["type"] == "finished" for e in evs), timeout)
     return [e for e in events if e["type"] == "token"], next(e for e in events if e["type"] == "finished")
 
 

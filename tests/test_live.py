@@ -9,7 +9,7 @@ from simple_websocket import Client
 
 from engine import Engine, EngineConfig, EngineDriver
 from engine.events import Error, Sync
-from helpers import frames, schema_validator
+from helpers import collect, frames, schema_validator, wait_until
 from server import control
 
 BAD = [
@@ -47,9 +47,7 @@ def test_control_submit_and_sync(live):
     assert isinstance(reply, Sync) and reply.client_t == 12.5
     assert reply.server_time == pytest.approx(live.driver.clock.wall0 + reply.t)
     assert abs(reply.server_time - time.time()) < 5
-    evs, deadline = [], time.time() + 30
-    while time.time() < deadline and not any(e["type"] == "finished" for e in evs):
-        evs += sub.get(timeout=1)
+    evs = collect(sub, lambda evs: any(e["type"] == "finished" for e in evs), timeout=30)
     (req,) = [e for e in evs if e["type"] == "request"]
     assert req["source"] == "page" and req["preview"] == "<script>x</script>"   # what was asked, not the template
     (fin,) = [e for e in evs if e["type"] == "finished"]
@@ -84,10 +82,7 @@ def test_after_leave_the_server_sends_nothing_more(live):
         assert live.driver.events.subscribers == listening + 1
         live.driver.update_settings({"load": True, "rate": 16.0})   # events are flowing when the page leaves
         conn.send(json.dumps({"type": "leave"}))
-        deadline = time.time() + 10
-        while live.driver.events.subscribers > listening and time.time() < deadline:
-            time.sleep(0.05)
-        assert live.driver.events.subscribers == listening
+        wait_until(lambda: live.driver.events.subscribers == listening, 30, "the page unsubscribed")
         while conn.receive(timeout=0.3) is not None:   # what was already on the wire
             pass
         assert conn.receive(timeout=1.5) is None and conn.connected   # silent, and still open

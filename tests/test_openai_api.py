@@ -9,7 +9,7 @@ import pytest
 import requests
 from simple_websocket import Client
 
-from helpers import reference
+from helpers import collect, reference
 
 PROMPT = "We hold these truths to be self-evident, that all men"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -218,7 +218,6 @@ def test_a_rows_preview_is_what_was_asked_not_the_chat_template(live, client, mo
     client.chat.completions.create(model=model, max_tokens=2, messages=[
         {"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour, please."}])
     client.completions.create(model=model, max_tokens=2, prompt="Once upon a time")
-    previews, deadline = [], time.time() + 20
-    while len(previews) < 2 and time.time() < deadline:
-        previews += [e["preview"] for e in sub.get(0.2) if e["type"] == "request"]
+    events = collect(sub, lambda evs: sum(e["type"] == "request" for e in evs) >= 2)
+    previews = [e["preview"] for e in events if e["type"] == "request"]
     assert previews == ["Name a colour, please.", "Once upon a time"]

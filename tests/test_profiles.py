@@ -5,11 +5,11 @@ that change or drop metrics mid-run. No model is loaded here."""
 import json
 from pathlib import Path
 import re
-import time
 
 import pytest
 
 from engine.request import GenerateRequest
+from helpers import collect, wait_until
 from server import profiles
 from server.scrape import Scraper
 
@@ -323,17 +323,13 @@ def fake_server():
     httpd.shutdown()
 
 
-def next_stats(obs, pred, seconds=10):
+def next_stats(obs, pred, seconds=30):
     sub = obs.events.subscribe(replay=False)
     try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for e in sub.get(timeout=0.2):
-                if e["type"] == "stats" and pred(e):
-                    return e
+        events = collect(sub, lambda evs: any(e["type"] == "stats" and pred(e) for e in evs), seconds)
     finally:
         obs.events.unsubscribe(sub)
-    raise AssertionError("no such stats event")
+    return next(e for e in events if e["type"] == "stats" and pred(e))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -404,9 +400,7 @@ def test_requests_carry_a_seed_of_ours_only_where_slots_need_it(fake_server, nam
         obs.submit(GenerateRequest(prompt="first", source="page", chat=True))
         obs.submit(GenerateRequest(prompt="second", source="page"))
         obs.submit(GenerateRequest(prompt="chosen", source="page", chat=True, seed=7))
-        deadline = time.monotonic() + 10
-        while len(fake_server.posted) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(fake_server.posted) >= 3, 30, "the three requests posted")
     finally:
         obs.shutdown()
     bodies = {json.dumps(b.get("messages") or b.get("prompt")): b for b in fake_server.posted}

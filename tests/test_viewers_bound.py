@@ -4,11 +4,11 @@ cannot pass the bound, and a place comes back when its page closes (issue 32: 10
 once past 990 open admitted 14 where 10 fit)."""
 import socket
 import threading
-import time
 
 import requests
 
 from conftest import LiveApp
+from helpers import wait_until
 from engine import EngineConfig
 
 HANDSHAKE = ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -45,11 +45,8 @@ def test_the_viewer_bound_is_exact_under_a_burst(tiny):
         assert viewers == {"open": BOUND, "refused": BURST - BOUND, "max": BOUND}
         for line, sock in out:   # every page closes: every place comes back
             sock.close()
-        deadline = time.time() + 20
-        while requests.get(app.url + "/healthz", timeout=10).json()["viewers"]["open"] and \
-                time.time() < deadline:
-            time.sleep(0.1)
-        assert requests.get(app.url + "/healthz", timeout=10).json()["viewers"]["open"] == 0
+        wait_until(lambda: requests.get(app.url + "/healthz", timeout=10).json()["viewers"]["open"] == 0, 30,
+                   "every place back")
         # and a refused burst left no place taken: BOUND pages open again
         out2, barrier2 = [], threading.Barrier(BOUND)
         more = [threading.Thread(target=status_of, args=(port, out2, barrier2)) for _ in range(BOUND)]
