@@ -1,13 +1,12 @@
 """Teaching presets and the decode-cost sweep, through the driver and the websocket control
 messages, on the tiny model (the page's presets panel and tour are tested in Chromium)."""
 import json
-import time
 
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError, measure, presets
 from engine.settings import validate
-from helpers import collect, schema_validator
+from helpers import collect, frames, schema_validator
 
 
 @pytest.fixture
@@ -45,17 +44,20 @@ def test_a_preset_resets_sets_everything_announces_and_bursts_on_time(driver):
     assert announced["name"] == "queueing" and announced["explain"] == presets.PRESETS["queueing"].explain
     requests = of(events, "request")
     assert all(r["source"] == "load" and r["prompt_tokens"] == 128 for r in requests)
-    # one at once, eleven a second later
-    assert requests[1]["t"] - requests[0]["t"] >= 0.9 and requests[-1]["t"] - requests[1]["t"] < 0.5
+    # one at once, eleven a second later (engine time: not before), all eleven in one engine turn
+    assert requests[1]["t"] - requests[0]["t"] >= 0.9
+    assert not [s for s in of(events, "step") if requests[1]["t"] < s["start"] < requests[-1]["t"]]
 
 
 def test_reset_cancels_a_presets_bursts_to_come(driver):
     sub = driver.events.subscribe(replay=False)
     driver.apply_preset("queueing")
-    time.sleep(0.3)
+    events = collect(sub, lambda ev: of(ev, "request"))   # the first burst is in; the next is 1 s on, the reset a turn
     driver.reset()
-    time.sleep(1.5)
-    events = sub.get(0)
+    # Two `stats` past the next burst's time (engine time): the second's turn began after it, and
+    # the burst would have come at that turn's start.
+    events += collect(sub, lambda ev: len([e for e in of(ev, "stats") if e["t"] > of(events, "preset")[0]["t"] + 1])
+                      >= 2)
     resets = [i for i, e in enumerate(events) if e["type"] == "reset"]
     assert len(resets) == 2
     assert not of(events[resets[-1]:], "request")
@@ -86,10 +88,7 @@ def test_preset_over_the_websocket_and_an_unknown_one_changes_nothing(live):
         assert [p["name"] for p in hello["presets"]] == list(presets.PRESETS)
         ws.send(json.dumps({"type": "preset", "name": "long-documentx"}))
         ws.send(json.dumps({"type": "preset", "name": "kv-cache-off"}))
-        seen = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(e["type"] == "preset" for e in seen):
-            seen += json.loads(ws.receive(5) or "[]")
+        seen = frames(ws, 30, until=lambda ev: of(ev, "preset"))
     finally:
         ws.close()
     errors = of(seen, "error")

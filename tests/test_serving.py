@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from bench.launch import App, free_port
-from helpers import ARTIFACTS
+from helpers import ARTIFACTS, wait_until
 from server import serving
 
 HANDSHAKE = ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -142,7 +142,7 @@ class Crowd:
 
 def timed_get(url):
     t0 = time.perf_counter()
-    r = requests.get(url, timeout=5)
+    r = requests.get(url, timeout=2 * serving.ARRIVE_S)   # liveness: a hung probe fails here
     return r, (time.perf_counter() - t0) * 1000
 
 
@@ -194,10 +194,11 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
         p99 = statistics.quantiles(times, n=100)[98]
         print(f"\n1000 pages opened in {opened_s:.1f} s; /healthz p50 {statistics.median(times):.0f} ms, "
               f"p99 {p99:.0f} ms, max {max(times):.0f} ms; slowloris answers {sorted(set(crowd.answers))}")
-        # Starved would be seconds (a worker waiting on the crowd) or no answer at all; how fast each
-        # answer came is this machine's business (p99 < 200 ms held on a quiet one, and failed a
-        # fresh-clone run at 289 ms on its first call alone), so it is printed above, not judged.
-        assert max(times) < 2000, times
+        # Starved would be a worker held by a slowloris connection until ARRIVE_S (10 s) ends it,
+        # or no answer at all; how fast each answer came is this machine's business (p99 < 200 ms
+        # held on a quiet one, and failed a fresh-clone run at 289 ms on its first call alone), so
+        # it is printed above, not judged: the bound is half of ARRIVE_S, ~1000x the quiet p50.
+        assert max(times) < serving.ARRIVE_S * 1000 / 2, times
         assert answer.get("status") == 200 and b'"finished"' in answer["lines"][-1], answer
         assert len(crowd.pages) == 1000 and len(crowd.slow) == 200   # none was dropped
         # the slowloris connections, older than ARRIVE_S by now, were answered 408 and closed
@@ -228,7 +229,8 @@ def test_more_slow_connections_from_one_address_than_allowed_are_refused():
             socks.append(short)
         for short in socks:
             assert reply_head(short).startswith("HTTP/1.1 408")
-            assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < serving.ARRIVE_S + 2
+            # not before ARRIVE_S; the upper bound only catches a body waited on forever
+            assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < 3 * serving.ARRIVE_S
             short.close()
         socks.clear()
         model = requests.get(app.url + "/v1/models", timeout=10).json()["data"][0]["id"].encode()
@@ -241,14 +243,15 @@ def test_more_slow_connections_from_one_address_than_allowed_are_refused():
             s = socket.create_connection(("127.0.0.1", app.port), timeout=10)
             s.sendall(b"GET / HTTP/1.1\r\n")
             socks.append(s)
-        time.sleep(0.5)   # the worker has accepted them all
+        time.sleep(0.5)   # the worker has accepted them all (its count has no outside view to wait on)
         extra = socket.create_connection(("127.0.0.1", app.port), timeout=10)
         assert reply_head(extra).startswith("HTTP/1.1 503")
         extra.close()
         for s in socks:
             s.close()
-        time.sleep(0.5)
-        assert requests.get(app.url + "/healthz", timeout=5).status_code == 200
+        # the closed connections' places come back: this address is served again
+        wait_until(lambda: requests.get(app.url + "/healthz", timeout=10).status_code == 200, 30,
+                   "/healthz answered 200 after the connections closed")
     finally:
         for s in socks:
             s.close()
