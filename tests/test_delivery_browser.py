@@ -30,7 +30,7 @@ def app():
     bundle = midsize_bundle()
 
     def loader():
-        time.sleep(LOAD_S)
+        time.sleep(LOAD_S)   # the time under test: a load that takes a known time
         return bundle
 
     live = LiveApp(bundle, EngineConfig(slots=4, kv_tokens=4096, max_context=512), loader=loader)
@@ -170,7 +170,7 @@ def test_reload_asks_first_while_requests_run(page):
     before = page.js("() => firstToken.state.loads.length")
     page.page.click("#btn-reload")            # the page's dialog handler dismisses the confirm
     assert len(page.dialogs) == 1 and "running or waiting" in page.dialogs[0]
-    time.sleep(0.5)
+    time.sleep(0.5)   # nothing to wait on: a reload that got through would show within this grace period
     assert page.js("() => firstToken.state.loads.length") == before
     assert not any('"reload"' in m for m in page.sent)
     page.js("() => { const lim = firstToken.state.limits; firstToken.send({type: 'reset'}); firstToken.send({type: 'set', "

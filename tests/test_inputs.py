@@ -4,7 +4,6 @@ every text field. Through the app factory on the tiny random model, each is answ
 naming the problem — the API in OpenAI's error shape, the websocket with an `error` event on
 a connection that stays open — and the same client's next normal request succeeds."""
 import json
-import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
@@ -12,7 +11,7 @@ from simple_websocket import Client
 
 from engine.request import GenerateRequest
 from engine.settings import SettingError
-from helpers import frames
+from helpers import frames, wait_idle, wait_until
 from server import inputs
 from server.errors import ApiError
 
@@ -173,17 +172,11 @@ def classroom_app(tiny):
     app.stop()
 
 
-def idle(driver, room, timeout=20):
+def idle(driver, room, timeout=30):
     """No leaked request, slot or KV block, and no student left holding a claim."""
-    eng, end = driver.engine, time.monotonic() + timeout
-    while time.monotonic() < end:
-        if (not eng.scheduler.running and not eng.scheduler.waiting and eng.in_flight == 0
-                and eng.blocks.used == 0 and driver._inbox.empty()
-                and all(s.request is None for s in room.students.values())):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"leaked: blocks {eng.blocks.used}, in flight {eng.in_flight}, "
-                         f"claims {[s.name for s in room.students.values() if s.request is not None]}")
+    wait_idle(driver, timeout)
+    wait_until(lambda: all(s.request is None for s in room.students.values()), timeout,
+               lambda: f"no claims; held by {[s.name for s in room.students.values() if s.request is not None]}")
 
 
 HYPO = settings(max_examples=60, deadline=None, database=None,
@@ -253,7 +246,7 @@ def ws_connect_raw(url):
     """A websocket opened on a bare socket (handshake read), so a test can send any bytes."""
     import socket
     host, port = url.split("//")[1].split(":")
-    sock = socket.create_connection((host, int(port)), timeout=3)
+    sock = socket.create_connection((host, int(port)), timeout=30)   # liveness: a server that waits fails here
     sock.sendall(f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
     reply = b""
@@ -270,19 +263,17 @@ def test_a_frame_declaring_an_absurd_size_is_closed_at_once_with_1009(live, decl
     import struct
     sock, early = ws_connect_raw(live.url)
     try:
-        t0 = time.monotonic()
         sock.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", declared) + b"\x00\x00\x00\x00" + b"{")
         got = early
-        while True:
+        while True:   # closed without waiting for the declared bytes, which never come
             chunk = sock.recv(65536)
             if not chunk:
                 break
             got += chunk
-        elapsed = time.monotonic() - t0
     finally:
         sock.close()
     close = got.index(b"\x88")     # the close frame, after whatever hello/replay frames came first
-    assert struct.unpack("!H", got[close + 2:close + 4])[0] == 1009 and elapsed < 2, (got[close:close + 8], elapsed)
+    assert struct.unpack("!H", got[close + 2:close + 4])[0] == 1009, got[close:close + 8]
     other = Client.connect(live.ws_url)
     try:
         other.send(json.dumps({"type": "sync", "client_t": 7}))

@@ -146,6 +146,7 @@ def timed_get(url):
     return r, (time.perf_counter() - t0) * 1000
 
 
+@pytest.mark.real_model   # the app it starts serves the bundled model
 def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
     port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -189,7 +190,7 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
             r, ms = timed_get(app.url + "/healthz")
             assert r.status_code == 200
             times.append(ms)
-            time.sleep(0.1)
+            time.sleep(0.1)   # a probe's pace, as a deploy's would be
         asking.join(60)
         p99 = statistics.quantiles(times, n=100)[98]
         print(f"\n1000 pages opened in {opened_s:.1f} s; /healthz p50 {statistics.median(times):.0f} ms, "
@@ -209,6 +210,7 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
         app.stop()
 
 
+@pytest.mark.real_model   # the app it starts serves the bundled model
 def test_more_slow_connections_from_one_address_than_allowed_are_refused():
     """PER_ADDRESS arriving connections from one address; the next is answered 503 at once. A
     head over MAX_HEAD is 431; a body that stops short (sized or chunked) is 408 once ARRIVE_S
