@@ -74,18 +74,20 @@ def engine_tokens(sub, timeout=30):
 
 
 def test_a_buffering_proxy_clumps_what_the_client_receives_while_the_engine_stays_steady(live):
+    # A flush every second against a token every ~10-20 ms (on a quiet machine): a busy one that
+    # makes tokens 10x slower still puts many in each flush.
     slow_forwards(live)
-    set_and_wait(live, {"buffer_ms": 200})
+    set_and_wait(live, {"buffer_ms": 1000})
     sub = live.driver.events.subscribe(replay=False)
     sent, arrivals = stream_chunks(live.url, 80)
     tokens, _ = engine_tokens(sub)
     engine_gaps = sorted(b["t"] - a["t"] for a, b in zip(tokens, tokens[1:]))
-    assert len(tokens) == 80 and engine_gaps[len(engine_gaps) // 2] < 0.05   # the engine: a token every ~10-20 ms
+    assert len(tokens) == 80 and engine_gaps[len(engine_gaps) // 2] < 0.25   # the engine: steady, many per flush
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    clumps = 1 + sum(g > 0.1 for g in gaps)
+    clumps = 1 + sum(g > 0.5 for g in gaps)
     span = tokens[-1]["t"] - tokens[0]["t"]
-    assert clumps <= span / 0.2 + 2 and clumps < len(arrivals) / 4     # a few clumps, not 80 arrivals
-    assert sum(0.05 <= g <= 0.1 for g in gaps) <= 2                    # within a clump at once; between, a flush apart
+    assert clumps <= span / 1.0 + 2 and clumps < len(arrivals) / 4     # a few clumps, not 80 arrivals
+    assert sum(0.25 <= g <= 0.5 for g in gaps) <= 2                    # within a clump at once; between, a flush apart
 
 
 def test_injected_latency_lengthens_the_clients_ttft_but_not_the_engines(live):
@@ -93,8 +95,9 @@ def test_injected_latency_lengthens_the_clients_ttft_but_not_the_engines(live):
     sub = live.driver.events.subscribe(replay=False)
     sent, arrivals = stream_chunks(live.url, 4)
     _, fin = engine_tokens(sub)
-    assert fin["ttft"] < 0.3                          # the engine's stages know nothing of the network
-    assert arrivals[0] - sent >= 0.4 + fin["ttft"] * 0.5
+    # The client's wait holds the engine's whole TTFT and the 400 ms on top: the engine's stages
+    # know nothing of the network (had they counted it, the client's would be the smaller).
+    assert arrivals[0] - sent >= 0.4 + fin["ttft"]
 
 
 def test_a_page_receives_events_late_by_the_injected_latency(live):

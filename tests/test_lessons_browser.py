@@ -101,7 +101,7 @@ def test_the_presenter_is_asked_before_a_lesson_cancels_students_questions(room,
         page.wait_for_function("() => firstToken.state.order.length === 1")
         page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
         page.click("#presets .preset >> nth=0")
-        page.wait_for_timeout(500)
+        page.wait_for_timeout(500)   # nothing to wait on: a preset wrongly sent would land within it
         assert asked and "Ada" in asked[0] and "cancels" in asked[0]
         assert page.evaluate("firstToken.state.reqs.values().next().value.end") is None   # not sent: nothing cancelled
         page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
@@ -124,7 +124,7 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
         tour = page_module(page, "tour")
         for i in range(page.evaluate("tour => tour.STEPS.length", tour)):
             page.evaluate("([tour, i]) => tour.start(i)", [tour, i])
-            page.wait_for_timeout(1500)   # the step's preset arrives; the outlined parts are scrolled to
+            page.wait_for_timeout(1500)   # the step's preset arrives; the outlined parts are scrolled to (smoothly: no event ends it)
             spots = page.evaluate("""() => [...document.querySelectorAll('.spot')].filter(e => e.getClientRects().length)
                 .filter(e => !e.matches('h2, h3, .strip-head')).map(e => {
                   const r = e.getBoundingClientRect(); let inside = r.top >= -1 && r.bottom <= innerHeight + 1;

@@ -136,7 +136,7 @@ def test_observe_page_draws_the_server_and_who_measured_what(observer, browser):
                 busy.append(v)
             if page.evaluate("[...firstToken.state.reqs.values()].every((r) => r.end !== null)"):
                 break
-            page.wait_for_timeout(100)
+            page.wait_for_timeout(100)   # the sampling pace: the picture read at 10 Hz through the run
         assert busy, "the server's stats never showed a request running"
         check_picture(busy[-1])   # mid-run too: the same picture while the server is busy
         pixels = waiting_pixels(page)

@@ -200,7 +200,7 @@ def test_the_step_chart_draws_one_batch_size_without_a_console_error(live, brows
             before = len(page.drawn)
             page.evaluate("() => { const s = firstToken.state; s.points.length = 0; s.points.push(%s); "
                           "s.version++; firstToken.refresh(); }" % ", ".join(points))
-            page.wait_for_timeout(300)
+            page.wait_for_timeout(300)   # the chart redraws on the next frame (page.drawn fills from console events)
             assert any(d.startswith("plotly.react #chart-steps") for d in page.drawn[before:])
             assert page.errors == [], (points, page.errors)
     finally:
