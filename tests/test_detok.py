@@ -33,7 +33,7 @@ def real_tok():
     return AutoTokenizer.from_pretrained(directory)
 
 
-@pytest.fixture(params=["tiny", "real"])
+@pytest.fixture(params=["tiny", pytest.param("real", marks=pytest.mark.real_model)])
 def tok(request):
     return request.getfixturevalue(f"{request.param}_tok")
 

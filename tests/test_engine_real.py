@@ -50,6 +50,7 @@ def run_and_compare(real, eng, texts, max_new=24):
     return run
 
 
+@pytest.mark.slow
 def test_real_model_mixed_steps_preemption_and_prefix_hits_keep_greedy_output(real):
     """A 32-token step budget (prompts chunked, decodes riding along), a cache too small for
     everyone (preemption and recompute), and two chat prompts with the same system prompt

@@ -74,6 +74,7 @@ def test_greedy_chat_and_completion_equal_generate(client, model, tiny):
     check_greedy_chat_and_streamed_completion(client, model, tiny)
 
 
+@pytest.mark.slow
 def test_real_model_end_to_end_greedy_equals_generate(server, real):
     """The one end-to-end check: `python app.py` in its own process on the real model."""
     client = openai_client(server.url)

@@ -86,6 +86,7 @@ POLICIES = {"mixed": {}, "small-budget": {"max_batched_tokens": 16}, "prefill-fi
             "static": {"schedule": "static"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,k,policy", CASES, ids=["-".join(map(str, c)) for c in CASES])
 def test_greedy_equals_generate_with_speculation(tiny, engine, method, k, policy):
     """Joins and leaves, prompt chunks beside speculating decodes (small-budget), whole prompts
@@ -104,6 +105,7 @@ def test_greedy_equals_generate_with_speculation(tiny, engine, method, k, policy
     assert_clean(engine)
 
 
+@pytest.mark.slow
 def test_the_budget_carries_guesses_and_every_decode_keeps_its_token(tiny, engine):
     """A budget of 16 with four decoding requests guessing 8 each: guesses are cut so that no
     step exceeds the budget, and every running decode still gets its token in every step."""
@@ -244,6 +246,7 @@ def chi_square_p(counts, probs):
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2)), stat, df
 
 
+@pytest.mark.slow
 def test_rejection_sampling_keeps_the_target_distribution(tiny):
     """The tiny model's next-token distribution at temperature 0.8, top-p 0.9, with a guess
     drawn from its likely tokens: over 6000 seeded draws, the first emitted token follows the
@@ -342,6 +345,7 @@ def test_settings_and_request_overrides_are_validated(engine):
     assert engine.scheduler.speculator.settings_for(seq) == ("suffix", 2)
 
 
+@pytest.mark.slow
 def test_a_request_override_speculates_while_the_setting_is_off(tiny, engine):
     refs = {p: reference(tiny, p, 20) for p in PROMPTS[:2]}
     oracle = Oracle(engine, refs)

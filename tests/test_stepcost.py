@@ -60,6 +60,7 @@ def run_with_fake_costs(tiny, max_step_ms):
     return events, second
 
 
+@pytest.mark.slow
 def test_mixed_steps_stay_under_the_target_and_the_prompt_takes_more_steps(tiny):
     events, rid = run_with_fake_costs(tiny, max_step_ms=40)
     chunks = [e.tokens for e in events if isinstance(e, ev.Prefill) and e.id == rid]

@@ -1,4 +1,5 @@
 """Integration: the real bundled model read as its file stores it (Q4_1 layers, a Q8_0 head)."""
+import pytest
 import torch
 
 from engine import Engine, EngineConfig
@@ -22,6 +23,7 @@ def test_real_blocks_are_the_file_types_and_the_model_is_made_of_them(real):
     assert sum(x.nbytes for x in layers) + q["lm_head.weight"].nbytes < 98_362_432   # the file's size
 
 
+@pytest.mark.slow
 def test_teacher_forced_top1_agreement_over_2048_positions(real, record_property):
     """The engine reading the blocks (the fused kernel for the linears and the head: forwards of 16
     rows) against transformers' forward on the dequantised model, teacher-forced over 2,048
