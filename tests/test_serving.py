@@ -146,6 +146,7 @@ def timed_get(url):
     return r, (time.perf_counter() - t0) * 1000
 
 
+@pytest.mark.slow
 @pytest.mark.real_model   # the app it starts serves the bundled model
 def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
     port = free_port()
@@ -210,6 +211,7 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
         app.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.real_model   # the app it starts serves the bundled model
 def test_more_slow_connections_from_one_address_than_allowed_are_refused():
     """PER_ADDRESS arriving connections from one address; the next is answered 503 at once. A

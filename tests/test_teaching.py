@@ -4,7 +4,6 @@ and spots the page's parts, presenter mode and its shortcuts, the measure sheet 
 side-by-side comparison."""
 from contextlib import contextmanager
 
-import numpy
 import pytest
 
 from conftest import LiveApp
@@ -91,8 +90,9 @@ class TeachPage(Page):
         """Every setting as applying the preset leaves it (the page's own computation)."""
         return self.js("([ft, n]) => ft.teach.presetSettings(n)", [self.ft(), name])
 
-    def finished_since(self, t0, n, timeout=60_000):
-        """Wait until n requests that arrived since t0 finished; return them (arrival order)."""
+    def finished_since(self, t0, n, timeout=300_000):
+        """Wait until n requests that arrived since t0 finished; return them (arrival order).
+        The deadline is liveness only: a busy 2-core machine can take minutes for a preset's run."""
         ft = self.ft()
         self.wait("([ft, t0, n]) => ft.figures.finishedSince(firstToken.state, t0).length >= n", [ft, t0, n],
                   timeout=timeout)
@@ -152,98 +152,93 @@ def test_every_preset_button_applies_its_settings_and_shows_its_lesson(tpage):
     assert tpage.errors == []
 
 
-def queueing_run(page):
-    """One run of `queueing`: check what is exact (requests waited, TTFT grew, every prefill
-    computed the same prompt alone); return the fastest prefill of the early and late halves."""
-    # Prompts of 384 tokens instead of 128: on this small model a 128-token forward takes ~45 ms,
-    # where a page drawing on the same machine moves single forwards by ±20 %.
-    t0 = page.preset_with("queueing", {"prompt_tokens": 384, "max_batched_tokens": 384})
-    done = page.finished_since(t0, 12)
-    assert page.max_stat("queue", t0) >= 3                    # requests waited
-    queued = sorted(done, key=lambda r: r["arrival"])[1:]      # the burst behind the first
+@pytest.mark.slow
+def test_queueing_preset_grows_ttft_while_prefill_stays_flat(smallpage):
+    """What `queueing` shows, judged by the engine's own forwards (how long a forward takes is
+    this machine's business): later arrivals wait through more forwards before their prefill, and
+    every prefill is one forward of the same prompt alone."""
+    t0 = smallpage.preset_with("queueing", None)
+    done = smallpage.finished_since(t0, 12)
+    assert smallpage.max_stat("queue", t0) >= 3               # requests waited
+    queued = sorted(done, key=lambda r: r["arrival"])[1:]      # the burst behind the first (one arrival time)
+    # Forwards each request waited through between its arrival and its prefill: they grow down
+    # the queue, and the last waited at least through every other's prefill.
+    waited = smallpage.js("""ids => ids.map(id => { const s = firstToken.state, r = s.reqs.get(id);
+        return s.steps.filter(x => x.kind !== 'release' && x.start >= r.arrival && x.end <= r.prefills[0].start).length; })""",
+                          [r["id"] for r in queued])
+    assert waited == sorted(waited) and waited[-1] >= waited[0] + len(queued) - 1, waited
     ttfts = [r["ttft"] for r in queued]
-    assert ttfts[-1] > 3 * ttfts[0]                            # the last waited for all the others
+    assert ttfts[-1] > ttfts[0]                                # one arrival time, a later first token
     assert sum(r["queue"] for r in queued[-4:]) > sum(r["queue"] for r in queued[:4])
     # The same prompt work for every request (the engine's prefill events)...
-    work = page.js("ids => ids.map(id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0))",
-                   [r["id"] for r in queued])
+    work = smallpage.js("ids => ids.map(id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0))",
+                        [r["id"] for r in queued])
     assert set(work) == {queued[0]["prompt"]}
     # ...computed whole and alone (prefill-first, a budget of one prompt), so every request's
     # prefill figure is one forward of its own prompt and nothing else.
-    alone = page.js("""ids => ids.map(id => { const s = firstToken.state, p = s.reqs.get(id).prefills;
+    alone = smallpage.js("""ids => ids.map(id => { const s = firstToken.state, p = s.reqs.get(id).prefills;
         const st = s.steps.find(x => x.start === p[0].start && x.kind !== 'release');
         return p.length === 1 && st.tokens === p[0].tokens; })""", [r["id"] for r in queued])
     assert all(alone)
-    page.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
-    # Each half's fastest prefill: single forwards on a shared CPU are slowed by whatever else
-    # runs, never sped up, so the minimum is the stable figure.
+    smallpage.wait("() => /TTFT p50 .* vs prefill median/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
     prefill = [r["prefill"] for r in queued]
-    half = len(prefill) // 2
-    early, late = min(prefill[:half]), min(prefill[half:])
-    print(f"queueing: TTFT {ttfts[0] * 1000:.0f} → {ttfts[-1] * 1000:.0f} ms; fastest prefill early {early * 1000:.2f} ms, "
-          f"late {late * 1000:.2f} ms")
-    return early, late
-
-
-def test_queueing_preset_grows_ttft_while_prefill_stays_flat(smallpage):
-    # A warm engine first: the first forwards also pay for allocations.
-    smallpage.finished_since(smallpage.preset_with("idle", None), 1)
-    # Prefill stays flat: the same time, within 15 %, early and late in the queue. A busy machine
-    # (two cores shared with Chromium, which redraws more as rows pile up) can slow every forward
-    # of one half, so a second run decides when the first's halves differ; an engine whose
-    # prefill grew with the queue fails both.
-    for _ in range(2):
-        early, late = queueing_run(smallpage)
-        if abs(late - early) <= 0.15 * max(early, late):
-            break
-    assert abs(late - early) <= 0.15 * max(early, late)
+    print(f"queueing: forwards waited {waited}; TTFT {ttfts[0] * 1000:.0f} → {ttfts[-1] * 1000:.0f} ms; "
+          f"prefill {min(prefill) * 1000:.1f}-{max(prefill) * 1000:.1f} ms")
     assert smallpage.errors == []
 
 
 def test_long_document_prefills_longer_than_idle(midpage):
+    """The long document's prefill is more than 4x the work of idle's: forwards over its whole
+    prompt, read from the engine's prefill events (their time is printed, not judged: it is this
+    machine's business, measured by `make bench`)."""
     prefill = {}
     for name in ("idle", "long-document"):
         t0 = midpage.preset(name)
         (r,) = midpage.finished_since(t0, 1)
-        prefill[name] = (r["prefill"], r["prompt"])
+        work = midpage.js("id => firstToken.state.reqs.get(id).prefills.reduce((a, p) => a + p.tokens, 0)", r["id"])
+        prefill[name] = {"prompt": r["prompt"], "computed": work, "s": r["prefill"]}
     print(f"prefill: {prefill}")
-    assert prefill["long-document"][1] > 4 * prefill["idle"][1]
-    assert prefill["long-document"][0] > 2 * prefill["idle"][0]
+    assert all(p["computed"] == p["prompt"] for p in prefill.values())
+    assert prefill["long-document"]["computed"] > 4 * prefill["idle"]["computed"]
     midpage.wait("() => /prefill median .* for \\d+-token prompts/.test(document.getElementById('lesson-live').textContent)",
                timeout=5_000)
 
 
-def test_kv_cache_off_step_time_grows_with_sequence_length(smallpage):
+def test_kv_cache_off_step_work_grows_with_sequence_length(smallpage):
+    """With the cache off every decode step computes the whole sequence again: each step's
+    forward is one position longer than the last. That work, read from the engine's step
+    events, is what makes the step time grow (printed, not judged: measured by `make bench`)."""
     t0 = smallpage.preset_with("kv-cache-off", None)
     smallpage.finished_since(t0, 1)
     k = smallpage.js("([ft, t0]) => ft.figures.recomputeSlope(firstToken.state, t0)", [smallpage.ft(), t0])
-    steps = smallpage.js("""t0 => firstToken.state.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0)
-                              .map((st) => [st.tokens / st.ids.length, st.end - st.start])""", t0)
-    # Rank correlation of step time with sequence length over every step: robust to the odd
-    # slow step a busy machine adds, where a ratio of two medians alone is at its mercy.
-    ranks = [numpy.argsort(numpy.argsort(col)) for col in numpy.array(steps).T]
-    rho = numpy.corrcoef(ranks)[0, 1]
-    print(f"kv-cache-off: {k}, {len(steps)} steps, rank correlation {rho:.2f}")
+    lens = smallpage.js("""t0 => firstToken.state.steps.filter((st) => st.kind === "decode" && !st.kv && st.start >= t0)
+                             .map((st) => st.tokens / st.ids.length)""", t0)
+    print(f"kv-cache-off: {k}, {len(lens)} steps")
+    assert len(lens) >= 6 and lens == list(range(int(lens[0]), int(lens[0]) + len(lens)))
     assert k["long"]["len"] > 2 * k["short"]["len"]
-    assert rho > 0.5 and k["long"]["ms"] > 1.25 * k["short"]["ms"]
     live = smallpage.page.text_content("#lesson-live")
     assert "decode step" in live and "cache off" in live
 
 
 def test_many_users_gives_more_total_tokens_per_second_than_idle(tpage):
+    """More users, more tokens per forward: the batch carries many decodes where idle's carries
+    one (the engine's step events; tokens/s, which follows from it, is printed, not judged)."""
+    def most_decodes(t):   # read at once: the page keeps a window of recent steps
+        return tpage.js("""t => Math.max(0, ...firstToken.state.steps.filter(st => st.kind === "decode" && st.start >= t)
+                                                                      .map(st => st.ids.length))""", t)
     t0 = tpage.preset("idle")
     tpage.finished_since(t0, 1)
-    tpage.page.wait_for_timeout(1000)
-    idle = tpage.max_stat("tps", t0)
+    idle, idle_batch = tpage.max_stat("tps", t0), most_decodes(t0)
     t1 = tpage.preset("many-users")
     tpage.wait("t => firstToken.state.stats.filter(x => x.t >= t).length >= 8", t1, timeout=20_000)   # ~4 s of load
-    many = tpage.max_stat("tps", t1)
-    print(f"tokens/s: idle {idle:.1f}, many users {many:.1f}")
-    assert many > 2 * idle
+    many, many_batch = tpage.max_stat("tps", t1), most_decodes(t1)
+    print(f"tokens/s: idle {idle:.1f}, many users {many:.1f}; decodes per forward {idle_batch} vs {many_batch}")
+    assert idle_batch == 1 and many_batch > 2 * idle_batch
     assert "total" in tpage.page.text_content("#lesson-live")
     tpage.idle()
 
 
+@pytest.mark.slow
 def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, live):
     p = TeachPage(browser, live.url + "/?preset=queueing&max_new_tokens=8")
     try:
@@ -257,13 +252,14 @@ def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, li
     try:
         p.wait("() => document.getElementById('toast').textContent.includes('name: unknown preset')", timeout=10_000)
         # nothing changed: the preset shown is still the one applied before (from the replayed history)
-        p.page.wait_for_timeout(500)
+        p.page.wait_for_timeout(500)   # nothing to wait on: a change that got through would land within it
         assert p.js("ft => ft.teach.active.name", p.ft()) == "queueing" and p.js("firstToken.state.settings.slots") == 2
         p.idle()
     finally:
         p.close()
 
 
+@pytest.mark.slow
 def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
     steps = tpage.js("ft => ft.tour.STEPS.map(s => ({title: s.title, preset: s.preset, spot: s.spot}))", tpage.ft())
     assert [s["title"] for s in steps][:7] == ["Tokens", "Prefill", "Decode", "Fewer bytes to read, faster decode",
@@ -279,6 +275,9 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
             want = tpage.preset_settings(step["preset"])
             tpage.wait("w => Object.entries(w).every(([k, v]) => firstToken.state.settings[k] === v)", want, timeout=10_000)
         assert tpage.js("document.body.classList.contains('touring')")
+        # a spotted part drawn on the page's tick (the request panel's accounting among them)
+        tpage.wait("sels => sels.every(s => [...document.querySelectorAll(s)].some(e => e.classList.contains('spot')))",
+                   step["spot"], timeout=15_000)
         spotted = tpage.js("sels => sels.map(s => [...document.querySelectorAll(s)].filter(e => e.classList.contains('spot')).length)",
                            step["spot"])
         assert all(n >= 1 for n in spotted), (step, spotted)
@@ -351,6 +350,7 @@ def test_measure_announces_the_pause_and_draws_the_sweep(tpage):
     assert tpage.errors == []
 
 
+@pytest.mark.slow
 def test_compare_runs_a_preset_twice_with_the_same_prompts_and_draws_both(tpage):
     tpage.page.click("#btn-compare")
     tpage.page.select_option("#c-which", "kv")
