@@ -270,7 +270,7 @@ def test_the_tour_ends_with_the_other_suspects_and_quotes_what_the_events_give(b
             for w, h in ((1366, 768), (390, 844)):
                 page.page.set_viewport_size({"width": w, "height": h})
                 page.js("() => firstToken.refresh()")
-                page.page.wait_for_timeout(300)   # the step scrolls its parts into view again
+                page.page.wait_for_timeout(300)   # the step scrolls its parts into view again (a screenshot's settle)
                 page.page.screenshot(path=str(ARTIFACTS / f"tour-{step['key']}-{w}x{h}.png"))
             page.page.set_viewport_size({"width": 1366, "height": 768})
         page.js("() => import('ft/tour').then(t => t.stop())")

@@ -6,13 +6,12 @@ chart keeps its least height, no text box overlaps another, none is clipped, key
 least 12 CSS px (18 on screen in presenter mode), and the console stays clean. Thirty
 classroom students each keep a readable, named row on the presenter's timeline."""
 from pathlib import Path
-import time
 
 import pytest
 
 from engine import record
 from engine.request import GenerateRequest
-from helpers import ARTIFACTS
+from helpers import ARTIFACTS, collect, wait_until
 from server import export
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 
@@ -72,11 +71,7 @@ def busy(live):
     sub = live.driver.events.subscribe(replay=False)
     for _ in range(5):
         live.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=8))
-    deadline = time.time() + 60
-    done = 0
-    while done < 5 and time.time() < deadline:
-        done += sum(ev["type"] == "finished" for ev in sub.get(0.2))
-    assert done == 5
+    collect(sub, lambda evs: sum(ev["type"] == "finished" for ev in evs) == 5, timeout=60)
     return live
 
 
@@ -144,7 +139,9 @@ def test_thirty_students_keep_named_rows_on_the_projected_timeline(room, browser
         for name in names:
             room.driver.submit(GenerateRequest(prompt=f"{name} asks what a token is", source="join", label=name, max_new_tokens=4))
         page.wait_for_function("() => firstToken.state.order.length >= 30", timeout=20_000)
-        page.wait_for_timeout(500)   # the strip grows to its rows' height on the next frames
+        # the strip grows to its rows' height on the next frames
+        wait_until(lambda: set(names) <= {lab["full"] for lab in layout(page)["labels"]["timeline"]}, 30,
+                   "every student's row drawn")
         r = layout(page)
         drawn = {lab["full"]: lab for lab in r["labels"]["timeline"]}
         assert set(names) <= set(drawn), sorted(set(names) - set(drawn))

@@ -6,13 +6,12 @@ that is not a trace changes nothing."""
 import http.server
 import json
 import threading
-import time
 
 import jsonschema
 import pytest
 
 from engine import record
-from helpers import ARTIFACTS, SCHEMA
+from helpers import ARTIFACTS, SCHEMA, wait_until
 from server import export, pages
 
 QUICK = {"load": True, "rate": 6.0, "prompt_tokens": 32, "max_new_tokens": 8}
@@ -89,7 +88,7 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     assert len(ids) >= 3
     watcher.wait("ids => ids.every((id) => { const r = firstToken.state.reqs.get(id); return r && r.end !== null; })", ids)
     live.driver.publishing = False   # nothing more reaches the watcher: its figures are final
-    watcher.page.wait_for_timeout(800)   # what was already on the wire arrives
+    watcher.page.wait_for_timeout(800)   # what was already on the wire arrives (no event marks its end)
     watcher.js("firstToken.refresh()")
     seen = watcher.js("firstToken.trace()")
     validate(seen)
@@ -136,14 +135,11 @@ def test_a_replaying_page_leaves_the_live_connection_and_sends_nothing(live, bro
     page.wait("() => firstToken.replay.player.mode === 'trace'")
     # The page said `leave` and the server closed: nothing is sent to this tab any more.
     assert json.loads(page.sent[-1]) == {"type": "leave"}
-    deadline = time.monotonic() + 5
-    while live.driver.events.subscribers > listening and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert live.driver.events.subscribers == listening
+    wait_until(lambda: live.driver.events.subscribers == listening, 30, "the tab's subscription gone")
     sent = len(page.sent)
     page.js("firstToken.replay.setSpeed(4)")
     assert page.js("firstToken.send({type: 'reset'})") is False
-    page.page.wait_for_timeout(1500)
+    page.page.wait_for_timeout(1500)   # nothing to wait on: anything sent would show within it
     assert len(page.sent) == sent and page.errors == []
     assert page.js("document.getElementById('controls').offsetParent") is None   # replaced by the replay's
     assert page.js("document.getElementById('replay').offsetParent") is not None

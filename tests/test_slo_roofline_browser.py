@@ -7,23 +7,19 @@ decode and prefill points under both roofs from `hello.roofline`, the comparison
 goodput for both runs, and the step-time target's cap is shown where the forwards are drawn,
 readable on every screen."""
 from contextlib import contextmanager
-import time
 
 import pytest
 
 from engine.request import GenerateRequest
-from helpers import ARTIFACTS, page_module
+from helpers import ARTIFACTS, collect, page_module
 from test_layout_browser import assert_readable, open_page
 from test_teaching import midsize_app
 
 
 def finished_events(sub, n, timeout=60):
     """The next `n` finished (or rejected) events from a driver subscription."""
-    out, deadline = [], time.time() + timeout
-    while len(out) < n and time.time() < deadline:
-        out += [ev for ev in sub.get(0.2) if ev["type"] in ("finished", "rejected")]
-    assert len(out) >= n, out
-    return out
+    ended = collect(sub, lambda evs: sum(ev["type"] in ("finished", "rejected") for ev in evs) >= n, timeout)
+    return [ev for ev in ended if ev["type"] in ("finished", "rejected")]
 
 
 @contextmanager
@@ -158,11 +154,9 @@ def test_the_measure_sheet_draws_the_roofline_with_both_roofs(live, browser):
     with page_at(browser, live.url + "/") as page, events(live) as sub:
         page.click("#btn-measure")
         page.wait_for_function("() => document.getElementById('m-status').dataset.status === 'done'", timeout=120_000)
-        done = None
-        deadline = time.time() + 10
-        while done is None and time.time() < deadline:
-            done = next((ev for ev in sub.get(0.2) if ev["type"] == "measure" and ev["status"] == "done"), None)
-        assert done and done["prefill"] and done["decode"]
+        got = collect(sub, lambda evs: any(ev["type"] == "measure" and ev["status"] == "done" for ev in evs), 30)
+        done = next(ev for ev in got if ev["type"] == "measure" and ev["status"] == "done")
+        assert done["prefill"] and done["decode"]
         page.wait_for_function("() => { const d = document.getElementById('m-roof'); "
                                "return d.data && !d.classList.contains('partial'); }", timeout=10_000)   # the result drawn
         chart = page.evaluate("""() => { const d = document.getElementById('m-roof');
@@ -208,7 +202,7 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
         page.wait_for_function("c => c.runs !== null && !document.getElementById('c-run').disabled", arg=compare,
                                timeout=240_000)
         page.evaluate("firstToken.refresh()")
-        page.wait_for_timeout(300)
+        page.wait_for_timeout(300)   # the figures are written on the next frame
         for side in ("a", "b"):
             got = page.evaluate("""([c, side]) => { const reqs = [...c.runs[side].s.reqs.values()].filter(r => r.end !== null && r.ttft !== null);
                 const figs = Object.fromEntries([...document.querySelectorAll('#c-' + side + '-figs .fig')].map(f =>

@@ -8,7 +8,7 @@ is decided by which format is faster: that is the machine's to say, the page onl
 import pytest
 
 from engine import EngineConfig
-from helpers import ARTIFACTS, page_module
+from helpers import ARTIFACTS, page_module, wait_until
 from test_layout_browser import open_page
 
 def mb(b):
@@ -32,9 +32,10 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
     ctx, page = open_page(browser, qlive.url + "/", 1366, 768)
     try:
         page.wait_for_function("() => firstToken.state.hello && document.getElementById('set-weights')")
-        page.wait_for_timeout(400)   # the header is written on the page's 4 Hz tick
         stored, fp32 = mb(formats["stored"]["decode_bytes"]), mb(formats["dequantised"]["decode_bytes"])
-        assert page.text_content("#model-weights") == f"weights: 4-bit as stored, {stored}/step"
+        # the header is written on the page's 4 Hz tick
+        page.wait_for_function("t => document.getElementById('model-weights').textContent === t",
+                               arg=f"weights: 4-bit as stored, {stored}/step")
         assert "float32" not in page.text_content("#model")   # the fp32 activations are not the weights read
         labels = page.eval_on_selector_all("#set-weights .seg-opt", "els => els.map(e => e.textContent.replace(/\\s+/g, ' '))")
         assert labels == [f"as stored (4-bit, {stored})", f"dequantised (fp32, {fp32})"]
@@ -54,8 +55,8 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         assert line == f"weights read: {fp32}, fp32 dequantised (oneDNN fp32)"
         # on a phone the model line is hidden: the headline says it
         page.set_viewport_size({"width": 390, "height": 844})
-        page.wait_for_timeout(400)
-        assert page.is_visible("#h-weights-fig") and page.text_content("#h-weights") == f"fp32 · {fp32}"
+        page.wait_for_selector("#h-weights-fig", state="visible")
+        page.wait_for_function("t => document.getElementById('h-weights').textContent === t", arg=f"fp32 · {fp32}")
         assert page.errors == []
     finally:
         ctx.close()
@@ -80,17 +81,22 @@ def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, brow
         qlive.driver.update_settings({"max_new_tokens": 24})
         qlive.driver.burst(1, seed=5)   # the tiny model's first stream is long done: one more, read as stored
         page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=20_000)
-        page.wait_for_timeout(600)
-        events = sub.get(0)
+        events = []
+
+        def quoted():
+            """The banner's medians, as the engine's step events make them (the page quotes the
+            steps it has drawn: wait until it has drawn all of them)."""
+            events.extend(sub.get(0))
+            preset_t = [e for e in events if e["type"] == "preset"][-1]["t"]
+            by = {}
+            for e in events:
+                if e["type"] == "step" and e["kind"] == "decode" and len(e["ids"]) == 1 and e["start"] >= preset_t:
+                    by.setdefault(e["weights"], []).append((e["end"] - e["start"]) * 1000)
+            return [f"{name} {nearest_rank_median(by[fmt]):.1f} ms (median of {len(by[fmt])} steps"
+                    for fmt, name in (("dequantised", "fp32 dequantised"), ("stored", "4-bit as stored")) if fmt in by]
+        wait_until(lambda: len(quoted()) == 2 and all(q in page.text_content("#lesson-live") for q in quoted()), 30,
+                   lambda: f"the banner quoting {quoted()}; it shows {page.text_content('#lesson-live')!r}")
         shown = page.text_content("#lesson-live")
-        preset_t = [e for e in events if e["type"] == "preset"][-1]["t"]
-        by = {}
-        for e in events:
-            if e["type"] == "step" and e["kind"] == "decode" and len(e["ids"]) == 1 and e["start"] >= preset_t:
-                by.setdefault(e["weights"], []).append((e["end"] - e["start"]) * 1000)
-        for fmt, name in (("dequantised", "fp32 dequantised"), ("stored", "4-bit as stored")):
-            ms = by[fmt]
-            assert f"{name} {nearest_rank_median(ms):.1f} ms (median of {len(ms)} steps" in shown, (fmt, shown)
         assert "est.)" in shown and "fewer bytes" in shown
         assert page.errors == []
     finally:
@@ -109,7 +115,8 @@ def test_the_measure_sheet_draws_both_formats_and_puts_the_setting_back(qlive, b
         page.wait_for_function("() => document.getElementById('m-status').textContent.includes('Both weight formats drawn')",
                                timeout=240_000)
         page.wait_for_function("() => firstToken.state.settings.weights === 'stored' && !document.getElementById('m-both').disabled")
-        page.wait_for_timeout(600)
+        page.wait_for_function("() => document.getElementById('m-steps').data.filter(d => "
+                               "d.name.startsWith('estimate: memory-bandwidth floor')).length === 2")
         names = page.evaluate("() => document.getElementById('m-steps').data.map(d => d.name)")
         floors = [n for n in names if n.startswith("estimate: memory-bandwidth floor")]
         assert len(floors) == 2 and any("4-bit" in n for n in floors) and any("fp32" in n for n in floors), names
@@ -153,17 +160,17 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
         page.wait_for_function("() => document.getElementById('lesson-title').textContent === 'Fewer bytes to read, faster decode'",
                                timeout=30_000)
         page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=60_000)
-        page.wait_for_timeout(1500)
+        page.wait_for_timeout(1500)   # a settled picture for the screenshots (artifacts, not verdicts)
         ARTIFACTS.mkdir(exist_ok=True)
         for w, h in ((1366, 768), (1280, 800), (390, 844)):
             page.set_viewport_size({"width": w, "height": h})
             page.evaluate("() => firstToken.refresh()")
-            page.wait_for_timeout(800)
+            page.wait_for_timeout(800)   # the same: the picture at this size settled
             page.screenshot(path=str(ARTIFACTS / f"weights-lesson-{w}x{h}.png"))
         page.set_viewport_size({"width": 1366, "height": 768})
         page.keyboard.press("p")   # presenter mode, as a class sees it
         page.wait_for_function("() => document.body.classList.contains('present')")
-        page.wait_for_timeout(1500)
+        page.wait_for_timeout(1500)   # the same
         page.screenshot(path=str(ARTIFACTS / "weights-lesson-present-1366x768.png"))
         assert page.is_visible("#h-weights-fig") and not page.is_visible("#h-policy") and page.text_content("#h-weights").startswith("4-bit · ")
         assert "4-bit as stored" in page.text_content("#lesson-live")
@@ -173,7 +180,8 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
         page.evaluate("""() => { const lim = firstToken.state.limits, d = {};   // every setting back (restore_engine)
             for (const n in lim) d[n] = lim[n].default;
             firstToken.send({type: 'set', settings: d}); firstToken.send({type: 'reset'}); }""")
-        page.wait_for_timeout(500)
+        page.wait_for_function("() => Object.entries(firstToken.state.limits).every(([n, l]) => "
+                               "firstToken.state.settings[n] === l.default)")   # applied before the page goes
         ctx.close()
 
 
@@ -188,7 +196,7 @@ def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser)
     ctx, page = open_page(browser, app.url + "/?weights=dequantised", 1366, 768)
     try:
         page.wait_for_function("() => firstToken.state.hello && firstToken.state.hello.role === 'viewer'")
-        page.wait_for_timeout(600)
+        page.wait_for_timeout(600)   # nothing to wait on: a URL setting wrongly sent would land within it
         assert page.is_disabled("#set-weights input[value=stored]") and page.is_disabled("#set-weights input[value=dequantised]")
         assert app.driver.settings["weights"] == "stored"   # its URL's setting was not sent
         assert page.text_content("#model-weights").startswith("weights: 4-bit as stored")
