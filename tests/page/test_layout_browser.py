@@ -1,7 +1,7 @@
 """The page on every screen people use, in Chromium (the in-process app on the tiny model):
 laptops (1024x768 to 1366x768), a projector (1920x1080, and at 150 % zoom), 2560x1440, a
 phone (390x844), presenter mode, an /embed at 640x400, and an exported replay opened from
-file://. On each, tests/layout_check.js reads the page's own boxes: every visible strip and
+file://. On each, tests/page/layout_check.js reads the page's own boxes: every visible strip and
 chart keeps its least height, no text box overlaps another, none is clipped, key text is at
 least 12 CSS px (18 on screen in presenter mode), and the console stays clean. Thirty
 classroom students each keep a readable, named row on the presenter's timeline."""

@@ -610,6 +610,6 @@ def test_bad_classroom_flags_are_refused(argv, capsys):
 
 
 def test_a_classroom_may_observe_another_server():
-    """`--classroom --observe URL` is a class on an observed server (tests/test_observe.py runs one)."""
+    """`--classroom --observe URL` is a class on an observed server (tests/server/test_observe.py runs one)."""
     args = app_mod.parse_args(["--classroom", "--observe", "http://127.0.0.1:9/v1", "--observe-api-key", "k"])
     assert args.classroom and args.observe == "http://127.0.0.1:9/v1" and args.observe_api_key == "k"

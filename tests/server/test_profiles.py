@@ -13,7 +13,7 @@ from helpers import collect, wait_until
 from server import profiles
 from server.scrape import Scraper
 
-DATA = Path(__file__).resolve().parent / "data" / "metrics"
+DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
 
 
 def text(name):

@@ -10,7 +10,7 @@ import pytest
 
 from helpers import ARTIFACTS, start_app
 
-LLAMACPP_TRACE = Path(__file__).parent / "data" / "traces" / "observe-llamacpp.json"
+LLAMACPP_TRACE = Path(__file__).parents[1] / "data" / "traces" / "observe-llamacpp.json"
 GAUGE_NAMES = ("batch_size", "prefix_hit_rate", "spec_accept_rate", "spec_accept_length")
 ENGINE_WORDS = ("measured by the server", "engine time", "engine's", "queued ", "in the queue")
 
@@ -203,7 +203,7 @@ def test_a_recorded_llamacpp_observe_trace_replays_with_the_lanes(live, browser)
         not_queue(waiting_pixels(page))
         shot(page, "observe-llamacpp-replay.png")
         # An engine's trace after it: the engine's page again, none of observe mode's labels left.
-        engine = json.loads((Path(__file__).parents[1] / "examples" / "queueing.json").read_text())
+        engine = json.loads((Path(__file__).parents[2] / "examples" / "queueing.json").read_text())
         page.evaluate("t => { firstToken.replay.load(t, 'queueing.json'); firstToken.refresh(); }", engine)
         back = page.evaluate("""() => ({tps: document.getElementById('h-tps').previousElementSibling.textContent,
           tags: [...document.querySelectorAll('.fig .by')].filter((t) => !t.hidden).length,

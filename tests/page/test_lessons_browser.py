@@ -14,7 +14,7 @@ def test_every_comparison_runs_both_sides_from_an_empty_cache(live, browser):
         page.wait_for_function("() => firstToken.state.hello")
         page.click("#btn-compare")
         compare = page_module(page, "compare")
-        # the comparisons this server offers (the weights one needs both copies: tests/test_weights_browser.py)
+        # the comparisons this server offers (the weights one needs both copies: tests/page/test_weights_browser.py)
         for which in page.evaluate("() => [...document.getElementById('c-which').options].map(o => o.value)"):
             page.select_option("#c-which", which)
             page.click("#c-run")

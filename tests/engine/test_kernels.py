@@ -102,7 +102,7 @@ def test_without_kernels_the_engine_reads_fp32_and_says_so():
     """FIRST_TOKEN_KERNELS=off (as on a machine with no compiler): one line says so, the tiny
     model with blocks offers only the dequantised copy, and transformers' decoder runs it (the
     path a GPU takes too), greedy still equal to `generate`."""
-    code = ("import sys; sys.path.insert(0, 'tests')\n"
+    code = ("import sys; sys.path[:0] = ['tests', 'tests/engine']\n"
             "from engine import kernels; from engine.engine import Engine; from helpers import tiny_quant_bundle\n"
             "from test_engine import PROMPTS, Run\n"
             "print(kernels.describe())\n"

@@ -1,4 +1,4 @@
-// Injected by the browser layout tests (tests/test_layout_browser.py): what a person would see
+// Injected by the browser layout tests (tests/page/test_layout_browser.py): what a person would see
 // wrong on this screen, read from the page's own boxes. Returns
 //   {strips: [{id, h}], overlaps: [[a, b]], clipped: [what], small: [what], labels: {...}}
 // - strips: every visible canvas and plotly chart with its CSS height;
