@@ -165,12 +165,13 @@ def loopback_http(answer_get=None, answer_post=None):
     return httpd
 
 
-def collect(sub, until, timeout=20.0):
+def collect(sub, until, timeout=30.0):
     """Events from a broadcaster subscription `sub` until `until(events)` holds (or fail after
-    `timeout` seconds)."""
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events += sub.get(0.2)
-        if until(events):
-            return events
-    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
+    `timeout` seconds, naming the event types that came)."""
+    events = []
+
+    def more():
+        events.extend(sub.get(0.2))   # waits up to 0.2 s for news itself
+        return until(events)
+    wait_until(more, timeout, lambda: f"the events awaited; got {sorted({e['type'] for e in events})}", every=0)
+    return events
