@@ -50,12 +50,8 @@ def raw_request(url, method, path, headers=None, payload=None):
 
 def first_api_token(sub, timeout=30):
     """Id of the first API request that has produced a token (events from `sub`)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for e in sub.get(timeout=0.2):
-            if e["type"] == "token" and e["first"]:
-                return e["id"]
-    raise AssertionError("no token")
+    events = collect(sub, lambda evs: any(e["type"] == "token" and e["first"] for e in evs), timeout)
+    return next(e["id"] for e in events if e["type"] == "token" and e["first"])
 
 
 # ------------------------------------------------------------------ origins

@@ -1,12 +1,12 @@
 """/metrics: vLLM-named Prometheus series that move by exactly what the requests did (the app
 from `create_app` on the tiny random model, in process), and the listener's gauges."""
-import time
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import events as ev
+from helpers import collect
 from server.metrics import EngineMetrics
 
 
@@ -26,13 +26,10 @@ def wait_until_counted(sub, rids, timeout=30):
     """Block until the metrics listener has seen every request's `finished` event. Listeners run
     right after subscribers get an event, in the engine thread: any event published after the
     last of them (the next `stats`, within 0.5 s) means they were counted."""
-    events, deadline = [], time.time() + timeout
-    while time.time() < deadline:
-        events += sub.get(timeout=0.5)
-        done = [i for i, e in enumerate(events) if e["type"] == "finished" and e["id"] in rids]
-        if len(done) == len(rids) and len(events) > done[-1] + 1:
-            return [events[i] for i in done]
-    raise AssertionError(f"not every request finished in {timeout} s")
+    def done(events):
+        return [i for i, e in enumerate(events) if e["type"] == "finished" and e["id"] in rids]
+    events = collect(sub, lambda evs: len(done(evs)) == len(rids) and len(evs) > done(evs)[-1] + 1, timeout)
+    return [events[i] for i in done(events)]
 
 
 def test_metrics_move_by_exactly_what_the_requests_did(live):
