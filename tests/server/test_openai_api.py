@@ -2,14 +2,13 @@
 from `create_app` on the tiny random model (validation through Flask's test client), plus one
 end-to-end test of the real app on the real model."""
 import json
-import time
 
 import openai
 import pytest
 import requests
 from simple_websocket import Client
 
-from helpers import collect, reference
+from helpers import collect, frames, reference
 
 PROMPT = "We hold these truths to be self-evident, that all men"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -198,11 +197,7 @@ def test_api_requests_are_on_the_timeline_and_a_dropped_stream_frees_its_slot(li
             first = json.loads(next(lines)[5:])
             next(lines)
         rid = first["id"].removeprefix("cmpl-")   # the engine's request id
-        events, deadline = [], time.time() + 60
-        while time.time() < deadline and not any(e["type"] == "finished" and e.get("id") == rid for e in events):
-            raw = ws.receive(timeout=1)
-            if raw:
-                events += json.loads(raw)
+        events = frames(ws, 60, until=lambda evs: any(e["type"] == "finished" and e.get("id") == rid for e in evs))
     finally:
         ws.close()
     mine = [e for e in events if e.get("id") == rid]
