@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test kernels bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
+.PHONY: run test test-quick kernels bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ chromium:
 
 test: $(STAMP) kernels chromium
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The quick subset while changing code: no Chromium, no bundled model, nothing over ~20 s
+# (markers in pyproject.toml; README, "Tests").
+test-quick: $(STAMP) kernels
+	$(BIN)/python -m pytest -q -m "not browser and not real_model and not slow" $(PYTEST_ARGS)
 
 # docs/events.schema.json from the event types (a test fails when it is stale)
 schema: $(STAMP)

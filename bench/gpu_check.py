@@ -17,7 +17,7 @@ def main():
         return 0
     print(f"gpu-check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}",
           flush=True)
-    steps = [[sys.executable, "-m", "pytest", "-q", "tests/test_engine_real.py"],
+    steps = [[sys.executable, "-m", "pytest", "-q", "tests/engine/test_engine_real.py"],
              [sys.executable, "-m", "bench", "--quick", "--skip-hf", "--device", "cuda",
               "--out", "bench/results-cuda.json"]]
     failed = 0

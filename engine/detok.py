@@ -34,7 +34,7 @@ Which implementation
 and driven with the fast tokenizer's backend (`tokenizer._tokenizer`). It was checked against
 `decode` on the tiny test tokenizer and on SmolLM2's, on text with emoji, accents, CJK,
 whitespace runs, EOS and other special tokens in the middle, and random id sequences (3,000 per
-tokenizer when choosing; hundreds in tests/test_detok.py): identical at every complete point.
+tokenizer when choosing; hundreds in tests/engine/test_detok.py): identical at every complete point.
 A Python version of the same method (two `decode` calls on the window) gave the same pieces,
 token for token, but cost ~1.5 us a token against ~0.6 us, so `Detokenizer` uses DecodeStream. Tokenizers without a Rust backend, or whose `decode` post-processes the
 text (`clean_up_tokenization_spaces` on a non-BPE model), fall back to the old whole-output

@@ -8,6 +8,19 @@ from engine import model as model_mod
 from helpers import start_app, tiny_bundle, tiny_quant_bundle
 
 
+# The fixtures that bring Chromium or the real model mark every test using them (directly or through
+# another fixture), so a new test cannot miss its marker; a test that starts the real app itself is
+# marked where it is written.
+MARKED_BY_FIXTURE = {"browser": "browser", "real": "real_model", "server": "real_model"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, marker in MARKED_BY_FIXTURE.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return tiny_bundle()

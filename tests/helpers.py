@@ -74,6 +74,35 @@ def reference(bundle, text, max_new):
     return out[0, ids.shape[1]:].tolist()
 
 
+def wait_until(predicate, timeout, what, every=0.02):
+    """Poll `predicate()` until it returns something truthy, which is returned; fail after
+    `timeout` seconds naming `what` was awaited (a string, or a function that says it then). The one polling loop of the suite: `timeout`
+    is a liveness bound (it only catches a hang, so it is set an order of magnitude over the
+    need), never a claim about speed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+        time.sleep(every)
+
+
+def idle(driver):
+    """Nothing in flight and every KV block back: the engine's accounting returned to zero."""
+    eng = driver.engine
+    return (not eng.scheduler.running and not eng.scheduler.waiting and eng.in_flight == 0
+            and eng.blocks.used == 0 and driver._inbox.empty())
+
+
+def wait_idle(driver, timeout=30):
+    """Wait until `driver`'s engine is idle (`idle`)."""
+    eng = driver.engine
+    wait_until(lambda: idle(driver), timeout, lambda: f"the engine idle (blocks used {eng.blocks.used}, "
+                                                      f"in flight {eng.in_flight})")
+
+
 def frames(conn, seconds, until=None):
     """Events from a websocket for up to `seconds`, or until `until(events)` holds."""
     events, end = [], time.time() + seconds
@@ -136,12 +165,13 @@ def loopback_http(answer_get=None, answer_post=None):
     return httpd
 
 
-def collect(sub, until, timeout=20.0):
+def collect(sub, until, timeout=30.0):
     """Events from a broadcaster subscription `sub` until `until(events)` holds (or fail after
-    `timeout` seconds)."""
-    events, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events += sub.get(0.2)
-        if until(events):
-            return events
-    raise AssertionError(f"timed out; got {sorted({e['type'] for e in events})}")
+    `timeout` seconds, naming the event types that came)."""
+    events = []
+
+    def more():
+        events.extend(sub.get(0.2))   # waits up to 0.2 s for news itself
+        return until(events)
+    wait_until(more, timeout, lambda: f"the events awaited; got {sorted({e['type'] for e in events})}", every=0)
+    return events

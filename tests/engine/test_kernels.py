@@ -1,0 +1,175 @@
+"""The fused 4-bit linear (engine/kernels) against fp32 matmul on the dequantised blocks, on every
+instruction-set path this CPU runs, and the blocks' own layout (engine/weights.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine import kernels, weights
+from engine.weights import Q4_1, Q8_0, QuantWeight
+
+from helpers import ROOT
+
+KINDS = (Q4_1, Q8_0)
+# odd shapes: one block, an odd number of blocks (the AVX-512 path's tail), rows not a multiple of any tile
+SHAPES = ((1, 32), (37, 96), (130, 160), (576, 576))
+
+
+def random_blocks(kind, rows, cols, seed):
+    """Random file-layout blocks with sane scales (fp16 d > 0; Q4_1's m < 0, as real minimums are)."""
+    g = torch.Generator().manual_seed(seed)
+    nb = cols // 32
+    b = torch.randint(0, 256, (rows, nb, weights.BLOCK_BYTES[kind]), dtype=torch.uint8, generator=g)
+    b[..., 0:2] = (torch.rand(rows, nb, 1, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
+    if kind == Q4_1:
+        b[..., 2:4] = (-torch.rand(rows, nb, 1, generator=g) * 0.1).half().view(torch.uint8)
+    return b.reshape(rows, -1)
+
+
+def relative_error(y, ref):
+    return ((y - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def isas():
+    assert kernels.available(), kernels.describe()   # make test builds them; a compiler is on every machine here
+    return kernels.status()["isas"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_quant_linear_equals_fp32_matmul_on_the_dequantised_blocks(isas, kind, rows, cols):
+    w = QuantWeight.from_blocks(kind, random_blocks(kind, rows, cols, seed=rows))
+    dense = w.dequantise()
+    for m in range(1, 65):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+        ref = x @ dense.T
+        for isa in isas:
+            y = kernels.quant_linear(x, w, isa)
+            assert y.shape == (m, rows)
+            assert relative_error(y, ref) < 1e-5, (isa, m)
+
+
+def test_every_path_this_cpu_should_have_is_built(isas):
+    """The portable path always; AVX2 and AVX-512 whenever the CPU has them (read from /proc)."""
+    flags = set(open("/proc/cpuinfo").read().split())
+    assert "portable" in isas
+    assert ("avx2" in isas) == ({"avx2", "fma", "f16c"} <= flags)
+    assert ("avx512" in isas) == ({"avx512f", "avx512bw", "avx512vl"} <= flags and "avx2" in isas)
+    assert kernels.status()["isa"] == isas[-1]     # the widest one is used
+
+
+def test_a_block_means_what_ggml_says():
+    """One Q4_1 block built by hand: weight j = d * q_j + m, q_j the low nibble of byte j for
+    j < 16 and the high nibble of byte j - 16 after; one Q8_0 block: d * int8."""
+    d, m = torch.tensor([0.5]).half(), torch.tensor([-1.0]).half()
+    qs = torch.arange(16, dtype=torch.uint8) | ((15 - torch.arange(16, dtype=torch.uint8)) << 4)
+    block = torch.cat([d.view(torch.uint8), m.view(torch.uint8), qs])[None]
+    w = QuantWeight.from_blocks(Q4_1, block).dequantise()[0]
+    expect = [0.5 * j - 1 for j in range(16)] + [0.5 * (15 - j) - 1 for j in range(16)]
+    assert w.tolist() == expect
+    q8 = torch.arange(-16, 16, dtype=torch.int8)
+    w8 = QuantWeight.from_blocks(Q8_0, torch.cat([d.view(torch.uint8), q8.view(torch.uint8)])[None]).dequantise()[0]
+    assert w8.tolist() == [0.5 * q for q in range(-16, 16)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantise_rounds_to_the_nearest_level(kind):
+    """Within half a step of the block's grid (Q4_1: 15 steps from min to max; Q8_0: 127 from 0 to
+    the largest magnitude), plus the fp16 rounding of the scales."""
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    w = weights.quantise(x, kind)
+    assert w.nbytes == 8 * 2 * weights.BLOCK_BYTES[kind]
+    blocks = x.reshape(8, 2, 32)
+    step = (blocks.amax(2) - blocks.amin(2)) / 15 if kind == Q4_1 else blocks.abs().amax(2) / 127
+    err = (w.dequantise() - x).reshape(8, 2, 32).abs().amax(2)
+    assert (err <= step * 0.5 + 2e-3).all()
+
+
+def test_bad_shapes_are_refused_clearly(isas):
+    w = QuantWeight.from_blocks(Q4_1, random_blocks(Q4_1, 4, 64, seed=0))
+    with pytest.raises(RuntimeError, match="x has 32 columns"):
+        kernels.quant_linear(torch.randn(2, 32), w)
+    with pytest.raises(RuntimeError, match="fp32"):
+        kernels.quant_linear(torch.randn(2, 64, dtype=torch.float64), w)
+    with pytest.raises(ValueError, match="blocks of 32"):
+        weights.quantise(torch.randn(2, 40), Q4_1)
+
+
+def test_without_kernels_the_engine_reads_fp32_and_says_so():
+    """FIRST_TOKEN_KERNELS=off (as on a machine with no compiler): one line says so, the tiny
+    model with blocks offers only the dequantised copy, and transformers' decoder runs it (the
+    path a GPU takes too), greedy still equal to `generate`."""
+    code = ("import sys; sys.path[:0] = ['tests', 'tests/engine']\n"
+            "from engine import kernels; from engine.engine import Engine; from helpers import tiny_quant_bundle\n"
+            "from test_engine import PROMPTS, Run\n"
+            "print(kernels.describe())\n"
+            "b = tiny_quant_bundle(); e = Engine(b); run = Run(e)\n"
+            "ids = [run.add(p, max_new_tokens=8, temperature=0.0, ignore_eos=True) for p in PROMPTS[:3]]\n"
+            "run.until_idle()\n"
+            "from helpers import reference\n"
+            "print('fused', e.runner.fused is not None, 'equal', all(run.tokens(i) == reference(b, p, 8) for i, p in zip(ids, PROMPTS)))\n"
+            "print(e.settings.now.scheduling.weights, e.specs['weights'].choices, list(e.hello().weights['formats']))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "FIRST_TOKEN_KERNELS": "off"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == ("kernels: not available (turned off (FIRST_TOKEN_KERNELS=off)); "
+                        "linear layers read dequantised fp32 weights")
+    assert lines[-2] == "fused False equal True"
+    assert lines[-1] == "dequantised ('dequantised',) ['dequantised']"
+
+
+# ---- the fused ops around the linear layers (csrc/fused.cpp) against their torch references ----
+OPS = torch.ops.first_token
+
+
+def close(a, b, tol=1e-5):
+    return relative_error(a, b) < tol
+
+
+def test_norms_rotary_and_silu_equal_their_references(isas):
+    g = torch.Generator().manual_seed(0)
+    h, x, w = (torch.randn(7, 96, generator=g) for _ in range(3))
+    w = w[0].contiguous()
+    assert close(OPS.rms_norm(h, w, 1e-5), kernels.rms_norm_reference(h, w, 1e-5))
+    r1, r2 = h.clone(), h.clone()
+    assert close(OPS.add_rms_norm(r1, x, w, 1e-5), kernels.add_rms_norm_reference(r2, x, w, 1e-5))
+    assert torch.equal(r1, r2)                       # the residual is updated in place, the same way
+    heads, d = 3, 32                                 # 2 query heads and 1 key head rotated; v left alone
+    qkv = torch.randn(5, (heads + 1) * d, generator=g)
+    pos = torch.tensor([0, 3, 4, 100, 7])
+    cos, sin = torch.rand(128, d // 2, generator=g), torch.rand(128, d // 2, generator=g)
+    a, b = qkv.clone(), qkv.clone()
+    OPS.rotary_(a, pos, cos, sin, heads, d)
+    kernels.rotary_reference(b, pos, cos, sin, heads, d)
+    assert close(a, b) and torch.equal(a[:, heads * d:], qkv[:, heads * d:])
+    gu = torch.randn(4, 2 * 48, generator=g)
+    assert close(OPS.silu_mul(gu), kernels.silu_mul_reference(gu))
+    with pytest.raises(RuntimeError, match="beyond the table"):
+        OPS.rotary_(a, torch.tensor([0, 0, 0, 0, 128]), cos, sin, heads, d)
+
+
+@pytest.mark.parametrize("lengths", [[1], [5, 17, 33], [64, 2, 40, 16]])
+def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths):
+    """Grouped-query attention (6 query heads, 2 key heads) over scattered blocks of 16 slots."""
+    g = torch.Generator().manual_seed(len(lengths))
+    q_heads, kv_heads, d, bs, blocks = 6, 2, 32, 16, 20
+    k_store, v_store = (torch.randn(blocks + 1, bs, kv_heads, d, generator=g) for _ in range(2))
+    nb = max(-(-n // bs) for n in lengths)
+    tables = torch.stack([torch.randperm(blocks, generator=g)[:nb] for _ in lengths])
+    lengths_t = torch.tensor(lengths)
+    qkv = torch.randn(len(lengths) + 2, (q_heads + 2 * kv_heads) * d, generator=g)   # 2 more rows: a chunk
+    args = (qkv, k_store, v_store, tables, lengths_t, q_heads, kv_heads, d, d ** -0.5)
+    assert close(OPS.paged_decode(*args), kernels.paged_decode_reference(*args))
+    rows, slots = torch.arange(len(lengths)), tables[:, 0] * bs + 3
+    ks, vs, kr, vr = k_store.clone(), v_store.clone(), k_store.clone(), v_store.clone()
+    OPS.kv_write_(ks, vs, qkv, rows, slots, q_heads, kv_heads, d)
+    kernels.kv_write_reference(kr, vr, qkv, rows, slots, q_heads, kv_heads, d)
+    assert torch.equal(ks, kr) and torch.equal(vs, vr) and not torch.equal(ks, k_store)
+    with pytest.raises(RuntimeError, match="beyond its table"):
+        OPS.paged_decode(qkv, k_store, v_store, tables, lengths_t + nb * bs, q_heads, kv_heads, d, 1.0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        OPS.kv_write_(ks, vs, qkv, rows, slots + 10_000, q_heads, kv_heads, d)
