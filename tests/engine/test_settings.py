@@ -12,7 +12,7 @@ from engine.engine import Engine
 from engine.settings import (DeliverySettings, LoadSettings, SchedulingSettings, Setting, Settings, Targets,
                              check_registry, defaults, make_settings, validate)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = make_settings(max_slots=8, cache_tokens_max=1024, block_size=16, max_context=512)
 
 
