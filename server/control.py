@@ -5,7 +5,7 @@ and `remove_client`): parsed and validated here, transport-free, so every bad me
 `leave` only."""
 from engine.events import Error, Sync
 from engine.request import GenerateRequest
-from engine.settings import SettingError
+from engine.settings import SettingError, coerce
 from . import inputs
 from .classroom import VIEWER_REFUSED, Role
 from .errors import ApiError
@@ -49,9 +49,7 @@ def _submit(backend, msg, room):
 
 
 def _sync(backend, msg, room):
-    client_t = msg.get("client_t")
-    if isinstance(client_t, bool) or not isinstance(client_t, (int, float)):
-        raise SettingError("client_t", "must be a number")
+    client_t = coerce("client_t", "float", msg.get("client_t"))   # finite: the reply is echoed JSON
     now = backend.clock.now()
     return [Sync(t=now, client_t=client_t, server_time=backend.clock.wall0 + now)]
 

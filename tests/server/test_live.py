@@ -19,7 +19,8 @@ BAD = [
     ('{"type":"submit","prompt":"hi","temperature":"hot"}', "temperature"),
     ('{"type":"submit","prompt":"hi","chat":"yes"}', "chat"),
     ('{"type":"burst","n":1000}', "n"), ('{"type":"load","on":"yes"}', "load"),
-    ('{"type":"sync","client_t":"x"}', "client_t"), ("x" * 300_000, "message"),
+    ('{"type":"sync","client_t":"x"}', "client_t"), ('{"type":"sync","client_t":Infinity}', "client_t"),
+    ('{"type":"sync","client_t":true}', "client_t"), ("x" * 300_000, "message"),
     ('{"type":"preset","name":"fast"}', "name"), ('{"type":"preset"}', "name"),
     ('{"type":"preset","name":"idle","settings":{"slots":0}}', "slots"),
     ('{"type":"burst","n":2,"seed":-1}', "seed"), ('{"type":"burst","n":2,"seed":"x"}', "seed")]
