@@ -78,7 +78,9 @@ export const STEPS = [
    text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
      "did not get slower — but the time to first token grows with the wait.",
    live: () => live("queueing")},
+  // (with no request picked, the newest one measured to its end: its stages are what the step reads)
   {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting .acc-ttft"],
+   picks: (r) => r.stages,
    watch: "the request panel: its measured stages and the largest one",
    text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
@@ -127,6 +129,14 @@ function spot(step) {
   for (const e of document.querySelectorAll(".spot")) e.classList.remove("spot");
   document.body.classList.toggle("touring", !!step);
   if (!step) return;
+  mark(step);
+  spottedAt = performance.now();
+  requestAnimationFrame(scrollToSpots);
+}
+
+// The step's parts outlined (each with its heading); again on every tick, as a panel that
+// redraws (the request panel's accounting) makes its parts anew, without the outline.
+function mark(step) {
   for (const sel of step.spot) {
     for (const e of document.querySelectorAll(sel)) {
       e.classList.add("spot");
@@ -134,8 +144,15 @@ function spot(step) {
       if (head && head.matches("h2, h3, .strip-head")) head.classList.add("spot");
     }
   }
-  spottedAt = performance.now();
-  requestAnimationFrame(scrollToSpots);
+}
+
+// A step about one request shows the newest that `picks` accepts, until the reader picks one.
+function pick(step) {
+  if (!step.picks || ui.selected) return;
+  for (let i = s.order.length - 1; i >= 0; i--) {
+    const r = s.reqs.get(s.order[i]);
+    if (step.picks(r)) { ui.selected = r.id; ui.dirtyDom = true; return; }
+  }
 }
 
 // What the step points at is on screen: each part scrolled into its panel's view (and the
@@ -196,7 +213,7 @@ export const reactions = {
 
 export function update() {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
-  if (index >= 0) lesson();
+  if (index >= 0) { pick(STEPS[index]); lesson(); mark(STEPS[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
   if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }
