@@ -23,9 +23,13 @@ Modules, one job each:
     sequence   one request's state; when it decodes, why it stops
     intake     a request's way in: its defaults resolved, tokenization, its first events,
                refusals
-    kv_cache   the paged KV memory, the block manager (free list, reference counts) and
-               prefix hashes
-    scheduler  waiting queue, slots, the per-step token budget, policies, preemption
+    kv_cache   the paged KV memory, the block pool (free list, reference counts, prefix index)
+               and prefix hashes
+    block_manager  which blocks a sequence holds: allocation with prefix hits, growth, freeing,
+               the prefix cache's counters
+    scheduler  waiting queue, slots, the per-step token budget, preemption
+    policies   the scheduling policies as objects (mixed, prefill-first, static), and why the
+               queue's head waits (`Blocked`)
     runner     one forward over packed tokens; attention per request over its blocks
     sampler    greedy / temperature / top-p, seeded
     detok      incremental detokenisation; stop strings, OpenAI's rule applied once (when the
