@@ -115,7 +115,7 @@ class Percentiles(TypedDict):
 _FIELDS = {}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Event:
     """Base: every event has a `type` (the class's name on the wire) and a time `t`."""
     type: ClassVar[str] = ""
@@ -133,7 +133,7 @@ class Event:
         return out
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Hello(Event):
     type: ClassVar[str] = "hello"
     protocol: int
@@ -171,7 +171,7 @@ class Hello(Event):
     classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Loading(Event):
     type: ClassVar[str] = "loading"
     status: Literal["loading", "error"]
@@ -179,7 +179,7 @@ class Loading(Event):
     progress: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class ModelLoad(Event):
     type: ClassVar[str] = "model_load"
     start: float
@@ -189,14 +189,14 @@ class ModelLoad(Event):
     reason: Literal["reload"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Settings(Event):
     type: ClassVar[str] = "settings"
     settings: SettingValues
     changed: list[str]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Request(Event):
     type: ClassVar[str] = "request"
     id: str
@@ -208,7 +208,7 @@ class Request(Event):
     label: str | None = None         # classroom: the student's name (source "join")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Tokenized(Event):
     type: ClassVar[str] = "tokenized"
     id: str
@@ -220,7 +220,7 @@ class Tokenized(Event):
     truncated: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Admitted(Event):
     type: ClassVar[str] = "admitted"
     id: str
@@ -232,7 +232,7 @@ class Admitted(Event):
     resumed: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Preempted(Event):
     type: ClassVar[str] = "preempted"
     id: str
@@ -240,7 +240,7 @@ class Preempted(Event):
     preemptions: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Prefill(Event):
     type: ClassVar[str] = "prefill"
     id: str
@@ -251,7 +251,7 @@ class Prefill(Event):
     done: bool
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Step(Event):
     type: ClassVar[str] = "step"
     kind: Literal["prefill", "decode", "mixed"]
@@ -276,7 +276,7 @@ class Step(Event):
     weight_bytes: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Token(Event):
     type: ClassVar[str] = "token"
     id: str
@@ -299,7 +299,7 @@ class Token(Event):
         return self.text if self.client_text is None else self.client_text
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Finished(Event):
     type: ClassVar[str] = "finished"
     id: str
@@ -324,7 +324,7 @@ class Finished(Event):
     spec_accepted_tokens: int | None = None   # ... of which accepted
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Rejected(Event):
     type: ClassVar[str] = "rejected"
     id: str
@@ -332,7 +332,7 @@ class Rejected(Event):
     code: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Stats(Event):
     type: ClassVar[str] = "stats"
     queue: int | None
@@ -365,7 +365,7 @@ class Stats(Event):
     measured_by: dict[str, str] | None = None   # observe mode: each figure -> "server" or "client"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Preset(Event):
     type: ClassVar[str] = "preset"
     name: str
@@ -376,7 +376,7 @@ class Preset(Event):
     requests: int               # how many requests its bursts will submit
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Measure(Event):
     type: ClassVar[str] = "measure"
     status: Literal["running", "done", "error"]
@@ -394,26 +394,26 @@ class Measure(Event):
     weights: str | None = None         # the `weights` format the sweep read ("stored" or "dequantised")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Sync(Event):
     type: ClassVar[str] = "sync"
     client_t: float
     server_time: float
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Reset(Event):
     type: ClassVar[str] = "reset"
     cached_blocks: int | None = None   # blocks still holding a reusable prefix after it (0; observe mode: None)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Dropped(Event):
     type: ClassVar[str] = "dropped"
     count: int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Error(Event):
     type: ClassVar[str] = "error"
     message: str

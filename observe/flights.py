@@ -182,18 +182,19 @@ class Flights:
         now = self.clock.now()
         usage = usage or {}
         output = usage.get("completion_tokens")   # None when the server sent no usage
-        ev = Finished(t=now, id=rid, reason=reason, source=source, prompt_tokens=usage.get("prompt_tokens"),
-                      output_tokens=output, e2e=now - sent, client_side=True, chunks=len(chunks), gaps=[],
-                      error=error)
+        timed = {}   # what a client measured of a request that streamed anything
         if chunks:
-            ev.ttft = ttft = chunks[0] - sent
-            ev.gaps = [b - a for a, b in zip(chunks, chunks[1:])]
-            ev.stages = {"tokenize": None, "load": None, "queue": None, "prefill": None, "first_sample": None,
-                         "delivery": None, "other": ttft}
+            ttft = chunks[0] - sent
+            timed = dict(ttft=ttft, gaps=[b - a for a, b in zip(chunks, chunks[1:])],
+                         stages={"tokenize": None, "load": None, "queue": None, "prefill": None,
+                                 "first_sample": None, "delivery": None, "other": ttft})
             later = (len(chunks) if output is None else output) - 1   # per chunk without usage
             if later > 0:
-                ev.tpot = (chunks[-1] - chunks[0]) / later
+                timed["tpot"] = (chunks[-1] - chunks[0]) / later
             self.stats.finished += 1
+        ev = Finished(t=now, id=rid, reason=reason, source=source, prompt_tokens=usage.get("prompt_tokens"),
+                      output_tokens=output, e2e=now - sent, client_side=True, chunks=len(chunks),
+                      error=error, **{"gaps": [], **timed})
         if estimate and usage.get("prompt_tokens"):
             self.load.reported(estimate[0], usage["prompt_tokens"])
         self.events.publish(ev)

@@ -12,6 +12,7 @@ given back when the request ends (its websocket closed, or the upgrade never mad
 of handshakes cannot pass the bound together.
 In classroom mode each connection's hello says its role (presenter or viewer; server/classroom.py),
 and that role decides which control messages it may send."""
+import dataclasses
 import logging
 import time
 
@@ -183,8 +184,7 @@ def _serve(conn, state):
         _send(conn, [Loading(t=0.0, **state.progress).to_dict()])
     backend = state.backend
     role, info, room = classroom_web.connection_role()
-    hello = backend.hello()
-    hello.role, hello.classroom = role, info
+    hello = dataclasses.replace(backend.hello(), role=role, classroom=info)
     # simple-websocket sets conn.event when a message or the close arrives; events set it too,
     # except in a crowd (see `crowded`)
     sub = backend.events.subscribe(wake=lambda: None if crowded(state, role) else conn.event.set())
