@@ -222,16 +222,17 @@ def test_kv_cache_off_step_work_grows_with_sequence_length(smallpage):
 
 def test_many_users_gives_more_total_tokens_per_second_than_idle(tpage):
     """More users, more tokens per forward: the batch carries many decodes where idle's carries
-    one (the engine's step events; tokens/s, which follows from it, is printed, not judged)."""
-    def most_decodes(t):   # read at once: the page keeps a window of recent steps
-        return tpage.js("""t => Math.max(0, ...firstToken.state.steps.filter(st => st.kind === "decode" && st.start >= t)
-                                                                      .map(st => st.ids.length))""", t)
+    one (the engine's step events, mixed steps' decode rows too; tokens/s, which follows from it,
+    is printed, not judged). How soon three streams overlap depends on the machine's speed and
+    the Poisson arrivals, so the many-users side is awaited (a liveness bound), not sampled."""
+    most_decodes = """t => Math.max(0, ...firstToken.state.steps.filter(st => st.start >= t && st.kind !== "release")
+                                                         .map(st => st.decodeIds.length))"""
     t0 = tpage.preset("idle")
     tpage.finished_since(t0, 1)
-    idle, idle_batch = tpage.max_stat("tps", t0), most_decodes(t0)
+    idle, idle_batch = tpage.max_stat("tps", t0), tpage.js(most_decodes, t0)
     t1 = tpage.preset("many-users")
-    tpage.wait("t => firstToken.state.stats.filter(x => x.t >= t).length >= 8", t1, timeout=20_000)   # ~4 s of load
-    many, many_batch = tpage.max_stat("tps", t1), most_decodes(t1)
+    tpage.wait(f"t => ({most_decodes})(t) > 2", t1, timeout=60_000)
+    many, many_batch = tpage.max_stat("tps", t1), tpage.js(most_decodes, t1)
     print(f"tokens/s: idle {idle:.1f}, many users {many:.1f}; decodes per forward {idle_batch} vs {many_batch}")
     assert idle_batch == 1 and many_batch > 2 * idle_batch
     assert "total" in tpage.page.text_content("#lesson-live")
