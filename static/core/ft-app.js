@@ -9,7 +9,7 @@
 // This file is the composition root: the shared objects (the state, the view, the UI state, the
 // perf counters, the timeline with the features' layers, the dispatch of event reactions) are
 // made here and passed to each part as arguments where it is called (`page` for the canvases
-// and panels); the teaching parts, the controls and the replay still take theirs once, in init.
+// and panels); the teaching parts and the replay still take theirs once, in init.
 // A part imports the functions it calls from the modules that own them; the list of imports at
 // the top of a file is everything it may touch.
 import * as busy from "ft/busy";
@@ -53,7 +53,6 @@ const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s
 // What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
 const page = {s, view, ui, perf, select, engineNow, timeline};
 
-controls.init({s, ui, embed});
 panels.wire(ui);
 replay.init({s, ui, show});
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
@@ -72,14 +71,14 @@ for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
 dispatch.on({
   hello(ev) {
     ui.selected = null; panels.showModel(s, ev);
-    if (!replay.active()) { controls.onHello(); classroom.onHello(ev, embed); }   // a trace's page controls nothing
+    if (!replay.active()) { controls.onHello(s, embed); classroom.onHello(ev, embed); }   // a trace's page controls nothing
   },
   error(ev) {
     if (ev.fatal) stopped(ev);
     else toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
   },
   request(ev) { if (ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; } },
-  settings() { if (!replay.active()) controls.onSettings(); },
+  settings() { if (!replay.active()) controls.onSettings(s, embed); },
   dropped(ev) { toast(`this page fell behind: the server dropped ${ev.count} events for it`); },
 });
 
@@ -138,7 +137,7 @@ window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, 
                                    select, refresh, layout}, replay.api);
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
-controls.wire();
+controls.wire(s, ui, embed);
 classroom.wire();
 canvases.wire(page);
 replay.wire();
