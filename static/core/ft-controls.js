@@ -180,7 +180,7 @@ export function wire(s, ui, embed) {
   if (embed) return;
   $("btn-load").addEventListener("click", () => send({type: "load", on: !s.settings.load}));
   $("btn-burst").addEventListener("click", () => send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
-  $("btn-reset").addEventListener("click", () => confirmReset("Reset") && send({type: "reset"}));
+  $("btn-reset").addEventListener("click", () => confirmReset(s, "Reset") && send({type: "reset"}));
   $("btn-reload").addEventListener("click", () => reloadModel(s));
   const form = $("prompt-form"), box = $("prompt");
   form.addEventListener("submit", (e) => {

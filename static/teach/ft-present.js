@@ -41,14 +41,14 @@ const typing = (e) => {
   return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
 };
 
-function onKey(e) {
+function onKey(e, s, ui) {
   if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
   const k = e.key;
-  if (k === "ArrowRight") tour.next();
-  else if (k === "ArrowLeft") tour.prev();
+  if (k === "ArrowRight") tour.next(s, ui);
+  else if (k === "ArrowLeft") tour.prev(s, ui);
   else if (/^[1-9]$/.test(k)) {
-    const p = presets()[Number(k) - 1];
-    if (p) apply(p.name); else return;
+    const p = presets(s)[Number(k) - 1];
+    if (p) apply(s, p.name); else return;
   } else if (k === "s") slowMotion();
   else if (k === "p") setPresent(!document.body.classList.contains("present"));
   else if (k === "?") help();
@@ -60,9 +60,10 @@ function onKey(e) {
 // The 4 Hz tick: a figure that appeared (goodput, speculation) may need the header's room.
 export const update = () => stage.fitHeader();
 
-export function init() {
+// `s`, `ui`: the page state and its UI state (the presets the number keys pick from, the tour's steps).
+export function init(s, ui) {
   stage.init();
-  document.addEventListener("keydown", onKey);
+  document.addEventListener("keydown", (e) => onKey(e, s, ui));
   $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
   $("btn-help").addEventListener("click", help);
   $("help-close").addEventListener("click", help);
