@@ -9,8 +9,7 @@
 // This file is the composition root: the shared objects (the state, the view, the UI state, the
 // perf counters, the timeline with the features' layers, the dispatch of event reactions) are
 // made here and passed to each part as arguments where it is called (`page` for the canvases
-// and panels); the lessons wire their buttons with them once, in init, and the replay still
-// takes its own there.
+// and panels, `feed` for the replay); the lessons wire their buttons with them once, in init.
 // A part imports the functions it calls from the modules that own them; the list of imports at
 // the top of a file is everything it may touch.
 import * as busy from "ft/busy";
@@ -55,12 +54,13 @@ const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s
 const page = {s, view, ui, perf, select, engineNow, timeline};
 
 panels.wire(s, ui);
-replay.init({s, ui, show});
+// What the replay plays to (ft-replay.js): the state it resets in place, the UI state, and `show`.
+const feed = {s, ui, show};
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
 if (!embed) {   // their buttons and sheets
-  tour.init(s, ui); measure.init({s}); compare.init({s}); present.init(s, ui);
+  tour.init(s, ui); measure.init({s}); compare.init({s}); present.init(s, ui, feed);
 }
 
 // What the page does on an event besides folding it into the state: teaching first (a URL's
@@ -134,12 +134,12 @@ const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.label
                        sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
                        server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
-                                   select, refresh, layout}, replay.api);
+                                   select, refresh, layout}, replay.api(feed));
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire(s, ui, embed);
 classroom.wire();
 canvases.wire(page);
-replay.wire();
-if (!replay.start()) connection.connect({s, perf, onEvents: replay.logLive});   // a trace given with the page: no connection at all
+replay.wire(feed);
+if (!replay.start(feed)) connection.connect({s, perf, onEvents: (events, at) => replay.logLive(feed, events, at)});   // a trace given with the page: no connection at all
 requestAnimationFrame(loop);
