@@ -9,7 +9,7 @@
 // This file is the composition root: the shared objects (the state, the view, the UI state, the
 // perf counters, the timeline with the features' layers, the dispatch of event reactions) are
 // made here and passed to each part as arguments where it is called (`page` for the canvases
-// and panels); the teaching parts, the controls and the replay still take theirs once, in init.
+// and panels, `feed` for the replay); the lessons wire their buttons with them once, in init.
 // A part imports the functions it calls from the modules that own them; the list of imports at
 // the top of a file is everything it may touch.
 import * as busy from "ft/busy";
@@ -53,33 +53,32 @@ const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s
 // What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
 const page = {s, view, ui, perf, select, engineNow, timeline};
 
-controls.init({s, ui, embed});
-panels.wire(ui);
-replay.init({s, ui, show});
+panels.wire(s, ui);
+// What the replay plays to (ft-replay.js): the state it resets in place, the UI state, and `show`.
+const feed = {s, ui, show};
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the
 // diagnosis, tour, measure, compare and presenter mode.
 const lessons = embed ? [] : [diagnosis, tour, measure, compare];
 if (!embed) {   // their buttons and sheets
-  tour.init({s, ui}); measure.init({s}); compare.init({s}); present.init();
+  tour.init(s, ui); measure.init({s}); compare.init({s}); present.init(s, ui, feed);
 }
-teach.init({s, embed, parts: lessons});
 
 // What the page does on an event besides folding it into the state: teaching first (a URL's
 // preset goes out before its settings), then the lessons, then the page's own reactions.
 const dispatch = createDispatch(s);
-dispatch.on(teach.reactions);
-for (const part of lessons) if (part.reactions) dispatch.on(part.reactions);
+dispatch.on(teach.reactions(embed));
+if (!embed) for (const table of [tour.reactions(ui), measure.reactions, compare.reactions]) dispatch.on(table);
 dispatch.on({
   hello(ev) {
     ui.selected = null; panels.showModel(s, ev);
-    if (!replay.active()) { controls.onHello(); classroom.onHello(ev, embed); }   // a trace's page controls nothing
+    if (!replay.active()) { controls.onHello(s, embed); classroom.onHello(ev, embed); }   // a trace's page controls nothing
   },
   error(ev) {
     if (ev.fatal) stopped(ev);
     else toast(`server: ${ev.field ? ev.field + ": " : ""}${ev.message}`);
   },
   request(ev) { if (ev.source === "page" && ui.awaitOwn) { ui.awaitOwn = false; ui.selected = ev.id; } },
-  settings() { if (!replay.active()) controls.onSettings(); },
+  settings() { if (!replay.active()) controls.onSettings(s, embed); },
   dropped(ev) { toast(`this page fell behind: the server dropped ${ev.count} events for it`); },
 });
 
@@ -116,7 +115,7 @@ function loop(ts) {
   canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); classroom.update(); busy.update(s);
+    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(page, lessons, embed); weights.update(s); classroom.update(); busy.update(s);
     if (!embed) present.update();
   }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
@@ -125,7 +124,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(page); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(page, lessons, embed); weights.update(s); busy.update(s); charts.update(s);
 }
 
 // For tests, benchmarks and the console.
@@ -135,12 +134,12 @@ const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.label
                        sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
                        server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
-                                   select, refresh, layout}, replay.api);
+                                   select, refresh, layout}, replay.api(feed));
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
-controls.wire();
+controls.wire(s, ui, embed);
 classroom.wire();
 canvases.wire(page);
-replay.wire();
-if (!replay.start()) connection.connect({s, perf, onEvents: replay.logLive});   // a trace given with the page: no connection at all
+replay.wire(feed);
+if (!replay.start(feed)) connection.connect({s, perf, onEvents: (events, at) => replay.logLive(feed, events, at)});   // a trace given with the page: no connection at all
 requestAnimationFrame(loop);

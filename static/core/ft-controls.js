@@ -8,10 +8,8 @@ import {confirmReset} from "ft/teach";
 import {$, el, fmtBytes, toast} from "ft/util";
 import {choiceText as weightsChoice} from "ft/weights";
 
-// From init: the page state (settings, limits), its UI state (awaitOwn: select the page's own
-// next request) and whether this is an /embed (no controls).
-let s, ui, embed;
-export function init(deps) { ({s, ui, embed} = deps); }
+// The functions that read the page state take it as `s` (its settings and limits), and
+// `embed` whether this is an /embed (no controls).
 let built = null;        // the limits (as JSON) the controls were built from
 let urlApplied = false;  // the page's URL parameters are sent once, after the first hello
 let dragging = null;     // the slider being dragged: arriving settings leave it alone
@@ -35,7 +33,7 @@ const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batch
 const BETWEEN = ["buffer_ms", "buffer_bytes", "net_latency_ms", "net_jitter_ms"];
 
 // The value beside a control's name (a choice group shows its value by the pressed option).
-function valueText(name, v) {
+function valueText(s, name, v) {
   const kind = s.limits[name] && s.limits[name].kind;
   if (kind === "bool") return v ? "on" : "off";
   if (kind === "choice") return "";
@@ -44,7 +42,7 @@ function valueText(name, v) {
   return String(v);
 }
 
-function toggleInput(name, lim, head) {
+function toggleInput(s, name, lim, head) {
   const input = el("input");
   input.type = "checkbox";
   input.name = name;
@@ -56,7 +54,7 @@ function toggleInput(name, lim, head) {
 
 // A choice as a group of radio buttons drawn as segments: Tab reaches the group, the arrow
 // keys move the choice (each move sends it), as with any radio group.
-function choiceInput(name, lim, head, row) {
+function choiceInput(s, name, lim, head, row) {
   const group = el("div", "segmented");
   group.setAttribute("role", "radiogroup");
   group.setAttribute("aria-label", head.querySelector(".ctl-name").textContent);
@@ -74,12 +72,12 @@ function choiceInput(name, lim, head, row) {
 }
 
 // A slider shows its value while dragged (settings arriving meanwhile leave it alone) and sends on release.
-function rangeInput(name, lim, head, row) {
+function rangeInput(s, name, lim, head, row) {
   const input = el("input");
   input.type = "range";
   input.name = name;
   input.min = lim.min; input.max = lim.max; input.step = lim.step;
-  input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(name, +input.value); });
+  input.addEventListener("input", () => { head.querySelector("output").textContent = valueText(s, name, +input.value); });
   input.addEventListener("pointerdown", () => { dragging = name; });
   input.addEventListener("pointerup", () => { dragging = null; });
   input.addEventListener("change", () => {
@@ -90,7 +88,7 @@ function rangeInput(name, lim, head, row) {
   return input;
 }
 
-function controlRow(name, lim) {
+function controlRow(s, name, lim) {
   const [label, unit] = LABELS[name] || [name, ""];
   const row = el("div", "ctl");
   row.dataset.name = name;
@@ -99,7 +97,7 @@ function controlRow(name, lim) {
   head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
   row.append(head);
   const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
-  const input = make(name, lim, head, row);
+  const input = make(s, name, lim, head, row);
   input.id = `set-${name}`;
   if (lim.applies && lim.applies !== "live") {
     const tag = el("span", "applies", lim.applies);
@@ -110,33 +108,32 @@ function controlRow(name, lim) {
 }
 
 // Rebuilt only when the limits changed (a new server may offer other settings).
-function buildControls() {
+function buildControls(s) {
   const key = JSON.stringify(s.limits);
-  if (built === key) { applySettings(); return; }
+  if (built === key) { applySettings(s); return; }
   built = key;
   const names = ORDER.filter((n) => n in s.limits).concat(
     Object.keys(s.limits).filter((n) => !ORDER.includes(n) && !BETWEEN.includes(n) && n !== "load"));
   const between = BETWEEN.filter((n) => n in s.limits);
-  const rows = names.map((name) => controlRow(name, s.limits[name]));
+  const rows = names.map((name) => controlRow(s, name, s.limits[name]));
   if (between.length) {
     const head = el("h3", "ctl-group", "Between the server and you");
     head.title = "what lies on the way out, after the engine has timed everything: a buffering proxy (real) " +
       "and a network delay (injected); the engine's own times do not change";
-    rows.push(head, ...between.map((name) => controlRow(name, s.limits[name])));
+    rows.push(head, ...between.map((name) => controlRow(s, name, s.limits[name])));
   }
   $("settings").replaceChildren(...rows);
-  applySettings();
+  applySettings(s);
 }
 
-function applySettings() {
-  if (embed) return;
+function applySettings(s) {
   for (const [name, v] of Object.entries(s.settings)) {
     const input = $(`set-${name}`);
     if (input && dragging !== name) {
       if (input.type === "checkbox") input.checked = !!v;
       else if (input.type === "range") input.value = v;
       else for (const option of input.querySelectorAll("input")) option.checked = option.value === v;
-      input.closest(".ctl").querySelector("output").textContent = valueText(name, v);
+      input.closest(".ctl").querySelector("output").textContent = valueText(s, name, v);
       if (name === "max_step_ms") input.closest(".ctl").querySelector(".ctl-unit").textContent = v ? "ms" : "(0 = off)";
     }
   }
@@ -154,7 +151,7 @@ const KEPT = embed => PAGE_PARAMS.filter((n) => embed || !["preset", "tour"].inc
 
 // After any settings change the address bar carries the page's own parameters and the
 // settings that differ from their defaults.
-function writeUrl() {
+function writeUrl(s, embed) {
   const q = new URLSearchParams(), now = new URLSearchParams(location.search);
   for (const name of KEPT(embed)) if (now.has(name)) q.set(name, now.get(name));
   for (const [name, v] of Object.entries(s.settings)) {
@@ -165,7 +162,7 @@ function writeUrl() {
   history.replaceState(null, "", location.pathname + (qs ? `?${qs}` : ""));
 }
 
-function applyUrl() {
+function applyUrl(s) {
   const changes = {}, ignored = [];
   for (const [name, raw] of new URLSearchParams(location.search)) {
     if (PAGE_PARAMS.includes(name)) continue;   // this page's view and teaching, not engine settings
@@ -179,12 +176,12 @@ function applyUrl() {
   if (Object.keys(changes).length) send({type: "set", settings: changes});
 }
 
-export function wire() {
+export function wire(s, ui, embed) {
   if (embed) return;
   $("btn-load").addEventListener("click", () => send({type: "load", on: !s.settings.load}));
   $("btn-burst").addEventListener("click", () => send({type: "burst", n: parseInt($("burst-n").value, 10) || 8}));
-  $("btn-reset").addEventListener("click", () => confirmReset("Reset") && send({type: "reset"}));
-  $("btn-reload").addEventListener("click", reloadModel);
+  $("btn-reset").addEventListener("click", () => confirmReset(s, "Reset") && send({type: "reset"}));
+  $("btn-reload").addEventListener("click", () => reloadModel(s));
   const form = $("prompt-form"), box = $("prompt");
   form.addEventListener("submit", (e) => {
     e.preventDefault();
@@ -199,7 +196,7 @@ export function wire() {
 
 // A cold start on demand: the model loaded again from its on-disk cache (a `reload` message);
 // requests running or waiting meanwhile wait for it, so ask first when there are any.
-function reloadModel() {
+function reloadModel(s) {
   const busy = [...s.reqs.values()].filter((r) => r.end === null).length;
   if (busy && !window.confirm(`${busy} request${busy > 1 ? "s are" : " is"} running or waiting: reloading the model ` +
                               "makes them wait until it has loaded. Reload?")) return;
@@ -208,13 +205,16 @@ function reloadModel() {
 
 // The first hello applies the page's URL, except on a classroom viewer's page: its URL
 // settings stay its own (only the presenter changes the engine); every hello (re)builds the controls.
-export function onHello() {
+export function onHello(s, embed) {
   if (!urlApplied) {
     urlApplied = true;
-    if (s.hello.role !== ROLES.VIEWER) applyUrl();
+    if (s.hello.role !== ROLES.VIEWER) applyUrl(s);
     else if (location.search) toast("viewing a class: URL settings are not sent; the presenter controls the engine");
   }
-  if (!embed) buildControls();
+  if (!embed) buildControls(s);
 }
 
-export function onSettings() { applySettings(); writeUrl(); }
+export function onSettings(s, embed) {
+  if (!embed) applySettings(s);
+  writeUrl(s, embed);
+}

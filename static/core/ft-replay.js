@@ -14,10 +14,9 @@ import {$, toast} from "ft/util";
 const KEEP_EVENTS = 200000;   // the live log's bound: events...
 const KEEP_SECONDS = 1800;    // ...and engine seconds (30 minutes)
 const SLOW_SECONDS = 10;      // slow motion starts this far behind live
-// From init: the page state (reset in place to replay), its UI state, and `show(events, at)`,
-// the boot's one path from events to the state and the views.
-let s, ui, show;
-export function init(deps) { ({s, ui, show} = deps); }
+// The functions that play take `feed`, the page they play to: {s, ui, show}: its state (reset
+// in place to replay), its UI state, and `show(events, at)`, the boot's one path from events
+// to the state and the views.
 
 // The live log: events as received (sync excluded) and each one's arrival on the engine clock.
 const log = {events: [], at: []};
@@ -31,7 +30,7 @@ const LOOP_HOLD_MS = 1500;
 let raf = null;
 
 // ------------------------------------------------------------ the live log
-export function logLive(events, at) {
+export function logLive(feed, events, at) {
   let restarted = false;
   for (const ev of events) {
     if (startsRun(ev)) { log.events = []; log.at = []; restarted = true; }
@@ -39,8 +38,8 @@ export function logLive(events, at) {
     log.events.push(ev); log.at.push(at);
   }
   trimLog();
-  if (player.mode === "live") show(events, at);
-  else if (player.mode === "slow" && restarted) live();   // a new server: its log starts afresh
+  if (player.mode === "live") feed.show(events, at);
+  else if (player.mode === "slow" && restarted) live(feed);   // a new server: its log starts afresh
 }
 
 // Oldest events go first (hello stays), in chunks, past either bound.
@@ -74,7 +73,7 @@ function save() {
 // ------------------------------------------------------------ playing
 // The state object is shared by every part of the page: reset it in place. Counters the
 // connection keeps and the versions views compare against carry on (monotonic).
-function resetState() {
+function resetState({s, ui}) {
   const keep = {frames: s.frames, bytes: s.bytes, version: s.version + 1, epoch: s.epoch + 1};
   Object.assign(s, createState(), keep);
   ui.dirtyDom = true;
@@ -82,56 +81,56 @@ function resetState() {
 
 // Show the events from player.i whose time has come (hello at once), one batch per frame
 // of the same arrival, as the connection delivered them.
-function advance(T) {
+function advance(feed, T) {
   const evs = player.events;
   const due = (ev) => startsRun(ev) || !(ev.t > T);
   while (player.i < evs.length && due(evs[player.i])) {
     const start = player.i, at = player.at ? player.at[start] : null;
     while (player.i < evs.length && due(evs[player.i]) &&
            (player.at ? player.at[player.i] : null) === at) player.i++;
-    show(evs.slice(start, player.i), at);
+    feed.show(evs.slice(start, player.i), at);
   }
   player.vt = T;
 }
 
-function seek(T) {
-  T = Math.max(player.t0, Math.min(end(), T));
-  if (T < player.vt) { resetState(); player.i = 0; }
-  advance(T);
-  showPosition();
+function seek(feed, T) {
+  T = Math.max(player.t0, Math.min(end(feed.s), T));
+  if (T < player.vt) { resetState(feed); player.i = 0; }
+  advance(feed, T);
+  showPosition(feed.s);
 }
 
 // The end of what can be played: the trace's last event, or (slow motion) live now.
-const end = () => (player.mode === "slow" ? liveNow(s) : player.t1);
+const end = (s) => (player.mode === "slow" ? liveNow(s) : player.t1);
 
-function frame(ts) {
+function frame(feed, ts) {
   raf = null;
   if (player.mode === "live") return;
   if (player.playing && player.lastTs !== null) {
-    const T = Math.min(end(), player.vt + ((ts - player.lastTs) / 1000) * player.speed);
-    advance(T);
+    const T = Math.min(end(feed.s), player.vt + ((ts - player.lastTs) / 1000) * player.speed);
+    advance(feed, T);
     if (player.mode === "trace" && T >= player.t1) {
       // ?loop=1 (an article's replay): hold the end a moment, then play from the start again
-      if (!LOOP) setPlaying(false);
+      if (!LOOP) setPlaying(feed, false);
       else if (player.endedAt === null) player.endedAt = ts;
-      else if (ts - player.endedAt > LOOP_HOLD_MS) { player.endedAt = null; seek(player.t0); }
+      else if (ts - player.endedAt > LOOP_HOLD_MS) { player.endedAt = null; seek(feed, player.t0); }
     }
   }
   player.lastTs = ts;
-  showPosition();
-  loop();
+  showPosition(feed.s);
+  loop(feed);
 }
 
-function loop() {
-  if (raf === null && player.mode !== "live") raf = requestAnimationFrame(frame);
+function loop(feed) {
+  if (raf === null && player.mode !== "live") raf = requestAnimationFrame((ts) => frame(feed, ts));
 }
 
-function setPlaying(on) {
+function setPlaying(feed, on) {
   player.playing = on;
   player.lastTs = null;
   $("rp-play").textContent = on ? "Pause" : "Play";
-  if (on && player.mode === "trace" && player.vt >= player.t1) seek(player.t0);   // play again from the start
-  loop();
+  if (on && player.mode === "trace" && player.vt >= player.t1) seek(feed, player.t0);   // play again from the start
+  loop(feed);
 }
 
 function setSpeed(x) {
@@ -141,11 +140,11 @@ function setSpeed(x) {
   sel.value = String(x);
 }
 
-function showPosition() {
-  const span = end() - player.t0;
+function showPosition(s) {
+  const span = end(s) - player.t0;
   $("rp-scrub").value = String(span > 0 ? Math.round(((player.vt - player.t0) / span) * 1000) : 0);
   $("rp-time").textContent = player.mode === "slow"
-    ? `${(end() - player.vt).toFixed(1)} s behind live`
+    ? `${(end(s) - player.vt).toFixed(1)} s behind live`
     : `${(player.vt - player.t0).toFixed(1)} / ${span.toFixed(1)} s`;
 }
 
@@ -186,7 +185,7 @@ function describe(trace, name) {
 
 // Play `trace` from its start; the live connection (if any) is closed for good: a page in
 // replay sends nothing to a server. A bad trace changes nothing and throws with the reason.
-function load(trace, name) {
+function load(feed, trace, name) {
   const why = problem(trace);
   if (why) throw new Error(`not a First Token trace: ${why}`);
   stopLive();
@@ -194,12 +193,12 @@ function load(trace, name) {
   let t0 = Infinity, t1 = -Infinity;
   for (const ev of trace) { t0 = Math.min(t0, ev.t); t1 = Math.max(t1, ev.t); }
   Object.assign(player, {mode: "trace", events: trace, at: null, i: 0, vt: t0, t0, t1, name: name || "", error: null});
-  resetState();
-  ui.selected = null;
+  resetState(feed);
+  feed.ui.selected = null;
   describe(trace, name);
   showPanel(true);
-  advance(t0);
-  setPlaying(AUTOPLAY);
+  advance(feed, t0);
+  setPlaying(feed, AUTOPLAY);
 }
 
 function fail(message) {
@@ -211,12 +210,12 @@ function fail(message) {
 
 // A trace given with the page (export: a JSON block {name, events} with id ft-trace; ?trace=URL,
 // same origin only): true when there is one (the caller then opens no connection).
-export function start() {
+export function start(feed) {
   const inlined = $("ft-trace");
   if (inlined) {
     try {
       const {name, events} = JSON.parse(inlined.textContent);
-      load(events, name);
+      load(feed, events, name);
     } catch (e) { fail(e.message); }
     return true;
   }
@@ -230,56 +229,56 @@ export function start() {
   fetch(url).then((r) => {
     if (!r.ok) throw new Error(`trace ${name}: HTTP ${r.status}`);
     return r.json();
-  }).then((trace) => load(trace, name)).catch((e) => fail(e.message));
+  }).then((trace) => load(feed, trace, name)).catch((e) => fail(e.message));
   return true;
 }
 
-function loadFile(file) {
-  file.text().then((text) => load(JSON.parse(text), file.name))
+function loadFile(feed, file) {
+  file.text().then((text) => load(feed, JSON.parse(text), file.name))
     .catch((e) => toast(`${file.name}: ${e.message}`));
 }
 
 // ------------------------------------------------------------ slow motion
 // The last seconds of the live log again at `speed` (view only: the engine keeps real time
 // and the connection keeps logging). False when there is nothing to watch.
-function slowMotion(speed = 0.25, seconds = SLOW_SECONDS) {
+export function slowMotion(feed, speed = 0.25, seconds = SLOW_SECONDS) {
   if (player.mode === "trace" || !log.events.length) return false;
-  const now = liveNow(s);
+  const now = liveNow(feed.s);
   Object.assign(player, {mode: "slow", events: log.events, at: log.at, i: 0, t0: log.events[0].t, vt: -Infinity});
   for (const ev of log.events) player.t0 = Math.min(player.t0, ev.t);
-  resetState();
+  resetState(feed);
   $("rp-title").textContent = "Slow motion";
   $("rp-credit").textContent = "";
   $("rp-preset").hidden = true;
   showPanel(true);
-  advance(Math.max(player.t0, now - seconds));
+  advance(feed, Math.max(player.t0, now - seconds));
   setSpeed(speed);
-  setPlaying(true);
+  setPlaying(feed, true);
   return true;
 }
 
 // Back to live: the state rebuilt from the whole log, then live events as they come.
-function live() {
+export function live(feed) {
   if (player.mode !== "slow") return false;
   player.mode = "live";
   player.playing = false;
-  resetState();
+  resetState(feed);
   showPanel(false);
   Object.assign(player, {events: log.events, at: log.at, i: 0});
-  advance(Infinity);
+  advance(feed, Infinity);
   Object.assign(player, {events: null, at: null});
   return true;
 }
 
-export function wire() {
-  $("rp-play").addEventListener("click", () => setPlaying(!player.playing));
+export function wire(feed) {
+  $("rp-play").addEventListener("click", () => setPlaying(feed, !player.playing));
   $("rp-speed").addEventListener("change", (e) => setSpeed(+e.target.value));
-  $("rp-scrub").addEventListener("input", (e) => seek(player.t0 + (+e.target.value / 1000) * (end() - player.t0)));
-  $("rp-live").addEventListener("click", live);
+  $("rp-scrub").addEventListener("input", (e) => seek(feed, player.t0 + (+e.target.value / 1000) * (end(feed.s) - player.t0)));
+  $("rp-live").addEventListener("click", () => live(feed));
   if ($("btn-save-trace")) {
     $("btn-save-trace").addEventListener("click", save);
-    $("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadFile(e.target.files[0]); e.target.value = ""; });
-    $("btn-slow").addEventListener("click", () => slowMotion(0.25));
+    $("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadFile(feed, e.target.files[0]); e.target.value = ""; });
+    $("btn-slow").addEventListener("click", () => slowMotion(feed, 0.25));
   }
 }
 
@@ -287,8 +286,9 @@ export function wire() {
 export const active = () => player.mode !== "live";
 export const now = () => player.vt;
 
-// For window.firstToken (tests, the console) and the keyboard (ft-present.js).
-export const api = {
-  slowMotion, live, trace: () => log.events.slice(),
-  replay: {player, load, seek, play: () => setPlaying(true), pause: () => setPlaying(false), setSpeed, save},
-};
+// For window.firstToken (tests, the console), playing to `feed`.
+export const api = (feed) => ({
+  slowMotion: (speed, seconds) => slowMotion(feed, speed, seconds), live: () => live(feed), trace: () => log.events.slice(),
+  replay: {player, load: (trace, name) => load(feed, trace, name), seek: (T) => seek(feed, T),
+           play: () => setPlaying(feed, true), pause: () => setPlaying(feed, false), setSpeed, save},
+});

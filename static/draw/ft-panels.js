@@ -323,14 +323,14 @@ function start(s) {
 }
 
 // The first screen's form and buttons (the page's own next request gets selected: ui.awaitOwn).
-export function wire(ui) {
+export function wire(s, ui) {
   if (!$("start-form")) return;
   $("start-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const prompt = $("start-prompt").value.trim();
     if (prompt && send({type: "submit", prompt})) { ui.awaitOwn = true; $("start-prompt").value = ""; }
   });
-  $("start-lesson").addEventListener("click", () => applyPreset("idle"));
+  $("start-lesson").addEventListener("click", () => applyPreset(s, "idle"));
   $("start-tour").addEventListener("click", () => $("btn-tour").click());
 }
 

@@ -184,7 +184,7 @@ function sloFig(f) {
 async function run(s) {
   if (busy) return;
   const cmp = COMPARISONS[$("c-which").value];
-  if (!confirmReset("Comparing two runs")) return;
+  if (!confirmReset(s, "Comparing two runs")) return;
   current = cmp;
   busy = true; runs = null; cancelled = false; partial = {};
   $("c-run").disabled = true; $("c-cancel").hidden = false;

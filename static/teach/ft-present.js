@@ -23,11 +23,10 @@ function setPresent(on) {
 
 // `s`: slow motion (ft-replay.js) on and off. The replay's own mode is the truth: its
 // button, a trace being replayed, or a reconnect may have changed it since the last key.
-function slowMotion() {
-  const {api} = replay;
+function slowMotion(feed) {
   if (replay.active()) {
-    if (api.live()) toast("live");
-  } else if (api.slowMotion(0.25)) {
+    if (replay.live(feed)) toast("live");
+  } else if (replay.slowMotion(feed, 0.25)) {
     toast("slow motion: the last seconds again at ¼ speed (s: back to live)");
   } else {
     toast("nothing to watch again yet");
@@ -41,15 +40,15 @@ const typing = (e) => {
   return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
 };
 
-function onKey(e) {
+function onKey(e, s, ui, feed) {
   if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
   const k = e.key;
-  if (k === "ArrowRight") tour.next();
-  else if (k === "ArrowLeft") tour.prev();
+  if (k === "ArrowRight") tour.next(s, ui);
+  else if (k === "ArrowLeft") tour.prev(s, ui);
   else if (/^[1-9]$/.test(k)) {
-    const p = presets()[Number(k) - 1];
-    if (p) apply(p.name); else return;
-  } else if (k === "s") slowMotion();
+    const p = presets(s)[Number(k) - 1];
+    if (p) apply(s, p.name); else return;
+  } else if (k === "s") slowMotion(feed);
   else if (k === "p") setPresent(!document.body.classList.contains("present"));
   else if (k === "?") help();
   else if (k === "Escape") { $("help").hidden = true; return; }
@@ -60,9 +59,11 @@ function onKey(e) {
 // The 4 Hz tick: a figure that appeared (goodput, speculation) may need the header's room.
 export const update = () => stage.fitHeader();
 
-export function init() {
+// `s`, `ui`: the page state and its UI state (the presets the number keys pick from, the tour's steps);
+// `feed`: what the replay plays to (ft-replay.js), for slow motion.
+export function init(s, ui, feed) {
   stage.init();
-  document.addEventListener("keydown", onKey);
+  document.addEventListener("keydown", (e) => onKey(e, s, ui, feed));
   $("btn-present").addEventListener("click", () => setPresent(!document.body.classList.contains("present")));
   $("btn-help").addEventListener("click", help);
   $("help-close").addEventListener("click", help);

@@ -12,22 +12,20 @@ import {active as replaying} from "ft/replay";
 import {ROLES} from "ft/state";
 import {$, el} from "ft/util";
 
-// From init: the page state, whether this is an /embed (its ?preset= and banner only), and
-// the teaching parts, each a module with an `update(page)` (page: ft-app.js's shared objects).
-let s, embed, parts;
-export function init(deps) { ({s, embed, parts} = deps); }
+// The functions that read the page state take it as `s`; `embed` says whether this is an
+// /embed (its ?preset= and banner only).
 let urlDone = false;
 
 export let active = null;   // the last `preset` event: {name, title, explain, watch, t}
 export let lesson = null;   // set by the tour while it runs: {kicker, title, text, watch, live, focus}
 export function setLesson(l) { lesson = l; }
 
-export const presets = () => (s.hello && s.hello.presets) || [];
-export const preset = (name) => presets().find((p) => p.name === name) || null;
+export const presets = (s) => (s.hello && s.hello.presets) || [];
+export const preset = (s, name) => presets(s).find((p) => p.name === name) || null;
 
 // A reset (every preset and comparison starts with one) cancels everything in flight: in a
 // classroom the presenter is asked first when students' questions would go. False: don't.
-export function confirmReset(what) {
+export function confirmReset(s, what) {
   const asking = [...s.reqs.values()].filter((r) => r.source === "join" && r.end === null);
   if (!asking.length || document.body.dataset.role !== ROLES.PRESENTER) return true;
   const who = [...new Set(asking.map((r) => r.label || r.id))];
@@ -37,7 +35,7 @@ export function confirmReset(what) {
                         `${asking.length > 1 ? "them" : "it"}. Go ahead?`);
 }
 
-export const apply = (name) => confirmReset("Starting a lesson") && send({type: "preset", name});
+export const apply = (s, name) => confirmReset(s, "Starting a lesson") && send({type: "preset", name});
 
 // Which part of the page matters for a preset (presenter mode enlarges it; the tour spots it).
 export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",
@@ -47,30 +45,30 @@ export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "tim
                       speculative: "timeline", "speculative-busy": "timeline", weights: "steps"};
 
 // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
-export function clamp(name, v) {
+export function clamp(s, name, v) {
   const lim = s.limits[name];
   return lim && typeof v === "number" && (lim.kind === "int" || lim.kind === "float") ? Math.min(lim.max, Math.max(lim.min, v)) : v;
 }
 
 // Every setting as applying the preset leaves it: defaults, then the preset's own values.
-export function presetSettings(name) {
-  const p = preset(name), out = {};
+export function presetSettings(s, name) {
+  const p = preset(s, name), out = {};
   for (const k in s.limits) out[k] = s.limits[k].default;
-  if (p) for (const k in p.settings) if (k in s.limits) out[k] = clamp(k, p.settings[k]);
+  if (p) for (const k in p.settings) if (k in s.limits) out[k] = clamp(s, k, p.settings[k]);
   return out;
 }
 
 export const focus = () => (lesson && lesson.focus) || (active && FOCUS[active.name]) || "";
 
-function buildPresets() {
-  const list = presets();
+function buildPresets(s) {
+  const list = presets(s);
   $("teach").hidden = !list.length && !(s.hello && s.hello.mode === "engine");
   $("presets").replaceChildren(...list.map((p, i) => {
     const b = el("button", "preset");
     b.dataset.preset = p.name;
     b.append(el("span", "key", i < 9 ? String(i + 1) : ""), el("span", "", p.title));
     b.title = `${p.explain}\n\nWatch: ${p.watch}\n(/?preset=${p.name}${i < 9 ? `, key ${i + 1}` : ""})`;
-    b.addEventListener("click", () => apply(p.name));
+    b.addEventListener("click", () => apply(s, p.name));
     return b;
   }));
   // Presenter mode hides the controls: its own list, in the timeline's head.
@@ -84,34 +82,34 @@ function buildPresets() {
   pick.firstChild.value = "";
   if (!pick.dataset.wired) {
     pick.dataset.wired = "1";
-    pick.addEventListener("change", () => { if (pick.value) apply(pick.value); pick.value = ""; pick.blur(); });
+    pick.addEventListener("change", () => { if (pick.value) apply(s, pick.value); pick.value = ""; pick.blur(); });
   }
 }
 
 // `/?preset=NAME` is sent once, after the first hello, before the URL's settings (which then
 // adjust the preset). An unknown name is the server's to refuse (an `error` names it).
-function applyUrl() {
+function applyUrl(s) {
   if (urlDone) return;
   urlDone = true;
   const name = new URLSearchParams(location.search).get("preset");
-  if (name && !replaying()) apply(name);   // a replayed trace's page changes nothing
+  if (name && !replaying()) apply(s, name);   // a replayed trace's page changes nothing
 }
 
 // What it does on events (ft-state.js createDispatch), before the controls see them: a URL's
 // preset goes out before its settings. An embed runs its ?preset= and shows its banner; no
 // presets panel.
-export const reactions = {
+export const reactions = (embed) => ({
   preset(ev) { active = ev; },
   reset() { active = null; },   // a preset's own reset comes before it
-  hello() {
+  hello(ev, s) {
     active = null;
-    if (!embed) buildPresets();
-    applyUrl();
+    if (!embed) buildPresets(s);
+    applyUrl(s);
   },
-};
+});
 
 // The banner: the tour's step while it runs, else the active preset.
-function banner() {
+function banner(s) {
   const p = active;
   const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain, watch: p.watch,
                                live: proofText(p.name, s, p.t)});
@@ -127,18 +125,19 @@ function banner() {
   $("lesson-live").parentElement.hidden = !les.live;
   $("lesson-nav").hidden = !lesson;
   // Settings moved away from the preset since it was applied: say so, the figure may not prove it then.
-  const def = p && !lesson && preset(p.name);
+  const def = p && !lesson && preset(s, p.name);
   // (a value the preset's own timed actions set counts as the preset's: `weights` switches mid-run)
   const timed = (k) => (def.actions || []).some((a) => a.settings && a.settings[k] === s.settings[k]);
-  const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== clamp(k, def.settings[k]) && !timed(k)) : [];
+  const moved = def ? Object.keys(def.settings).filter((k) => k in s.settings && s.settings[k] !== clamp(s, k, def.settings[k]) && !timed(k)) : [];
   $("lesson-moved").textContent = moved.length ? `settings changed since: ${moved.join(", ")}` : "";
 }
 
 // The 4 Hz DOM tick: the parts first (the tour writes its step's live figure), then the banner,
 // so the banner's figure is this tick's, as the header's and the strips' are (it lagged a tick:
-// "with 0 running" beside a header's 2/4).
-export function update(page) {
-  if (!embed) for (const part of parts) if (part.update) part.update(page);
-  banner();
+// "with 0 running" beside a header's 2/4). `parts`: the teaching parts (none on an /embed),
+// each a module with an `update(page)` (page: ft-app.js's shared objects).
+export function update(page, parts, embed) {
+  for (const part of parts) if (part.update) part.update(page);
+  banner(page.s);
   if (!embed) document.body.dataset.focus = focus();
 }

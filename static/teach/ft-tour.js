@@ -13,39 +13,40 @@ import * as teach from "ft/teach";
 import {$, fmtS, toast} from "ft/util";
 import * as weights from "ft/weights";
 
-let s, ui;           // the page state and its UI state (the selected request), from init
+// The functions that read the page state take it as `s`, and its UI state (the selected
+// request) as `ui`; a step's text() and live() take both.
 export let index = -1;   // the step shown, -1 when the tour is off
 let since = 0;       // engine time the step began (its figures count from the preset after it)
 let spottedAt = -Infinity;   // page time the step's parts were outlined
 const SETTLE_MS = 2500;
 
 const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
-const live = (name) => proofText(name, s, t0(name));
+const live = (s, name) => proofText(name, s, t0(name));
 
 export const STEPS = [
   {key: "tokens", title: "Tokens", preset: "idle", focus: "detail", spot: ["#d-chips"],
    watch: "the prompt's token chips (piece and id) in the request panel",
-   text() {
+   text(s, ui) {
      const r = selectedReq(s, ui);
      const n = r && r.promptTokens;
      return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
        "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
        " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
-   }, live: () => { const r = selectedReq(s, ui); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
+   }, live: (s, ui) => { const r = selectedReq(s, ui); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
   {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
    watch: "the blue prefill bar on each row, and TTFT",
    text: () => "Before the first token, the model reads the whole prompt in one forward pass: prefill (blue). " +
      "Its cost grows with the prompt's length, so a long document waits longer for its first word.",
-   live: () => live("long-document")},
+   live: (s) => live(s, "long-document")},
   {key: "decode", title: "Decode", preset: "idle", focus: "steps", spot: [".timeline-wrap", "#chart-steps"],
    watch: "one tick per token, and the measured step time against the bandwidth floor",
-   text() {
+   text(s) {
      const fl = weights.floorOf(s);   // the copy of the weights read now, and its floor (an estimate)
      return "After the first token each model step adds one token per running request (the ticks). Every step reads " +
        `all the weights (${fl ? weights.mb(fl.bytes) : "?"}${fl && fl.fmt ? `, ${weights.name(s, fl.fmt)}` : ""})` +
        (fl ? `, so it cannot beat ${fmtS(fl.floorS)} (estimate: memory-bandwidth floor)` : "") + ".";
    },
-   live() {
+   live(s) {
      const one = s.points.filter((p) => p.batch === 1).map((p) => p.ms);
      return one.length ? `measured: median decode step ${median(one).toFixed(1)} ms at batch 1 (${one.length} steps)` : "";
    }},
@@ -53,7 +54,7 @@ export const STEPS = [
   {key: "weights", title: "Fewer bytes to read, faster decode", preset: "weights", focus: "steps",
    spot: [".timeline-wrap", "#chart-steps", ".fig:has(#h-weights)"],
    watch: "the request's ticks closing up at the switch, and the step-time chart's two clouds against their floors",
-   text() {
+   text(s) {
      const f = weights.formats(s), q = f && f.dequantised, k = f && f.stored;
      if (!k) return "A decode step is bound by reading the weights: fewer bytes, faster steps. This server holds one copy " +
        "of the weights only, so the lesson cannot switch here" + (s.hello.weights && s.hello.weights.why ? ` (${s.hello.weights.why}).` : ".");
@@ -62,22 +63,22 @@ export const STEPS = [
        `dequantised to ${weights.name(s, "dequantised", "short")} they are ${weights.mb(q.decode_bytes)} — the same numbers. ` +
        "This request reads the fp32 copy first, then, a few seconds in, the blocks: watch its ticks close up.";
    },
-   live: () => live("weights")},
+   live: (s) => live(s, "weights")},
   {key: "kv", title: "The KV cache", preset: "kv-cache-off", focus: "steps", spot: ["#chart-steps", ".timeline-wrap"],
    watch: "decode step time against sequence length, with the cache off (the chart in the request panel)",
    text: () => "The KV cache keeps each token's keys and values so a step computes only the new token. " +
      "Turned off, every step recomputes the whole sequence: steps get slower as the text gets longer.",
-   live: () => live("kv-cache-off")},
+   live: (s) => live(s, "kv-cache-off")},
   {key: "batching", title: "Batching", preset: "many-users", focus: "slots", spot: [".slots-row", ".fig:has(#h-tps)", ".fig:has(#h-itl50)"],
    watch: "total tokens/s against each stream's speed",
    text: () => "Many requests share each step: reading the weights once serves the whole batch, so total throughput " +
      "rises a lot while each stream slows only a little.",
-   live: () => live("many-users")},
+   live: (s) => live(s, "many-users")},
   {key: "queueing", title: "Queueing", preset: "queueing", focus: "queue", spot: [".queue-wrap", ".fig:has(#h-ttft50)", ".fig:has(#h-waiting)"],
    watch: "TTFT against the prefill time, and the queue",
    text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
      "did not get slower — but the time to first token grows with the wait.",
-   live: () => live("queueing")},
+   live: (s) => live(s, "queueing")},
   // (with no request picked, the newest one measured to its end: its stages are what the step reads)
   {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting .acc-ttft"],
    picks: (r) => r.stages,
@@ -86,14 +87,14 @@ export const STEPS = [
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
      "behind others' prefill (chunked prefill).",
    // the diagnosis itself is in the request panel, outlined: the banner names its suspect only
-   live() {
+   live(s, ui) {
      const d = diagnosis(s, ui), r = selectedReq(s, ui);
      return d && r ? `${r.label || r.id}: the suspect is ${d.cause} — the request panel gives its measured stages` : "";
    }},
   {key: "speculation", title: "Speculative decoding", preset: "speculative", focus: "timeline",
    spot: [".timeline-wrap", ".fig:has(#h-spec)"],
    watch: "the guesses on the request's row (filled: accepted, hollow: rejected) and the share of guesses accepted",
-   text() {
+   text(s) {
      const x = rates(recent(s));
      return "A decode step reads all the weights to make one token per request. Speculative decoding guesses the next few " +
        "tokens cheaply (here by finding the last few tokens earlier in the prompt, which this request copies) and checks " +
@@ -101,7 +102,7 @@ export const STEPS = [
        (x ? `: ${pct(x.rate)} of the guesses were accepted, ${x.length.toFixed(1)} tokens per forward for the request.` : ".") +
        " With many users each forward is already full, so the guesses are extra work: compare both to see where it stops paying.";
    },
-   live: () => live("speculative")},
+   live: (s) => live(s, "speculative")},
   // The other suspects, between the engine and the user or before it runs (ft-delivery.js); the
   // timeline's legend (its head) names what lies between and the load.
   {key: "proxy", title: "A buffering proxy", preset: "buffered-proxy", focus: "timeline",
@@ -109,20 +110,20 @@ export const STEPS = [
    watch: "the arrival dots under each row against the engine's ticks",
    text: () => "A proxy between the server and the user may hold a streamed answer and let it go in pieces. The " +
      "engine still makes each token at a steady pace (the ticks); this page gets them in clumps (the dots under each row).",
-   live: () => live("buffered-proxy")},
+   live: (s) => live(s, "buffered-proxy")},
   {key: "network", title: "A slow network", preset: "slow-network", focus: "timeline",
    spot: [".timeline-wrap", ".strip-head:has(#legend-engine)", ".fig:has(#h-ttft50)"],
    watch: "time to first token here against the engine's",
    text: () => "A slow network delays every token on its way to the user, the first included: the engine's time to " +
      "first token (the headline) does not change, the user's does. This delay is injected, and the legend says so.",
-   live: () => live("slow-network")},
+   live: (s) => live(s, "slow-network")},
   {key: "cold", title: "A cold start", preset: "cold-start", focus: "timeline",
    spot: [".timeline-wrap", ".strip-head:has(#legend-engine)"],
    watch: "the model-loading band, and the first requests' wait for it on their rows",
    text: () => "A server that has just started, or reloaded its model, answers nobody until the weights are in " +
      "memory: requests that arrive meanwhile wait (their 'load' stage). The first forward of each new shape also " +
      "sets up its kernels (outlined on the top lane); a reload keeps those.",
-   live: () => live("cold-start")},
+   live: (s) => live(s, "cold-start")},
 ];
 
 function spot(step) {
@@ -147,7 +148,7 @@ function mark(step) {
 }
 
 // A step about one request shows the newest that `picks` accepts, until the reader picks one.
-function pick(step) {
+function pick(s, ui, step) {
   if (!step.picks || ui.selected) return;
   for (let i = s.order.length - 1; i >= 0; i--) {
     const r = s.reqs.get(s.order[i]);
@@ -165,22 +166,22 @@ function scrollToSpots() {
   for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
 }
 
-function go(i) {
+function go(s, ui, i) {
   if (i < 0 || i >= STEPS.length) return;
   index = i;
   since = s.latestT;
   const step = STEPS[i];
-  if (step.preset && teach.preset(step.preset)) teach.apply(step.preset);
+  if (step.preset && teach.preset(s, step.preset)) teach.apply(s, step.preset);
   else if (step.preset) toast(`this server has no "${step.preset}" preset: the step runs on the current settings`);
-  lesson();
+  lesson(s, ui);
   document.body.dataset.focus = teach.focus();   // now, not at the next tick: what it shows decides the scroll
   spot(step);
 }
 
-function lesson() {
+function lesson(s, ui) {
   const step = STEPS[index];
-  teach.setLesson({kicker: `tour ${index + 1} / ${STEPS.length}`, title: step.title, text: step.text(), watch: step.watch,
-                   live: step.live() || "", focus: step.focus});
+  teach.setLesson({kicker: `tour ${index + 1} / ${STEPS.length}`, title: step.title, text: step.text(s, ui), watch: step.watch,
+                   live: step.live(s, ui) || "", focus: step.focus});
   $("tour-pos").textContent = `${index + 1} / ${STEPS.length}`;
   $("tour-prev").disabled = index === 0;
   $("tour-next").disabled = index === STEPS.length - 1;
@@ -188,32 +189,33 @@ function lesson() {
 
 export function stop() { index = -1; teach.setLesson(null); spot(null); }
 
-export const start = (i = 0) => go(i);
-export const next = () => go(index < 0 ? 0 : index + 1);
-export const prev = () => go(index < 0 ? 0 : index - 1);
+export const start = (s, ui, i = 0) => go(s, ui, i);
+export const next = (s, ui) => go(s, ui, index < 0 ? 0 : index + 1);
+export const prev = (s, ui) => go(s, ui, index < 0 ? 0 : index - 1);
 
 let urlDone = false;
-export function init(deps) {
-  ({s, ui} = deps);
-  for (const id of ["btn-tour", "btn-tour-present"]) $(id).addEventListener("click", () => (index < 0 ? start() : stop()));
-  $("tour-prev").addEventListener("click", prev);
-  $("tour-next").addEventListener("click", next);
+// Its buttons, with the page state and UI state the steps read.
+export function init(s, ui) {
+  for (const id of ["btn-tour", "btn-tour-present"]) $(id).addEventListener("click", () => (index < 0 ? start(s, ui) : stop()));
+  $("tour-prev").addEventListener("click", () => prev(s, ui));
+  $("tour-next").addEventListener("click", () => next(s, ui));
   $("tour-end").addEventListener("click", stop);
 }
 
-export const reactions = {
+// What it does on events, with the UI state a step reads (ft-state.js createDispatch gives the state).
+export const reactions = (ui) => ({
   // `/?tour=N` opens step N once the presets are known.
-  hello() {
+  hello(ev, s) {
     if (index >= 0 || urlDone) return;
     urlDone = true;
     const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
-    if (n >= 1 && n <= STEPS.length) go(n - 1);
+    if (n >= 1 && n <= STEPS.length) go(s, ui, n - 1);
   },
-};
+});
 
-export function update() {
+export function update({s, ui}) {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
-  if (index >= 0) { pick(STEPS[index]); lesson(); mark(STEPS[index]); }
+  if (index >= 0) { pick(s, ui, STEPS[index]); lesson(s, ui); mark(STEPS[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
   if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }

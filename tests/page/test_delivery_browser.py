@@ -224,7 +224,7 @@ def tour_step_run(page, sub, step, n):
     finished, in the events published and on the page with every token's arrival here. Their
     requests {id: {arrival, tokens (engine times), finished}} from the events, the page's arrivals
     {id: [...]}, the model_load events, and the figure the lesson quotes."""
-    page.js("([i]) => import('ft/tour').then(t => t.start(i))", [step["index"]])
+    page.js("([i]) => import('ft/tour').then(t => t.start(firstToken.state, firstToken.ui, i))", [step["index"]])
     page.wait("t => document.getElementById('lesson-title').textContent === t", step["title"], timeout=5_000)
     def since_preset(evs):
         at = next((i for i, e in enumerate(evs) if e["type"] == "preset" and e["name"] == step["preset"]), None)

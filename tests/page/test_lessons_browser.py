@@ -123,7 +123,7 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
         page.wait_for_function("() => firstToken.state.hello && document.body.classList.contains('present')")
         tour = page_module(page, "tour")
         for i in range(page.evaluate("tour => tour.STEPS.length", tour)):
-            page.evaluate("([tour, i]) => tour.start(i)", [tour, i])
+            page.evaluate("([tour, i]) => tour.start(firstToken.state, firstToken.ui, i)", [tour, i])
             page.wait_for_timeout(1500)   # the step's preset arrives; the outlined parts are scrolled to (smoothly: no event ends it)
             spots = page.evaluate("""() => [...document.querySelectorAll('.spot')].filter(e => e.getClientRects().length)
                 .filter(e => !e.matches('h2, h3, .strip-head')).map(e => {

@@ -88,7 +88,7 @@ class TeachPage(Page):
 
     def preset_settings(self, name):
         """Every setting as applying the preset leaves it (the page's own computation)."""
-        return self.js("([ft, n]) => ft.teach.presetSettings(n)", [self.ft(), name])
+        return self.js("([ft, n]) => ft.teach.presetSettings(firstToken.state, n)", [self.ft(), name])
 
     def finished_since(self, t0, n, timeout=300_000):
         """Wait until n requests that arrived since t0 finished; return them (arrival order).

@@ -73,7 +73,7 @@ def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, brow
         tour = page_module(page, "tour")
         keys = page.evaluate("t => t.STEPS.map(s => s.key)", tour)
         assert keys.index("weights") == keys.index("decode") + 1
-        page.evaluate("([t, i]) => t.start(i)", [tour, keys.index("weights")])
+        page.evaluate("([t, i]) => t.start(firstToken.state, firstToken.ui, i)", [tour, keys.index("weights")])
         page.wait_for_function("() => document.getElementById('lesson-title').textContent === 'Fewer bytes to read, faster decode'")
         page.wait_for_function("t => t.index >= 0 && import('ft/teach').then(m => m.active && m.active.name === 'weights')", arg=tour)
         assert page.evaluate("() => document.querySelector('#chart-steps').classList.contains('spot')")
