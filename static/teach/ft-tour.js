@@ -79,9 +79,7 @@ export const STEPS = [
    text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
      "did not get slower — but the time to first token grows with the wait.",
    live: (s) => live(s, "queueing")},
-  // (with no request picked, the newest one measured to its end: its stages are what the step reads)
   {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting .acc-ttft"],
-   picks: (r) => r.stages,
    watch: "the request panel: its measured stages and the largest one",
    text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
@@ -147,15 +145,6 @@ function mark(step) {
   }
 }
 
-// A step about one request shows the newest that `picks` accepts, until the reader picks one.
-function pick(s, ui, step) {
-  if (!step.picks || ui.selected) return;
-  for (let i = s.order.length - 1; i >= 0; i--) {
-    const r = s.reqs.get(s.order[i]);
-    if (step.picks(r)) { ui.selected = r.id; ui.dirtyDom = true; return; }
-  }
-}
-
 // What the step points at is on screen: each part scrolled into its panel's view (and the
 // page's); again for a moment while the step's preset fills the panels and moves them.
 function scrollToSpots() {
@@ -215,7 +204,7 @@ export const reactions = (ui) => ({
 
 export function update({s, ui}) {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
-  if (index >= 0) { pick(s, ui, STEPS[index]); lesson(s, ui); mark(STEPS[index]); }
+  if (index >= 0) { lesson(s, ui); mark(STEPS[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
   if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }

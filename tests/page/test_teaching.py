@@ -262,7 +262,7 @@ def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, li
 
 @pytest.mark.slow
 def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
-    steps = tpage.js("ft => ft.tour.STEPS.map(s => ({title: s.title, preset: s.preset, spot: s.spot}))", tpage.ft())
+    steps = tpage.js("ft => ft.tour.STEPS.map(s => ({key: s.key, title: s.title, preset: s.preset, spot: s.spot}))", tpage.ft())
     assert [s["title"] for s in steps][:7] == ["Tokens", "Prefill", "Decode", "Fewer bytes to read, faster decode",
                                                "The KV cache", "Batching", "Queueing"]
     tpage.page.click("#btn-tour")
@@ -276,6 +276,11 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
             want = tpage.preset_settings(step["preset"])
             tpage.wait("w => Object.entries(w).every(([k, v]) => firstToken.state.settings[k] === v)", want, timeout=10_000)
         assert tpage.js("document.body.classList.contains('touring')")
+        if step["key"] == "slow":   # as the step asks: a request is clicked, one measured to its end
+            tpage.wait("() => [...firstToken.state.reqs.values()].some(r => r.stages)", timeout=30_000)
+            tpage.js("""() => { const ui = firstToken.ui;
+                               ui.selected = [...firstToken.state.reqs.values()].filter(r => r.stages).pop().id;
+                               ui.dirtyDom = true; }""")
         # a spotted part drawn on the page's tick (the request panel's accounting among them)
         tpage.wait("sels => sels.every(s => [...document.querySelectorAll(s)].some(e => e.classList.contains('spot')))",
                    step["spot"], timeout=15_000)
