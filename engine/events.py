@@ -15,11 +15,14 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from .settings import wire_type
 
-PROTOCOL = 12  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 13  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts
 FinishReason = Literal["stop", "stop_string", "length", "cancelled", "error"]
+# Prefill/decode disaggregation (engine/disagg/): which instance an event comes from. None: the
+# one colocated engine, which does both.
+Instance = Literal["prefill", "decode"]
 
 
 class Clock:
@@ -34,11 +37,12 @@ class Clock:
 
 
 class Stages(TypedDict):
-    """Where the time to first token went (seconds); the seven add up to `ttft`."""
+    """Where the time to first token went (seconds); the eight add up to `ttft`."""
     tokenize: float | None
     load: float | None      # waiting for the model to load (a reload: engine/reload.py)
     queue: float | None
     prefill: float | None
+    transfer: float | None  # disaggregated: copying its KV blocks to the decode instance (0 colocated)
     first_sample: float | None
     delivery: float | None
     other: float | None
@@ -53,6 +57,16 @@ class Later(TypedDict):
     preempted: float   # from being preempted to its next token (waiting again, then recompute)
     sample: float
     delivery: float
+
+
+class InstanceInfo(TypedDict):
+    """One engine instance of a disaggregated server (hello.instances)."""
+    name: Instance
+    pid: int
+    threads: int            # its model threads (torch intra-op)
+    max_slots: int
+    cache_blocks: int
+    kv_store_bytes: int
 
 
 class PresetInfo(TypedDict):
@@ -169,6 +183,7 @@ class Hello(Event):
     server: dict[str, Any] | None = None   # observe mode: the observed server's profile (observe/profiles.py)
     role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
     classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
+    instances: list[InstanceInfo] | None = None   # disaggregated: the prefill and the decode instance (None: colocated)
 
 
 @dataclass(slots=True, frozen=True)
@@ -230,6 +245,7 @@ class Admitted(Event):
     prompt_tokens: int
     cached_tokens: int
     resumed: bool
+    instance: Instance | None = None   # disaggregated: the instance it happened on
 
 
 @dataclass(slots=True, frozen=True)
@@ -238,6 +254,7 @@ class Preempted(Event):
     id: str
     tokens: int
     preemptions: int
+    instance: Instance | None = None   # disaggregated: the instance it happened on
 
 
 @dataclass(slots=True, frozen=True)
@@ -249,6 +266,7 @@ class Prefill(Event):
     pos: int
     tokens: int
     done: bool
+    instance: Instance | None = None   # disaggregated: the instance it happened on
 
 
 @dataclass(slots=True, frozen=True)
@@ -274,6 +292,7 @@ class Step(Event):
     weights: str | None = None
     kernel: str | None = None
     weight_bytes: int | None = None
+    instance: Instance | None = None   # disaggregated: the instance whose forward this was
 
 
 @dataclass(slots=True, frozen=True)
@@ -325,6 +344,21 @@ class Finished(Event):
 
 
 @dataclass(slots=True, frozen=True)
+class KVTransfer(Event):
+    """Disaggregated: one request's keys and values copied from the prefill instance's blocks
+    into blocks the decode instance allocated (engine/disagg/), measured on the decode
+    instance, which pulls them (as vLLM's NixlConnector reads)."""
+    type: ClassVar[str] = "kv_transfer"
+    id: str
+    start: float
+    end: float
+    tokens: int            # positions whose keys and values moved
+    bytes: int             # bytes copied (tokens x hello.kv_bytes_per_token)
+    src_blocks: list[int]  # on the prefill instance, in order
+    dst_blocks: list[int]  # on the decode instance, in the same order
+
+
+@dataclass(slots=True, frozen=True)
 class Rejected(Event):
     type: ClassVar[str] = "rejected"
     id: str
@@ -363,6 +397,7 @@ class Stats(Event):
     slo_judged: int | None = None           # completed requests judged, since the last reset
     prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
     measured_by: dict[str, str] | None = None   # observe mode: each figure -> "server" or "client"
+    instance: Instance | None = None        # disaggregated: whose queue, slots and blocks these are
 
 
 @dataclass(slots=True, frozen=True)
@@ -422,4 +457,4 @@ class Error(Event):
 
 
 EVENT_TYPES = (Hello, Loading, Settings, Request, Tokenized, Admitted, Preempted, Prefill, Step, Token,
-               Finished, Rejected, Stats, Preset, Measure, ModelLoad, Sync, Reset, Dropped, Error)
+               Finished, KVTransfer, Rejected, Stats, Preset, Measure, ModelLoad, Sync, Reset, Dropped, Error)

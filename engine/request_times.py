@@ -16,6 +16,7 @@ class RequestTimes:
     prefill_start: float | None = None
     prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
     requeue_s: float = 0.0          # waiting again after a preemption, before its first token
+    transfer_s: float = 0.0         # disaggregated: its KV blocks copied to the decode instance
     load_s: float = 0.0             # of its wait before admission, the part the model was loading
     first_sample_s: float = 0.0
     first_sampled: float | None = None
@@ -44,6 +45,7 @@ class RequestTimes:
             "load": self.load_s,
             "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s,
             "prefill": self.prefill_s,
+            "transfer": self.transfer_s,
             "first_sample": self.first_sample_s,
             "delivery": self.first_delivered - self.first_sampled,
         }

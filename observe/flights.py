@@ -187,7 +187,7 @@ class Flights:
             ttft = chunks[0] - sent
             timed = dict(ttft=ttft, gaps=[b - a for a, b in zip(chunks, chunks[1:])],
                          stages={"tokenize": None, "load": None, "queue": None, "prefill": None,
-                                 "first_sample": None, "delivery": None, "other": ttft})
+                                 "transfer": None, "first_sample": None, "delivery": None, "other": ttft})
             later = (len(chunks) if output is None else output) - 1   # per chunk without usage
             if later > 0:
                 timed["tpot"] = (chunks[-1] - chunks[0]) / later
