@@ -74,7 +74,10 @@ class BlockManager:
     def allocate(self, seq, limit):
         """Give the admitted request the cached blocks that match its prompt, then fresh ones for
         its first step's tokens (at most `limit`): how many tokens that step computes, or None
-        (nothing taken) when the blocks are not free."""
+        (nothing taken) when the blocks are not free. A request that holds its blocks already
+        (disaggregated: filled from the prefill instance's, `allocate_remote`) takes none."""
+        if seq.block_table:
+            return min(seq.num_tokens - seq.num_computed, limit)
         cached = self._match(seq)
         seq.num_computed = len(cached) * self.block_size
         n = min(seq.num_tokens - seq.num_computed, limit)
@@ -96,6 +99,18 @@ class BlockManager:
             self.queries += seq.num_tokens
             self.hits += seq.num_computed
         return n
+
+    def allocate_remote(self, seq):
+        """Disaggregated, on the decode instance: fresh blocks for every prompt position of a
+        request whose keys/values are on the prefill instance (they are copied into all but
+        the last, which it recomputes: engine/disagg/transfer.py); whether they were free
+        (nothing is taken if not). No prefix is looked up here: every position comes from the
+        prefill instance, as vLLM's decode instance pulls all the remote blocks it is told of."""
+        fresh = self.pool.allocate(self.pool.blocks_for(seq.num_tokens))
+        if fresh is None:
+            return False
+        seq.block_table = fresh
+        return True
 
     def _match(self, seq):
         """The cached blocks of the request's prompt prefix, taken; none when prefix caching is

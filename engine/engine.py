@@ -15,11 +15,23 @@ validation and the tokenize stage), which touches no engine state.
 
 An exception in a forward or in sampling fails that batch's requests (reason "error") and the
 step carries on; any other exception escapes `step()` and the driver fails everything in flight.
+
+Disaggregated (engine/disagg/), an engine has a role (engine/policies.py): the prefill instance
+hands each request off once its prompt is computed (a `HandOff` among the step's events, its
+blocks held until a `release`), the decode instance takes it (`take`), copies its keys and
+values in at the end of a step when blocks and a slot are there, and tells the prefill
+instance to let them go (a `Release`).
 """
+from dataclasses import replace
+
 from . import bandwidth, presets, sampler, speculate
+from .disagg import transfer
+from .disagg.messages import Release
 from .detok import Detokenizer, StopStrings
 from .config import EngineConfig
 from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
+from .policies import ROLES
+from .request import RequestHandle
 from .block_manager import BlockManager
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
@@ -27,36 +39,45 @@ from .loadgen import LoadGenerator
 from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
+from .sequence import Status
 from .settings import Live, defaults, make_settings
-from .step_output import Ended, Placed, StepOutput
+from .step_output import Ended, Moved, Placed, StepOutput
 from .stepcost import StepCost
 from .timing import StepRecorder, stats_view
 
 
 class Engine:
-    def __init__(self, bundle, config=None, bench=None):
-        """`bench`: the committed `python -m bench` results for this model, carried in `hello`."""
+    def __init__(self, bundle, config=None, bench=None, role=None, clock=None, kv_memory=None, peer_store=None):
+        """`bench`: the committed `python -m bench` results for this model, carried in `hello`.
+        Disaggregated (engine/disagg/): `role` "prefill" or "decode" (None: colocated), `clock`
+        the coordinator's (one clock for both), `kv_memory` the shared memory its KV store lies
+        in, and the decode instance's `peer_store`, the prefill instance's store it copies from."""
         self.config = config = config or EngineConfig()
         self.bundle = bundle
         model, cfg, tok = bundle.model, bundle.model.config, bundle.tokenizer
         self.tokenizer = tok
-        self.clock = Clock()
+        self.role = ROLES[role]
+        self.clock = clock or Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(BlockPool(config.block_size, config.cache_capacity_tokens // config.block_size))
         self.step_cost = StepCost()     # fed every forward's time (`_run`)
-        self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost)
+        self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost, role=self.role)
         self.intake = Intake(tok, self.clock, self.max_context, self.scheduler)
         self._out = []
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # Measured read bandwidth and matmul rate (~1 s, once a process): estimated floors (roofline.py)
-        self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device)
+        self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device,
+                                  memory=kv_memory)
+        self.peer_store = peer_store
+        self.held = {}      # prefill instance: handed-off requests whose blocks the decode instance reads
         self.runner = Runner(model, self.store, bundle.quant)
         # What a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
         self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
         self.timing = StepRecorder(self.clock, self.roofline)
+        self.timing.instance = self.role.name
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context, self.runner.formats.available)
         self.settings = Live(defaults(self.specs))   # the driver and the web threads read it too
@@ -113,8 +134,21 @@ class Engine:
     def add(self, seq):
         """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
         self._out += self.intake.announce(seq)
+        return self._queue(seq)
+
+    def take(self, handoff):
+        """Disaggregated, the decode instance: queue a request the prefill instance handed off
+        (a `HandOff`), WAITING_FOR_REMOTE_KVS until its keys and values are copied in (at the
+        end of a step: `_pull`); or reject it, with a reason (e.g. it can never fit this
+        instance's cache), its remote blocks released. Return the events."""
+        seq = replace(handoff.seq, status=Status.WAITING_FOR_REMOTE_KVS, handle=RequestHandle(handoff.id))
+        self.timing.adopt(seq.id, handoff.times)
+        return self._queue(seq)
+
+    def _queue(self, seq):
         refusal = self.intake.refusal(seq)
         if refusal:
+            self.timing.forget(seq.id)
             self._emit(self._reject(seq, *refusal))
             return self._take()
         seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
@@ -123,10 +157,29 @@ class Engine:
         self.scheduler.waiting.append(seq)
         return self._take()
 
+    def release(self, rid):
+        """Disaggregated, the prefill instance: the decode instance no longer needs the blocks of
+        a request handed off (vLLM's delayed free ends); they are given back."""
+        seq = self.held.pop(rid, None)
+        if seq is not None:
+            self.blocks.free(seq)
+        return self._take()
+
     def _reject(self, seq, reason, code):
         """The request's `rejected` event (already with its client); it is no longer known."""
-        self._by_id.pop(seq.id, None)
+        self._forget(seq)
         return self.intake.reject(seq, reason, code)
+
+    def _forget(self, seq):
+        """The request is no longer this engine's; a decode instance's whose keys and values were
+        never copied tells the prefill instance to let them go."""
+        self._by_id.pop(seq.id, None)
+        self._release_remote(seq)
+
+    def _release_remote(self, seq):
+        if seq.remote is not None:
+            self._emit(Release(seq.id))
+            seq.remote = None
 
     def _end_all(self, seqs, reason, error=None):
         """End `seqs` outside a step (a command's work); their `finished` events join those the
@@ -176,8 +229,9 @@ class Engine:
     # ------------------------------------------------------------------ the step
     @property
     def busy(self):
-        """Whether the next `step()` will run a forward (someone holds a slot)."""
-        return bool(self.scheduler.running)
+        """Whether the next `step()` will run a forward (someone holds a slot, or, disaggregated,
+        a request whose keys and values were copied in waits to be admitted)."""
+        return bool(self.scheduler.running) or any(s.block_table for s in self.scheduler.waiting)
 
     def idle_timeout(self):
         """How long the caller may wait for news before the next `step()` is due (stats)."""
@@ -195,9 +249,41 @@ class Engine:
                     self._postprocess(out, logits)
                 except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
                     self._fail(out, [seg.seq for seg in out.segments], e)
+            self._hand_off(out)
+            self._pull(out)
         finally:
             self._record(out)
         return self._take()
+
+    def _hand_off(self, out):
+        """Disaggregated, the prefill instance: each request whose prompt the forward completed
+        leaves its slot, its blocks held (`release` frees them); the recorder makes its `HandOff`."""
+        if out.forward is None:
+            return
+        for seg in out.segments:
+            seq = seg.seq
+            if seq.status is Status.RUNNING and self.role.hands_off(seq):
+                self.scheduler.hand_off(seq)
+                self._by_id.pop(seq.id)
+                self.held[seq.id] = seq
+                out.handed_off.append(seq)
+
+    def _pull(self, out):
+        """Disaggregated, the decode instance: copy the keys and values of the queued requests
+        the role picks (blocks and a slot are there for them; engine/policies.py DecodeOnly) from
+        the prefill instance's store into the blocks just allocated, positions 0..p-2 of a p-token
+        prompt (as vLLM's decode instance loads all but the last, which it recomputes for the
+        first token's logits); each waits to be admitted then, its prefill blocks released."""
+        bs = self.blocks.block_size
+        for seq in self.role.to_pull(self.scheduler):
+            tokens = len(seq.prompt_ids) - 1
+            start = self.clock.now()
+            nbytes = transfer.pull(self.peer_store, self.store, seq.remote, seq.block_table, tokens)
+            end = self.clock.now()
+            out.moved.append(Moved(seq, start, end, tokens, nbytes, transfer.blocks_moved(seq.remote, tokens, bs),
+                                   transfer.blocks_moved(seq.block_table, tokens, bs)))
+            seq.num_computed, seq.status = tokens, Status.WAITING
+            self._release_remote(seq)
 
     def _schedule(self, out):
         """The scheduler's plan for this step, its preemptions, refusals and admissions noted;
@@ -280,7 +366,7 @@ class Engine:
     def _end(self, seq, reason, error=None):
         """The request is done: freed, forgotten, and noted as ended now (its `finished` event is
         the recorder's)."""
-        self._by_id.pop(seq.id, None)
+        self._forget(seq)
         self.scheduler.remove(seq)
         seq.finish_reason = reason
         return Ended(seq, reason, error, self.clock.now())

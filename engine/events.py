@@ -28,9 +28,16 @@ Instance = Literal["prefill", "decode"]
 class Clock:
     """Seconds since the engine started, monotonic, plus the wall time of t=0."""
 
-    def __init__(self):
-        self._t0 = time.perf_counter()
-        self.wall0 = time.time()
+    def __init__(self, origin=None, wall0=None):
+        """`origin` (a `time.perf_counter()` reading) and `wall0`: another clock's (`origin()`), so
+        that engines in other processes tell the same time (perf_counter is the system's monotonic
+        clock on Linux); None: t=0 now."""
+        self._t0 = time.perf_counter() if origin is None else origin
+        self.wall0 = time.time() if wall0 is None else wall0
+
+    def origin(self):
+        """(origin, wall0): what `Clock(*clock.origin())` needs to tell this clock's time."""
+        return self._t0, self.wall0
 
     def now(self):
         return time.perf_counter() - self._t0

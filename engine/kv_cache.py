@@ -22,6 +22,7 @@ gives them back, is engine/block_manager.py's.
 """
 from collections import OrderedDict
 import hashlib
+import math
 
 import torch
 
@@ -142,13 +143,32 @@ class BlockPool:
 
 
 class PagedKVStore:
-    """The K/V memory: per layer `[num_blocks + 1, block_size, kv_heads, head_dim]`."""
+    """The K/V memory: per layer `[num_blocks + 1, block_size, kv_heads, head_dim]`.
 
-    def __init__(self, config, num_blocks, block_size, dtype, device):
-        shape = (num_blocks + 1, block_size, kv_heads(config), head_dim(config))
+    `memory`: a flat tensor of `nbytes_for(...)` bytes to lay the layers' K and V out in, in that
+    order (disaggregated: a shared-memory segment another engine process maps too,
+    engine/disagg/shm.py); None: zeroed memory of its own."""
+
+    def __init__(self, config, num_blocks, block_size, dtype, device, memory=None):
+        shape = self.shape(config, num_blocks, block_size)
         layers = config.num_hidden_layers
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        if memory is None:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        else:
+            per = math.prod(shape)
+            views = memory.view(dtype)[:2 * layers * per].view(2 * layers, *shape)
+            self.k, self.v = list(views[:layers]), list(views[layers:])
         self.block_size = block_size
         self.zero_block = num_blocks      # never handed out, always zero: where padded reads point
         self.nbytes = 2 * layers * self.k[0].numel() * self.k[0].element_size()
+
+    @staticmethod
+    def shape(config, num_blocks, block_size):
+        return (num_blocks + 1, block_size, kv_heads(config), head_dim(config))
+
+    @classmethod
+    def nbytes_for(cls, config, num_blocks, block_size, dtype):
+        """The bytes of a store of these dimensions (what `memory` must hold)."""
+        return 2 * config.num_hidden_layers * math.prod(cls.shape(config, num_blocks, block_size)) * \
+            torch.tensor([], dtype=dtype).element_size()

@@ -17,6 +17,9 @@ class RequestTimes:
     prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
     requeue_s: float = 0.0          # waiting again after a preemption, before its first token
     transfer_s: float = 0.0         # disaggregated: its KV blocks copied to the decode instance
+    handed_off: float | None = None # disaggregated: when the prefill instance finished its prompt
+    decode_admitted: float | None = None   # ... and when the decode instance first admitted it
+    decode_wait_s: float = 0.0      # ... from the first to its decode forward, less the transfer
     load_s: float = 0.0             # of its wait before admission, the part the model was loading
     first_sample_s: float = 0.0
     first_sampled: float | None = None
@@ -43,7 +46,8 @@ class RequestTimes:
         stages = {
             "tokenize": self.tokenize_end - self.arrival,
             "load": self.load_s,
-            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s,
+            "queue": ((self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s
+                      + self.decode_wait_s),
             "prefill": self.prefill_s,
             "transfer": self.transfer_s,
             "first_sample": self.first_sample_s,

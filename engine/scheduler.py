@@ -25,7 +25,7 @@ less room for prompt work, and are never cut for it.
 from collections import deque
 from dataclasses import dataclass, field
 
-from .policies import BY_SETTING, Blocked
+from .policies import BY_SETTING, ROLES, Blocked
 from .runner import Segment
 from .sequence import Status
 from .settings import Policy
@@ -42,9 +42,11 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, blocks, max_slots, step_cost, max_waiting=512):
+    def __init__(self, blocks, max_slots, step_cost, max_waiting=512, role=ROLES[None]):
         """`step_cost`: what forwards cost lately (engine/stepcost.py), which its owner feeds
-        after every forward; the step-time target sizes prompt work by it."""
+        after every forward; the step-time target sizes prompt work by it. `role`: the engine's
+        part of the work (engine/policies.py: colocated, or a disaggregated instance's)."""
+        self.role = role
         self.blocks = blocks            # engine/block_manager.py's BlockManager
         self.max_slots = max_slots
         self.slot_limit = max_slots     # live settings (`apply`)
@@ -121,6 +123,8 @@ class Scheduler:
         policy lets the head join; nobody overtakes. Returns the budget left."""
         while self.waiting and len(self.running) < self.slot_limit:
             seq = self.waiting[0]
+            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
+                break                   # its keys/values are not here yet (the role pulls them)
             if self.running and self.running[0].kv_cache != kv_cache_on:
                 break                   # mode change: drain first
             if budget <= 0 and not self.policy.admits_past_budget:
@@ -161,7 +165,8 @@ class Scheduler:
     def _segment(self, out, seq, n, draft=()):
         """The request's next `n` tokens (and its guesses) in this forward."""
         out.segments.append(Segment(seq, seq.num_computed, n + len(draft), cached=seq.kv_cache,
-                                    logits=seq.num_computed + n == seq.num_tokens, draft=draft))
+                                    logits=self.role.samples and seq.num_computed + n == seq.num_tokens,
+                                    draft=draft))
 
     def _recompute(self, out, seq):
         """KV cache off: the whole sequence again. Returns its cost to the budget: its new tokens."""
@@ -204,10 +209,20 @@ class Scheduler:
     def remove(self, seq):
         """The request is done (finished, cancelled, failed): free its slot and blocks."""
         self.speculator.finished(seq)
-        if seq.status is Status.WAITING:
+        if seq.status in (Status.WAITING, Status.WAITING_FOR_REMOTE_KVS):
             self.waiting.remove(seq)
+            self.blocks.free(seq)       # disaggregated: blocks it took for its remote keys/values
         elif seq.status is Status.RUNNING:
             self._release(seq)
+        seq.status = Status.FINISHED
+
+    def hand_off(self, seq):
+        """Disaggregated, on the prefill instance: its prompt is computed and it leaves for the
+        decode instance; its slot is free, its blocks stay held until they have been copied
+        (vLLM's delayed free) and are then given back with `blocks.free`."""
+        self.slots[seq.slot] = None
+        seq.slot = None
+        self.running.remove(seq)
         seq.status = Status.FINISHED
 
     def _release(self, seq):
@@ -228,6 +243,8 @@ class Scheduler:
             why = Blocked.SLOT
         elif self.running and self.running[0].kv_cache != kv_cache_on:
             why = Blocked.DRAIN
+        elif self.waiting[0].status is Status.WAITING_FOR_REMOTE_KVS:
+            why = Blocked.CACHE         # disaggregated: no free blocks to copy its keys/values into
         elif kv_cache_on and not self.blocks.can_allocate(self.waiting[0], self.max_batched_tokens):
             why = Blocked.CACHE
         return self.policy.blocked(self, why)

@@ -25,6 +25,9 @@ class SamplingParams:
 class Status(Enum):
     """Where a request is in the scheduler (engine/scheduler.py sets it as it moves it)."""
     WAITING = "waiting"     # in the queue: not yet admitted, or preempted
+    # disaggregated, on the decode instance: in the queue until blocks are free for its prompt and
+    # its keys/values are copied from the prefill instance's (vLLM's WAITING_FOR_REMOTE_KVS)
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"     # holds a batch slot (and its blocks)
     FINISHED = "finished"   # done, cancelled, failed or refused: holds nothing
 
@@ -48,6 +51,9 @@ class Sequence:
     cached_tokens: int = 0    # prompt tokens found in the prefix cache at its first admission
     admitted_cached: int = 0  # tokens found there at its latest admission (a recompute's too)
     preemptions: int = 0
+    # disaggregated, on the decode instance: the prefill instance's blocks holding its prompt's
+    # keys/values, until they are copied into its own (or it ends first); None: nothing remote
+    remote: list | None = None
     output_ids: list = field(default_factory=list)
     detok: object = None      # detok.Detokenizer: its text so far, token by token
     stops: object = None      # detok.StopStrings watching that text

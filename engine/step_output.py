@@ -46,6 +46,19 @@ class Handed:
     delivered: float
 
 
+@dataclass(frozen=True)
+class Moved:
+    """Disaggregated, on the decode instance: a request's keys and values copied in from the
+    prefill instance's blocks (engine/disagg/transfer.py), from `start` to `end`."""
+    seq: object
+    start: float
+    end: float
+    tokens: int
+    bytes: int
+    src_blocks: list
+    dst_blocks: list
+
+
 @dataclass
 class StepOutput:
     clock: object
@@ -64,6 +77,10 @@ class StepOutput:
     accepted: dict = field(default_factory=dict)    # request id -> its guesses the model kept
     tokens: list = field(default_factory=list)      # Handed, in hand-out order
     ended: list = field(default_factory=list)       # Ended, or the `error` event that ended those after it
+    # disaggregated (engine/disagg/): on the prefill instance, requests whose prompt the forward
+    # completed, handed off (their blocks held); on the decode instance, the copies it made after it
+    handed_off: list = field(default_factory=list)  # Sequence
+    moved: list = field(default_factory=list)       # Moved
 
     def work(self):
         """(decode tokens, prompt tokens) of the forward: a decoding request's one token and its

@@ -7,10 +7,19 @@ request's stage accounting (a `RequestTimes`, engine/request_times.py, kept from
 admission to its end), the rolling stats, and the `preempted`, `admitted`, `stats`,
 `prefill`, `step`, `token` and `finished` events. It is never called from inside a step and
 never changes an event it has returned.
+
+Disaggregated (engine/disagg/), each instance's recorder names its instance in the events it
+makes. The prefill instance's record of a request leaves with it when it is handed off (its
+tokenize, queue and prefill stages so far, in the `HandOff`); the decode instance adopts it and
+adds its own wait (to `queue`), the copy (`transfer`, with a `kv_transfer` event), the
+recompute of the prompt's last position (to `prefill`) and the rest as a colocated engine does.
+Both read one clock (the coordinator's origin), so the stages of one request add up.
 """
 from collections import deque
+from dataclasses import replace
 
-from .events import Admitted, Finished, Preempted, Prefill, Rejected, Stats, Step
+from .disagg.messages import HandOff
+from .events import Admitted, Finished, KVTransfer, Preempted, Prefill, Rejected, Stats, Step
 from .request_times import RequestTimes
 from .stats import RollingStats
 from .step_output import Ended
@@ -43,6 +52,7 @@ class StepRecorder:
         """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events."""
         self.clock = clock
         self.roofline = roofline
+        self.instance = None           # disaggregated: the instance's name, carried in its events
         # What completed requests are judged by (settings.Targets), handed in by the engine
         # whenever its settings change; None: nobody is judged.
         self.targets = None
@@ -78,14 +88,41 @@ class StepRecorder:
             events += [self._admitted(p, out.scheduled) for p in out.admitted]
             if out.stats is not None:
                 self._next_stats = out.stats["t"] + STATS_EVERY_S
-                events.append(Stats(**out.stats, **self.stats.snapshot(out.stats["t"])))
+                events.append(Stats(**out.stats, **self.stats.snapshot(out.stats["t"]), instance=self.instance))
         if out.forward is not None:
             events += self._forward(out)
         for handed in out.tokens:
             self._delivered(handed, out.sampling)
             events.append(handed.event)
         events += [self._end(e) for e in out.ended]
+        events += [self._handed_off(seq, out.forward[1]) for seq in out.handed_off]
+        events += [self._moved(m) for m in out.moved]
         return events
+
+    # ------------------------------------------------------------------ disaggregation
+    def adopt(self, rid, times):
+        """Disaggregated, on the decode instance: a handed-off request's record so far."""
+        self._times[rid] = times
+
+    def forget(self, rid):
+        """Drop a request's record (one taken over and then refused)."""
+        self._times.pop(rid, None)
+
+    def _handed_off(self, seq, now):
+        """The prefill instance's `HandOff` of a request whose prompt it computed by `now`: a
+        copy of it without its engine-side objects, and its record (it leaves with it)."""
+        times = self._times.pop(seq.id)
+        times.handed_off = now
+        light = replace(seq, detok=None, stops=None, generator=None, handle=None, remote=list(seq.block_table),
+                        block_table=[], output_ids=[], block_hashes=[])
+        return HandOff(light, times)
+
+    def _moved(self, m):
+        """Its keys and values were copied into the decode instance's blocks: the `transfer`
+        stage, and the `kv_transfer` event."""
+        self._times_of(m.seq).transfer_s += m.end - m.start
+        return KVTransfer(t=m.end, id=m.seq.id, start=m.start, end=m.end, tokens=m.tokens, bytes=m.bytes,
+                          src_blocks=m.src_blocks, dst_blocks=m.dst_blocks)
 
     def _times_of(self, seq):
         times = self._times.get(seq.id)
@@ -100,12 +137,19 @@ class StepRecorder:
         times.preempted_at = now
         if times.first_delivered is not None and times.recovering_since is None:
             times.recovering_since = now
-        return Preempted(t=now, id=placed.seq.id, tokens=placed.tokens, preemptions=placed.preemptions)
+        return Preempted(t=now, id=placed.seq.id, tokens=placed.tokens, preemptions=placed.preemptions,
+                         instance=self.instance)
 
     def _admitted(self, placed, now):
         """Took a slot at `now`: how long it waited, since it arrived or was preempted (before
         its first token that wait is its queue stage too)."""
         seq, times = placed.seq, self._times_of(placed.seq)
+        if times.handed_off is not None and times.decode_admitted is None:
+            # disaggregated: its first admission on the decode instance, its wait counted from its hand-off
+            times.decode_admitted = now
+            return Admitted(t=now, id=seq.id, slot=placed.slot, queue_s=now - times.handed_off, blocks=placed.blocks,
+                            prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=False,
+                            instance=self.instance)
         resumed = times.admitted is not None
         waited = now - (times.preempted_at if resumed else times.arrival)
         if resumed and times.first_delivered is None:
@@ -114,7 +158,8 @@ class StepRecorder:
             times.load_s = sum(max(0.0, min(e, now) - max(s, times.tokenize_end)) for s, e in self.loads)
             times.admitted = now
         return Admitted(t=now, id=seq.id, slot=placed.slot, queue_s=waited, blocks=placed.blocks,
-                        prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=resumed)
+                        prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=resumed,
+                        instance=self.instance)
 
     # ------------------------------------------------------------------ the forward
     def _forward(self, out):
@@ -130,7 +175,12 @@ class StepRecorder:
             if times.first_delivered is None:       # the shared forward is each one's prefill time
                 times.prefill_start = times.prefill_start if times.prefill_start is not None else t0
                 times.prefill_s += t1 - t0
-            events.append(Prefill(t=t1, id=seg.seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n, done=seg.logits))
+                if times.decode_admitted is not None and not times.decode_wait_s:
+                    # disaggregated: its recompute of the last prompt position; it waited since its hand-off
+                    times.decode_wait_s = t0 - times.handed_off - times.transfer_s
+            events.append(Prefill(t=t1, id=seg.seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n,
+                                  done=seg.logits or (not seg.seq.output_ids and seg.start + seg.n == len(seg.seq.prompt_ids)),
+                                  instance=self.instance))
         decode_tokens, prefill_tokens = out.work()
         self._charge_later(out.running, segments, t1 - t0, prefill_tokens)
         spec = {}
@@ -149,7 +199,7 @@ class StepRecorder:
                            cache_tokens=out.cache[0], cache_blocks_used=out.cache[1],
                            per_request={g.seq.id: g.start + g.n for g in segments}, spec=spec or None,
                            first_shape=out.first_shape, weights=path and path.weights,
-                           kernel=path and path.kernel, weight_bytes=read))
+                           kernel=path and path.kernel, weight_bytes=read, instance=self.instance))
         return events
 
     def _speculated(self, seg, accepted):

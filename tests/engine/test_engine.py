@@ -106,7 +106,7 @@ def test_step_returns_typed_events_that_serialise(engine):
     assert kinds[-1] == "Finished" and kinds.count("Token") == 3
     wire = run.finished(rid).to_dict()
     assert wire["type"] == "finished" and wire["id"] == rid and wire["output_tokens"] == 3
-    assert set(wire["stages"]) == {"tokenize", "load", "queue", "prefill", "first_sample", "delivery", "other"}
+    assert set(wire["stages"]) == {"tokenize", "load", "queue", "prefill", "transfer", "first_sample", "delivery", "other"}
 
 
 def test_batches_really_form(engine):
@@ -172,7 +172,7 @@ def test_the_recorder_makes_stages_and_events_from_a_step_output_alone():
     assert (step.kind, step.prefill_tokens, step.cache_tokens, step.spec) == ("prefill", 3, 3, None)
     assert (token.sampled, token.sample_s) == (1.6, pytest.approx(0.1))
     assert fin.ttft == 1.7 and fin.e2e == 1.8 and fin.tpot is None and fin.slo is None
-    assert fin.stages == pytest.approx({"tokenize": 0.2, "load": 0.0, "queue": 0.8, "prefill": 0.5,
+    assert fin.stages == pytest.approx({"tokenize": 0.2, "load": 0.0, "queue": 0.8, "prefill": 0.5, "transfer": 0.0,
                                         "first_sample": 0.1, "delivery": 0.1, "other": 0.0})
     assert list(seq.handle.events(timeout=0)) == [token, fin]          # the client's own events
     assert not recorder._times                                           # its record ends with it

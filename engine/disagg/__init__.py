@@ -1,0 +1,13 @@
+"""Prefill/decode disaggregation (vLLM V1's P/D with the NixlConnector; DistServe): one engine
+process computes prompts, another decodes, and each request's keys and values move between
+them through shared memory. One module a job:
+
+    messages   what the instances tell each other through the coordinator (not wire events)
+    transfer   the copy of a request's KV blocks from the prefill store into the decode one's
+    shm        the stores' shared-memory segments: created, mapped, freed
+    child      one engine process: its Engine (with its role) and an EngineDriver, fed by a pipe
+    backend    DisaggBackend: the web process's side, a Backend over the two processes
+
+Kept light: engine/engine.py imports `messages` and `transfer`; nothing here is imported by
+the colocated engine otherwise.
+"""

@@ -1,0 +1,230 @@
+"""Prefill/decode disaggregation (engine/disagg/): two engines with their roles, the KV copy
+between them, the accounting, and cancels at every stage. In-process first (both engines
+stepped by hand, the coordinator's routing done by the test), then through the real
+two-process backend."""
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, GenerateRequest
+from engine import events as ev
+from engine.disagg.messages import HandOff, Release
+from engine.sequence import Status
+from engine.settings import validate
+from helpers import tiny_bundle   # noqa: F401 -- the child processes' factory lives there too
+
+LONG = ("When in the Course of human events, it becomes necessary for one people to dissolve the "
+        "political bands which have connected them with another, and to assume among the powers of the earth")
+BS = 16
+
+
+def config(**kw):
+    return EngineConfig(**{"slots": 4, "kv_tokens": 2048, "block_size": BS, "max_context": 512, **kw})
+
+
+class Pair:
+    """A prefill and a decode Engine in this process, stepped by hand; the test is their
+    coordinator: hand-offs go to the decode engine (unless held back), releases to the prefill one."""
+
+    def __init__(self, bundle, prefill=None, decode=None):
+        self.p = Engine(bundle, prefill or config(), role="prefill")
+        self.d = Engine(bundle, decode or config(), role="decode", clock=self.p.clock, peer_store=self.p.store)
+        self.events, self.handoffs, self.hold = [], [], False
+
+    def route(self, out):
+        for e in out:
+            if isinstance(e, HandOff):
+                self.handoffs.append(e)
+                if not self.hold:
+                    self.deliver()
+            elif isinstance(e, Release):
+                self.route(self.p.release(e.id))
+            else:
+                self.events.append(e)
+
+    def deliver(self):
+        while self.handoffs:
+            self.route(self.d.take(self.handoffs.pop(0)))
+
+    def add(self, prompt_tokens=None, prompt=LONG, **kw):
+        seq = self.p.new_sequence(GenerateRequest(prompt=prompt, prompt_tokens=prompt_tokens, **kw))
+        self.route(self.p.add(seq))
+        return seq.id
+
+    def step(self, n=1):
+        for _ in range(n):
+            self.route(self.p.step())
+            self.route(self.d.step())
+
+    def until_idle(self, limit=2000):
+        for _ in range(limit):
+            if not any(e.scheduler.running or e.scheduler.waiting for e in (self.p, self.d)) and not self.handoffs:
+                return self
+            self.step()
+        raise AssertionError("the pair did not go idle")
+
+    def of(self, kind, rid=None):
+        return [e for e in self.events if isinstance(e, kind) and (rid is None or e.id == rid)]
+
+    def tokens(self, rid):
+        return [e.token_id for e in self.of(ev.Token, rid)]
+
+    def cancel(self, rid):
+        """As the coordinator does: to the instance that owns the request now."""
+        owner = self.d if any(h.id == rid for h in self.handoffs) or rid in self.d._by_id else self.p
+        if owner is self.d:
+            self.deliver()
+        self.route(owner.cancel(rid))
+
+
+def assert_clean(*engines):
+    for e in engines:
+        assert e.blocks.used == 0 and not any(e.blocks.pool.ref), e.role.name
+        assert e.scheduler.slots == [None] * e.scheduler.max_slots
+        assert not e.scheduler.running and not e.scheduler.waiting and e.in_flight == 0 and not e.held
+
+
+def reference_ids(bundle, ids, max_new):
+    t = torch.tensor([ids])
+    out = bundle.model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=max_new, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def pair(tiny):
+    return Pair(tiny, prefill=config(), decode=config())
+
+
+@pytest.mark.parametrize("n", [1, 2, BS, 2 * BS, 37])
+def test_greedy_equals_generate(tiny, pair, n):
+    """Prompts of 1 token, a block's worth, two blocks, and more: the decode instance's output
+    equals generate's, and the prefill instance never samples."""
+    rid = pair.add(prompt_tokens=n, max_new_tokens=8, ignore_eos=True)
+    pair.until_idle()
+    ids = tiny.tokenizer(LONG, add_special_tokens=False)["input_ids"][:n]
+    assert pair.tokens(rid) == reference_ids(tiny, ids, 8)
+    (fin,) = pair.of(ev.Finished, rid)
+    assert fin.reason == "length" and fin.output_tokens == 8
+    (moved,) = pair.of(ev.KVTransfer, rid)
+    assert moved.tokens == n - 1 and moved.bytes == (n - 1) * pair.d.bytes_per_token
+    assert {e.instance for e in pair.of(ev.Prefill, rid)} == {"prefill", "decode"}
+    (last,) = [e for e in pair.of(ev.Prefill, rid) if e.instance == "decode"]
+    assert (last.pos, last.tokens, last.done) == (n - 1, 1, True)   # the one-position recompute
+    assert_clean(pair.p, pair.d)
+
+
+def test_chunked_prompts_and_several_at_once(tiny):
+    """A 16-token budget on the prefill instance chunks every prompt; three requests overlap."""
+    pair = Pair(tiny)
+    pair.p.apply_settings(validate(pair.p.specs, {"max_batched_tokens": 16}))
+    ids = tiny.tokenizer(LONG, add_special_tokens=False)["input_ids"]
+    rids = [pair.add(prompt_tokens=n, max_new_tokens=6, ignore_eos=True) for n in (40, 17, 33)]
+    pair.until_idle()
+    for rid, n in zip(rids, (40, 17, 33)):
+        assert pair.tokens(rid) == reference_ids(tiny, ids[:n], 6)
+        chunks = [e for e in pair.of(ev.Prefill, rid) if e.instance == "prefill"]
+        assert chunks[-1].done and not any(c.done for c in chunks[:-1])
+    assert len([e for e in pair.of(ev.Prefill, rids[0]) if e.instance == "prefill"]) == 3   # 16 + 16 + 8
+    assert_clean(pair.p, pair.d)
+
+
+def test_decode_blocks_equal_prefill_blocks_element_for_element(tiny):
+    """Right after the copy, positions 0..p-2 of every layer's K and V in the decode instance's
+    blocks equal the prefill instance's, element for element."""
+    pair = Pair(tiny)
+    rid = pair.add(prompt_tokens=2 * BS + 5, max_new_tokens=4)
+    for _ in range(50):
+        pair.step()
+        if pair.of(ev.KVTransfer, rid):
+            break
+    (moved,) = pair.of(ev.KVTransfer, rid)
+    p = 2 * BS + 5
+    assert moved.tokens == p - 1 and len(moved.src_blocks) == len(moved.dst_blocks) == 3
+    for src, dst in ((pair.p.store.k, pair.d.store.k), (pair.p.store.v, pair.d.store.v)):
+        for s, d in zip(src, dst):
+            a = s[moved.src_blocks].reshape(-1, *s.shape[2:])[:p - 1]
+            b = d[moved.dst_blocks].reshape(-1, *d.shape[2:])[:p - 1]
+            assert a.abs().sum() > 0 and torch.equal(a, b)
+    pair.until_idle()
+    assert_clean(pair.p, pair.d)
+
+
+def test_stages_add_up_and_transfer_is_the_copy(tiny):
+    pair = Pair(tiny)
+    rid = pair.add(prompt_tokens=40, max_new_tokens=5, ignore_eos=True)
+    pair.until_idle()
+    (fin,) = pair.of(ev.Finished, rid)
+    (moved,) = pair.of(ev.KVTransfer, rid)
+    assert sum(fin.stages.values()) == pytest.approx(fin.ttft, abs=1e-9)
+    assert fin.stages["transfer"] == pytest.approx(moved.end - moved.start) and fin.stages["transfer"] > 0
+    assert all(v >= 0 for k, v in fin.stages.items() if k != "other"), fin.stages
+    prefill = sum(e.end - e.start for e in pair.of(ev.Prefill, rid))
+    assert fin.stages["prefill"] == pytest.approx(prefill)      # the prefill forwards and the recompute
+    admitted = pair.of(ev.Admitted, rid)
+    assert [a.instance for a in admitted] == ["prefill", "decode"] and not any(a.resumed for a in admitted)
+    assert {s.instance for s in pair.events if isinstance(s, ev.Step)} == {"prefill", "decode"}
+    assert fin.later is not None and fin.later["stalled"] == 0
+
+
+def _stage(pair, rid, stage):
+    """Bring request `rid` to `stage` (the pair stepped by hand)."""
+    p, d = pair.p, pair.d
+    if stage == "waiting-on-prefill":
+        return
+    if stage == "mid-prefill":
+        pair.route(p.step())
+        assert rid in p._by_id and p._by_id[rid].num_computed > 0
+        return
+    pair.hold = True
+    while not pair.handoffs:
+        pair.route(p.step())
+    if stage == "handed-off":
+        return
+    pair.hold = False
+    if stage == "waiting-for-remote-kv":   # the decode instance's only slot is taken
+        pair.deliver()
+        pair.route(d.step())
+        assert d._by_id[rid].status is Status.WAITING_FOR_REMOTE_KVS and rid in p.held
+        return
+    pair.deliver()
+    pair.route(d.step())
+    if stage == "right-after-transfer":
+        assert d._by_id[rid].status is Status.WAITING and d._by_id[rid].block_table and rid not in p.held
+        return
+    while not pair.tokens(rid):
+        pair.route(d.step())
+    assert d._by_id[rid].status is Status.RUNNING      # "decoding"
+
+
+STAGES = ["waiting-on-prefill", "mid-prefill", "handed-off", "waiting-for-remote-kv", "right-after-transfer",
+          "decoding"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_cancel_at_every_stage_leaks_nothing(tiny, stage):
+    """Cancelled at each stage: one `finished` (cancelled), every block and slot back on both sides."""
+    slots = 1 if stage == "waiting-for-remote-kv" else 4
+    pair = Pair(tiny, prefill=config(), decode=config(slots=slots))
+    pair.p.apply_settings(validate(pair.p.specs, {"max_batched_tokens": 16}))
+    if slots == 1:      # someone decoding holds the decode instance's one slot
+        other = pair.add(prompt_tokens=5, max_new_tokens=200, ignore_eos=True)
+        while not pair.tokens(other):
+            pair.step()
+    rid = pair.add(prompt_tokens=40, max_new_tokens=50, ignore_eos=True)
+    _stage(pair, rid, stage)
+    pair.cancel(rid)
+    if slots == 1:
+        pair.cancel(other)
+    pair.hold = False
+    pair.until_idle()
+    fins = pair.of(ev.Finished, rid)
+    assert [f.reason for f in fins] == ["cancelled"]
+    assert_clean(pair.p, pair.d)
+
+
+def test_a_request_the_decode_cache_can_never_hold_is_rejected_and_its_blocks_freed(tiny):
+    pair = Pair(tiny, prefill=config(), decode=config(kv_tokens=64))
+    rid = pair.add(prompt_tokens=40, max_new_tokens=60)
+    pair.until_idle()
+    (rej,) = pair.of(ev.Rejected, rid)
+    assert rej.code == "exceeds_cache" and not pair.of(ev.Finished, rid)
+    assert_clean(pair.p, pair.d)
