@@ -170,8 +170,11 @@ class EngineDriver:
                 "formats": list(formats.available)}
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self):
-        for target, name in ((self._loop, "engine"), (self._load_loop, "load-generator")):
+    def start(self, load=True):
+        """Start the engine thread, and the load generator's unless `load` is false (a
+        disaggregated instance's driver: the coordinator generates the load, engine/disagg/)."""
+        loops = ((self._loop, "engine"), (self._load_loop, "load-generator"))
+        for target, name in loops if load else loops[:1]:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)

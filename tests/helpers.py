@@ -175,3 +175,9 @@ def collect(sub, until, timeout=30.0):
         return until(events)
     wait_until(more, timeout, lambda: f"the events awaited; got {sorted({e['type'] for e in events})}", every=0)
     return events
+
+
+def tiny_factory(seed=0, layers=2):
+    """`tiny_bundle`, as a disaggregated server's instances build it in their own processes
+    (engine/disagg/: a module-level function pickles by name; spawn gives them this sys.path)."""
+    return tiny_bundle(seed, layers)

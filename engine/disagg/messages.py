@@ -28,3 +28,10 @@ class Release:
     """Decode -> prefill: the request's blocks there are no longer needed (copied, or the
     request ended before they were)."""
     id: str
+
+
+@dataclass(frozen=True)
+class Ack:
+    """An instance -> the coordinator: the command sent with this token has run and its events
+    are out (engine/disagg/child.py `Acked`)."""
+    token: int
