@@ -98,7 +98,21 @@ def model_flags():
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="CPU threads for the model (default: torch's, one per core); fewer keeps the "
                         "engine steady when a browser on the same small machine needs a core")
+    p.add_argument("--disaggregate", action="store_true",
+                   help="prefill/decode disaggregation: two engine processes, one computing prompts and one "
+                        "decoding, each prompt's keys and values copied between them through shared memory "
+                        "(vLLM's P/D with a KV connector; engine/disagg/; CPU only)")
+    p.add_argument("--disagg-threads", metavar="P,D", type=checked(_thread_pair), default=(1, 1),
+                   help="with --disaggregate: model threads of the prefill and the decode instance (default 1,1)")
     return p
+
+
+def _thread_pair(text):
+    """`--disagg-threads`: two whole numbers of threads, "P,D"."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"--disagg-threads must be two whole numbers of threads, P,D (e.g. 1,1), not {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def serve_flags(p):
@@ -210,6 +224,10 @@ def parse_args(argv=None):
             p.error(f"--model {args.model}: no such file or directory")
         if args.kv_tokens is not None and args.kv_tokens < args.block_size:
             p.error("--kv-tokens must hold at least one block")
+        if args.disaggregate and args.device not in ("auto", "cpu"):
+            p.error("--disaggregate runs on the CPU (its KV stores are shared memory): leave --device out")
+        if args.disaggregate and getattr(args, "observe", None):
+            p.error("--disaggregate serves a model of its own; --observe watches another server")
     if args.command is not None:
         return args
     if args.host is None:

@@ -19,8 +19,11 @@ def start(args, state):
 
 def driver(args, progress):
     """The model from the command line's flags, loaded, and an engine driver on it, started
-    (the server's backend; `app.py record` uses the same)."""
+    (the server's backend; `app.py record` uses the same). With --disaggregate, a DisaggBackend:
+    a prefill and a decode engine process, each loading the model itself."""
     from engine import Engine, EngineConfig, EngineDriver, model
+    if getattr(args, "disaggregate", False):
+        return disaggregated(args, progress)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -33,6 +36,21 @@ def driver(args, progress):
     def reload():   # the same model again, from the on-disk cache the first load filled (a cold start)
         return model.load(args.model, device=args.device, dtype=args.dtype)
     return EngineDriver(Engine(bundle, config, bench=bench), loader=reload).start()
+
+
+def disaggregated(args, progress):
+    """The two engine processes of --disaggregate (engine/disagg/), on the CPU, each with
+    --disagg-threads model threads, started."""
+    import functools
+    from engine import EngineConfig, model
+    from engine.disagg.backend import DisaggBackend
+    progress("starting the prefill and the decode instance (each loads the model)", 0.1)
+    config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
+                          release_model_weights=True, max_context=args.max_context)
+    factory = functools.partial(model.load, args.model, device="cpu", dtype=args.dtype)
+    backend = DisaggBackend(factory, config, threads=args.disagg_threads)
+    progress("both instances ready", 1.0)
+    return backend.start()
 
 
 def _load(args, state):
@@ -53,6 +71,10 @@ def _load(args, state):
     gc.collect()
     gc.freeze()
     state.set_backend(backend)
+    if getattr(args, "disaggregate", False):
+        pids = ", ".join(f"{i['name']} pid {i['pid']} ({i['threads']} threads)" for i in backend.hello().instances)
+        print(f"\nready: {backend.api_model}, disaggregated: {pids}", flush=True)
+        return
     bundle = backend.engine.bundle
     w, fmt = backend.engine.hello().weights, backend.settings.now.scheduling.weights
     print(f"\nready: {bundle.name} on {bundle.device} ({bundle.load_s:.1f} s"

@@ -29,6 +29,10 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
                                         position 0, 1, ... (a run from 0: position i counts steps
                                         that accepted more than i). Acceptance rate = accepted /
                                         draft tokens; mean acceptance length = 1 + accepted / drafts.
+    vllm:nixl_xfer_time_seconds         disaggregated (--disaggregate): each kv_transfer's end - start,
+                                        vLLM's NixlConnector histogram and buckets (the copy here is a
+                                        shared-memory read, not NIXL; the name is kept for dashboards)
+    vllm:nixl_bytes_transferred         ... each kv_transfer's bytes (vLLM's buckets, 2 KiB to 8 GiB)
     first_token_info{protocol}          always 1: says this is First Token (observe mode's profiles
                                         tell it from vLLM by this series; observe/profiles.py)
 
@@ -45,6 +49,13 @@ and First Token's own (vLLM has no such metrics), from the same events:
                                         labelled with that format: stored or dequantised)
     first_token:weight_bytes_read_total{format}  bytes of weights the forwards read (step.weight_bytes),
                                         by the format each read: its rate is the weight traffic
+    first_token:kv_transfer_tokens_total  disaggregated: prompt positions whose keys and values the
+                                        decode instance copied (kv_transfer.tokens; vLLM has no such count)
+
+Disaggregated, the vLLM series that a vLLM P/D pair reports per instance are one here: a
+request's prompt is counted (and its queue time observed) at its admission on the prefill
+instance, not again on the decode instance, and `vllm:kv_cache_usage_perc` is the decode
+instance's (hello.cache_blocks is its).
 """
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -59,12 +70,15 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                20.0, 40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's NixlConnector's (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py NixlPromMetrics)
+XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+XFER_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 FINISHED_REASON = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "abort",
                    "error": "error"}
 
 
 class EngineMetrics:
-    def __init__(self, model_name, cache_blocks):
+    def __init__(self, model_name, cache_blocks, disaggregated=False):
         self.registry = CollectorRegistry()
         self.cache_blocks = cache_blocks
         label = {"model_name": model_name}
@@ -107,6 +121,15 @@ class EngineMetrics:
                           ["model_name", "position"], registry=self.registry)
         self.spec_per_pos = [per_pos.labels(position=str(i), **label) for i in range(MAX_SPEC_TOKENS)]
         self._first_token_metrics(label, gauge, counter)
+        self.xfer_time = self.xfer_bytes = self.xfer_tokens = None
+        if disaggregated:
+            self.xfer_time = histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for KV "
+                                       "cache transfers (here: copies between the instances' shared memory)",
+                                       XFER_TIME_BUCKETS)
+            self.xfer_bytes = histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per KV "
+                                        "cache transfer", XFER_BYTES_BUCKETS)
+            self.xfer_tokens = counter("first_token:kv_transfer_tokens", "Prompt positions whose keys and values "
+                                                                         "the decode instance copied")
         self._waiting, self._running = set(), set()
         self._last_token = {}   # request id -> (time, token.spec) of its latest token
 
@@ -136,7 +159,7 @@ class EngineMetrics:
     def attach(cls, backend):
         """Metrics for `backend`'s model, listening to its events from now on."""
         hello = backend.hello()
-        m = cls(backend.api_model, hello.cache_blocks)
+        m = cls(backend.api_model, hello.cache_blocks, disaggregated=hello.instances is not None)
         m.load_s.set(backend.health()[0].get("load_s") or 0.0)
         if hello.weights:
             m._formats = {name: f["decode_bytes"] for name, f in hello.weights["formats"].items()}
@@ -160,6 +183,11 @@ class EngineMetrics:
             return
         if isinstance(ev, ev_types.Step) and ev.weights and ev.weight_bytes:
             self._read.labels(format=ev.weights, **self._label).inc(ev.weight_bytes)
+        if isinstance(ev, ev_types.KVTransfer):
+            self.xfer_time.observe(ev.end - ev.start)
+            self.xfer_bytes.observe(ev.bytes)
+            self.xfer_tokens.inc(ev.tokens)
+            return
         if isinstance(ev, ev_types.Token):
             self.generation_tokens.inc()
             last, last_spec = self._last_token.get(ev.id, (None, None))
@@ -167,7 +195,7 @@ class EngineMetrics:
                 self.itl.observe(ev.t - last)
                 self.tpot.observe(ev.t - last)
             self._last_token[ev.id] = (ev.t, ev.spec)
-        elif isinstance(ev, (ev_types.Step, ev_types.Stats)):
+        elif isinstance(ev, (ev_types.Step, ev_types.Stats)) and ev.instance != "prefill":
             self.kv_usage.set(ev.cache_blocks_used / self.cache_blocks)
             if isinstance(ev, ev_types.Stats):
                 self.goodput.set(ev.goodput or 0.0)
@@ -183,7 +211,7 @@ class EngineMetrics:
         elif isinstance(ev, ev_types.Admitted):
             self._waiting.discard(ev.id)
             self._running.add(ev.id)
-            if not ev.resumed:      # a request's prompt counts once, as in stats.prefix_queries
+            if not ev.resumed and ev.instance != "decode":   # a request's prompt counts once, as in stats.prefix_queries
                 self.prompt_tokens.inc(ev.prompt_tokens)
                 self.prefix_queries.inc(ev.prompt_tokens)
                 self.prefix_hits.inc(ev.cached_tokens)

@@ -23,6 +23,7 @@ decode instance when the hand-off passes through here. If either process dies, e
 flight fails (reason "error"), /healthz answers 503, new requests are refused, the other
 process is stopped and the shared memory freed.
 """
+import atexit
 import itertools
 import multiprocessing
 import threading
@@ -274,6 +275,7 @@ class DisaggBackend(EngineDriver):
         super().__init__(self.instances, **({"inbox": inbox} if inbox else {}))
         self.api_model = self.instances.name
         self._readers = []
+        atexit.register(self.instances.stop)    # the processes and the shared memory, even on Ctrl-C
 
     def start(self, load=True):
         for inst in self.instances.by_role.values():

@@ -228,3 +228,114 @@ def test_a_request_the_decode_cache_can_never_hold_is_rejected_and_its_blocks_fr
     (rej,) = pair.of(ev.Rejected, rid)
     assert rej.code == "exceeds_cache" and not pair.of(ev.Finished, rid)
     assert_clean(pair.p, pair.d)
+
+
+# ------------------------------------------------------------------ the two-process backend
+import os  # noqa: E402
+import signal  # noqa: E402
+
+from engine.disagg.backend import DisaggBackend  # noqa: E402
+from helpers import collect, tiny_factory, wait_until  # noqa: E402
+
+
+def shm_names(backend):
+    return [seg.name for seg in backend.instances.segments]
+
+
+def in_shm(names):
+    return [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+
+
+def settled(backend, since):
+    """Both instances' latest stats, taken after `since`, show nothing running, waiting or held."""
+    stats = backend.instances.stats
+    return all(r in stats and stats[r].t > since and stats[r].running == 0 and stats[r].queue == 0
+               and stats[r].cache_blocks_used == 0 for r in ("prefill", "decode")) and not backend.instances.flights
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = DisaggBackend(tiny_factory, config()).start()
+    names = shm_names(b)
+    assert len(in_shm(names)) == 2
+    yield b
+    b.shutdown()
+    assert not in_shm(names), "shared memory left in /dev/shm"
+    assert not any(i.process.is_alive() for i in b.instances.by_role.values())
+
+
+def test_the_backend_greedy_equals_generate_and_copies_kv_exactly(tiny, backend):
+    """Through the real processes: greedy output equals generate's, the stages add up, and the
+    decode instance's blocks hold the prefill instance's keys and values element for element."""
+    from engine.kv_cache import PagedKVStore
+    hello = backend.hello()
+    assert [i["name"] for i in hello.instances] == ["prefill", "decode"]
+    assert len({i["pid"] for i in hello.instances} | {os.getpid()}) == 3
+    sub = backend.events.subscribe(replay=False)
+    ids = tiny.tokenizer(LONG, add_special_tokens=False)["input_ids"]
+    for n in (1, BS, 37):
+        h = backend.submit(GenerateRequest(prompt=LONG, prompt_tokens=n, max_new_tokens=6, ignore_eos=True,
+                                           stream=True))
+        got = list(h.events(timeout=60))
+        assert [e.token_id for e in got if isinstance(e, ev.Token)] == reference_ids(tiny, ids[:n], 6)
+        fin = got[-1]
+        assert fin.reason == "length" and sum(fin.stages.values()) == pytest.approx(fin.ttft, abs=1e-9)
+    events = collect(sub, lambda es: sum(e["type"] == "kv_transfer" for e in es) == 3)
+    moved = [e for e in events if e["type"] == "kv_transfer"][-1]
+    assert moved["tokens"] == 36
+    cfg = tiny.model.config
+    segs = dict(zip(("prefill", "decode"), backend.instances.segments))
+    stores = {r: PagedKVStore(cfg, 2048 // BS, BS, torch.float32, "cpu",
+                              memory=torch.frombuffer(segs[r].buf, dtype=torch.uint8)) for r in segs}
+    for kind in ("k", "v"):
+        for s, d in zip(getattr(stores["prefill"], kind), getattr(stores["decode"], kind)):
+            a = s[moved["src_blocks"]].reshape(-1, *s.shape[2:])[:36]
+            b = d[moved["dst_blocks"]].reshape(-1, *d.shape[2:])[:36]
+            assert a.abs().sum() > 0 and torch.equal(a, b)
+    del stores, s, d, a, b      # the views must go before the segments close
+    backend.events.unsubscribe(sub)
+
+
+def test_the_backend_cancels_at_several_stages_and_leaks_nothing(backend):
+    """Cancelled while queued on the prefill instance, once its keys and values moved, and while
+    decoding: one `finished` (cancelled) each, and every block and slot back on both instances."""
+    sub = backend.events.subscribe(replay=False)
+    handles, seen = [], []
+    h = backend.submit(GenerateRequest(prompt=LONG, max_new_tokens=400, ignore_eos=True, stream=True))
+    backend.cancel(h.id)                                    # at once: most likely still on the prefill instance
+    handles.append(h)
+    for stage in ("kv_transfer", "token"):
+        h = backend.submit(GenerateRequest(prompt=LONG, max_new_tokens=400, ignore_eos=True, stream=True))
+        seen += collect(sub, lambda es: any(e["type"] == stage and e["id"] == h.id for e in es), timeout=60)
+        backend.cancel(h.id)
+        handles.append(h)
+    since = backend.clock.now()
+    for h in handles:
+        ends = [e for e in h.events(timeout=60) if isinstance(e, (ev.Finished, ev.Rejected))]
+        assert [e.reason for e in ends] == ["cancelled"]
+    wait_until(lambda: settled(backend, since), 60, "both instances idle, every block back")
+    seen += collect(sub, lambda es: True)
+    backend.events.unsubscribe(sub)
+    for h in handles:       # published once too
+        assert [e["reason"] for e in seen if e["type"] == "finished" and e["id"] == h.id] == ["cancelled"]
+
+
+def test_a_dead_instance_fails_what_is_in_flight_and_frees_the_shared_memory():
+    b = DisaggBackend(tiny_factory, config()).start()
+    names = shm_names(b)
+    try:
+        h = b.submit(GenerateRequest(prompt=LONG, max_new_tokens=400, ignore_eos=True, stream=True))
+        first = h.next(timeout=60)
+        assert isinstance(first, ev.Token)
+        os.kill(b.instances.decode.info["pid"], signal.SIGKILL)
+        ends = [e for e in h.events(timeout=60) if isinstance(e, ev.Finished)]
+        assert [e.reason for e in ends] == ["error"] and "decode" in ends[0].error
+        wait_until(lambda: b.health()[1] == 503, 30, "/healthz 503")
+        late = b.submit(GenerateRequest(prompt="x", stream=True))
+        (rej,) = list(late.events(timeout=10))
+        assert isinstance(rej, ev.Rejected) and rej.code == "engine_error"
+        wait_until(lambda: not in_shm(names), 30, "the shared memory freed")
+        wait_until(lambda: not b.instances.prefill.process.is_alive(), 30, "the prefill instance stopped")
+    finally:
+        b.shutdown()
+    assert not in_shm(names)
