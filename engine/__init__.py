@@ -54,6 +54,8 @@ Modules, one job each:
     driver     EngineDriver: the engine thread, the inbox (small typed commands), the load
                thread, failure handling
     backend    the Backend protocol the web layer serves from (the driver, observe mode)
+    disagg     prefill/decode disaggregation: two engine processes with their roles, the KV copy
+               between them through shared memory, DisaggBackend (the web process's side)
     record     recording a trace: `hello`, then every event a backend publishes for a while
 
 No Flask, no HTTP, no bench files here: the web layer is the `server` package.

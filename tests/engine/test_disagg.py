@@ -165,6 +165,24 @@ def test_stages_add_up_and_transfer_is_the_copy(tiny):
     assert fin.later is not None and fin.later["stalled"] == 0
 
 
+def test_a_stream_on_the_decode_instance_is_never_stalled_and_mixed_only_with_one_position_recomputes(tiny):
+    """The decode instance runs no prompt chunks: a stream there shares forwards only with other
+    requests' one-position recomputes (a `mixed` step of one prompt token each), never waits
+    outside a forward for a prompt."""
+    pair = Pair(tiny)
+    a = pair.add(prompt_tokens=10, max_new_tokens=30, ignore_eos=True)
+    while not pair.tokens(a):
+        pair.step()
+    b = pair.add(prompt_tokens=40, max_new_tokens=4, ignore_eos=True)
+    pair.until_idle()
+    decode_steps = [e for e in pair.of(ev.Step) if e.instance == "decode"]
+    mixed = [e for e in decode_steps if e.kind == "mixed"]
+    assert mixed and all(e.prefill_tokens == 1 for e in mixed) and any(set(e.ids) == {a, b} for e in mixed)
+    assert all(e.prefill_tokens <= 1 for e in decode_steps)
+    (fin,) = pair.of(ev.Finished, a)
+    assert fin.later["mixed"] > 0 and fin.later["stalled"] == 0
+
+
 def _stage(pair, rid, stage):
     """Bring request `rid` to `stage` (the pair stepped by hand)."""
     p, d = pair.p, pair.d
@@ -339,3 +357,22 @@ def test_a_dead_instance_fails_what_is_in_flight_and_frees_the_shared_memory():
     finally:
         b.shutdown()
     assert not in_shm(names)
+
+
+@pytest.mark.real_model
+def test_the_real_model_disaggregated_equals_generate(real):
+    """SmolLM2 in both processes (each loads it from the disk cache): greedy output equals
+    generate's, on a prompt long enough to be chunked."""
+    import functools
+    from engine import model
+    from helpers import reference
+    factory = functools.partial(model.load, device=real.device, dtype="float32")
+    b = DisaggBackend(factory, EngineConfig(slots=2, kv_tokens=1024, max_context=1024)).start()
+    try:
+        b.update_settings({"max_batched_tokens": 32})
+        prompt = "The United States Declaration of Independence says that " + LONG
+        h = b.submit(GenerateRequest(prompt=prompt, max_new_tokens=12, temperature=0, stream=True))
+        got = [e.token_id for e in h.events(timeout=300) if isinstance(e, ev.Token)]
+        assert got == reference(real, prompt, 12)
+    finally:
+        b.shutdown()
