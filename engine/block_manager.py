@@ -65,7 +65,10 @@ class BlockManager:
 
     def can_allocate(self, seq, limit):
         """Whether the fresh blocks for the request's first step (at most `limit` tokens after
-        any prefix hit) are free now; nothing is taken."""
+        any prefix hit) are free now; nothing is taken. One holding its blocks already
+        (disaggregated: its keys and values copied in) needs none."""
+        if seq.block_table:
+            return True
         bs = self.block_size
         cached = self.pool.peek(self._prefix_hashes(seq)) if self.prefix_caching else 0
         first = min(seq.num_tokens - cached * bs, limit)

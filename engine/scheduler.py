@@ -120,9 +120,12 @@ class Scheduler:
 
     def admit(self, out, budget, kv_cache_on):
         """Waiting requests, first come, first served, while a slot and the blocks allow and the
-        policy lets the head join; nobody overtakes. Returns the budget left."""
+        policy lets the head join; nobody overtakes (but a disaggregated request whose blocks are
+        filled already, which needs none). Returns the budget left."""
         while self.waiting and len(self.running) < self.slot_limit:
-            seq = self.waiting[0]
+            # One that holds its blocks already (disaggregated: its keys/values copied in) goes
+            # first: it takes no blocks from anyone, and must not wait behind one that needs them.
+            seq = next((s for s in self.waiting if s.block_table), self.waiting[0])
             if seq.status is Status.WAITING_FOR_REMOTE_KVS:
                 break                   # its keys/values are not here yet (the role pulls them)
             if self.running and self.running[0].kv_cache != kv_cache_on:
@@ -131,7 +134,7 @@ class Scheduler:
                 break
             reason = self.blocks.never_fits(seq) if kv_cache_on else None
             if reason:
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 seq.status = Status.FINISHED
                 out.refused.append((seq, reason))
                 continue
@@ -140,7 +143,7 @@ class Scheduler:
             n = self.blocks.allocate(seq, self.policy.chunk_limit(budget)) if kv_cache_on else seq.num_tokens
             if n is None:
                 break                   # not enough free blocks: wait
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.kv_cache, seq.status = kv_cache_on, Status.RUNNING
             seq.slot = self.slots.index(None)
             self.slots[seq.slot] = seq
