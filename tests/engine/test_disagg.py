@@ -376,3 +376,38 @@ def test_the_real_model_disaggregated_equals_generate(real):
         assert got == reference(real, prompt, 12)
     finally:
         b.shutdown()
+
+
+def test_a_cancel_that_reaches_the_prefill_instance_after_its_hand_off_follows_the_request():
+    """The coordinator's routing alone (no processes): a cancel sent to the prefill instance
+    while its hand-off is on the way is sent on to the decode instance behind the hand-off, and
+    whatever an instance sends of a request already ended here is dropped (one end each)."""
+    import threading
+    from engine.disagg import child
+    from engine.disagg.backend import Instances
+    from engine.driver import Add, Cancel
+    from engine.request import RequestHandle
+    from engine.sequence import SamplingParams, Sequence
+
+    class Fake:
+        def __init__(self, role):
+            self.role, self.sent = role, []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    inst = Instances.__new__(Instances)
+    inst.prefill, inst.decode = Fake("prefill"), Fake("decode")
+    inst.flights, inst.owner, inst.cancelled, inst.stats, inst.lock = {}, {}, set(), {}, threading.Lock()
+    seq = Sequence(id="r1", source="api", prompt="x", prompt_ids=[1, 2], params=SamplingParams(),
+                   handle=RequestHandle("r1", True))
+    inst.add(seq)
+    inst.cancel("r1")
+    assert [type(m) for m in inst.prefill.sent] == [Add, Cancel]
+    inst.route(inst.prefill, HandOff(seq, None))            # it was handed off before the cancel arrived
+    assert [type(m) for m in inst.decode.sent] == [child.Take, Cancel]
+    fin = ev.Finished(t=1.0, id="r1", reason="cancelled", source="api", prompt_tokens=2, output_tokens=0, e2e=1.0)
+    assert inst.route(inst.decode, fin) == [fin] and inst.route(inst.prefill, fin) == []
+    assert list(seq.handle.events(timeout=0)) == [fin] and not inst.flights and not inst.cancelled
+    inst.route(inst.decode, Release("r1"))
+    assert isinstance(inst.prefill.sent[-1], child.ReleaseBlocks)
