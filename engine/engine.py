@@ -283,6 +283,7 @@ class Engine:
             out.moved.append(Moved(seq, start, end, tokens, nbytes, transfer.blocks_moved(seq.remote, tokens, bs),
                                    transfer.blocks_moved(seq.block_table, tokens, bs)))
             seq.num_computed, seq.status = tokens, Status.WAITING
+            seq.admitted_cached = tokens    # its admission here finds them in its blocks (admitted.cached_tokens)
             self._release_remote(seq)
 
     def _schedule(self, out):

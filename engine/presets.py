@@ -243,6 +243,19 @@ PRESETS = {p.name: p for p in (
            "speculation gains little or loses here, while it won with one user.",
            "total tokens/s, speculation on vs off, against one user's gain", SPECULATIVE,
            (Action(0, 8, task="copy", seed=3),)),
+    # Prefill/decode disaggregation (--disaggregate, engine/disagg/): the chunked-prefill lesson's
+    # situation, two long prompts arriving while four chats stream. Colocated, their chunks share
+    # the streams' forwards (`mixed`); disaggregated, they run on the prefill instance and reach
+    # the decode instance as one `kv_transfer` each and a one-position recompute.
+    Preset("disaggregation", "Prefill and decode apart",
+           "Four chats are streaming when two 1024-token prompts arrive. On one engine their prompt "
+           "chunks share every forward with the streams, whose tokens slow while they prefill. Served "
+           "disaggregated (app.py --disaggregate), a prefill instance computes the prompts and the "
+           "decode instance copies each one's keys and values in (the transfer) and recomputes only "
+           "its last position: the streams' forwards carry no prompt chunks.",
+           "the streams' inter-token gaps while the long prompts prefill; the transfer's time and bytes",
+           {"schedule": "mixed", "max_batched_tokens": 64, "prompt_tokens": 32, "max_new_tokens": 96},
+           (Action(0, 4), Action(3.0, 2, prompt_tokens=1024, seed=1))),
     # One stream reads the dequantised fp32 copy (538 MB a step for SmolLM2), then, 4 s in, the
     # file's own 4-bit blocks (97 MB): the same numbers, a fifth of the bytes. The page's figure
     # is the median decode step measured under each (step.weights). Where this engine has one

@@ -109,6 +109,8 @@ def test_greedy_equals_generate(tiny, pair, n):
     assert {e.instance for e in pair.of(ev.Prefill, rid)} == {"prefill", "decode"}
     (last,) = [e for e in pair.of(ev.Prefill, rid) if e.instance == "decode"]
     assert (last.pos, last.tokens, last.done) == (n - 1, 1, True)   # the one-position recompute
+    (admitted,) = [e for e in pair.of(ev.Admitted, rid) if e.instance == "decode"]
+    assert admitted.cached_tokens == n - 1 and admitted.prompt_tokens == n
     assert_clean(pair.p, pair.d)
 
 
