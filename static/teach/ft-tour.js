@@ -128,16 +128,14 @@ export const STEPS = [
 // breakdown of a later token it changes. STEPS stays the colocated tour; stepsFor(s) is the one run.
 export const DISAGG_STEP = {
   key: "disaggregation", title: "Prompts on one instance, streams on another", preset: "disaggregation", focus: "timeline",
-  spot: [".timeline-wrap", ".slots-row"],
+  spot: [".timeline-wrap", ".strip-head:has(#legend-engine)"],
   watch: "the two lanes of forwards, the yellow KV transfer on each row, and the later-token bar of a finished request",
   text(s) {
     const x = s.transfers[s.transfers.length - 1];
-    return "This server runs two engines: the top lane is the prefill instance's forwards (prompts only), the one under it " +
-      "the decode instance's (every stream's tokens). A request is computed on the first, then its keys and values are " +
-      "copied to the second (the yellow mark on its row and between the lanes" +
-      (x ? `: ${fmtBytes(x.bytes)} in ${fmtS(x.end - x.start)}` : "") + "), which samples its tokens: the strip under " +
-      "the row changes colour. A long prompt no longer runs in the streams' forwards, so a later token's breakdown has no " +
-      "'waiting: others' prefill' part — at the cost of the copy and of a prompt's first token coming from another machine.";
+    return "Two engines: the top lane is the prefill instance's forwards (prompts), the one under it the decode " +
+      "instance's (tokens). Each prompt's keys and values are copied from one to the other (yellow, on its row and " +
+      `between the lanes${x ? `: ${fmtBytes(x.bytes)} in ${fmtS(x.end - x.start)}` : ""}). Streams no longer wait for ` +
+      "others' prompts: a later token has no 'waiting: others' prefill' part.";
   },
   live: (s) => live(s, "disaggregation"),
 };
