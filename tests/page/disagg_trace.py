@@ -115,7 +115,7 @@ def disaggregated_trace():
 
     # Each instance's stats, every half second (the decode instance's carry the request figures).
     for k in range(int((T + 0.5 - 1.0) / 0.5) + 1):
-        t = 1.0 + 0.5 * k
+        t = 1.25 + 0.5 * k   # (between arrivals: a sample at an arrival would catch it in its millisecond of queue)
         arrived = [r for r in R if r["a"] <= t]
         on_p = [r for r in arrived if r["admit_p"] <= t < r["xe"]]
         wait_p = [r for r in arrived if t < r["admit_p"]]
