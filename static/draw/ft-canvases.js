@@ -35,7 +35,11 @@ function describeReq(s, r) {
                (a.cachedTokens ? ` (${a.cachedTokens} prompt tokens from the prefix cache)` : ""));
   }
   const chunks = r.prefills.filter((p) => !p.recompute).length;
-  if (chunks) lines.push(`prefill ${fmtS(prefillTime(r))} in ${chunks} chunk${chunks > 1 ? "s" : ""}`);
+  // disaggregated: its prompt's chunks on the prefill instance, its last position again on the decode instance
+  const there = s.instances ? r.prefills.filter((p) => !p.recompute && p.instance !== "prefill") : [];
+  const here = chunks - there.length;
+  if (chunks) lines.push(`prefill ${fmtS(prefillTime(r))} in ${here} chunk${here !== 1 ? "s" : ""}` + (s.instances ? " on the prefill instance" : "") +
+                         (there.length ? `, ${there.reduce((a, p) => a + p.tokens, 0)} position recomputed on the decode instance` : ""));
   lines.push(...instanceLines(s, r));   // disaggregated: its two instances and its KV transfer
   if (r.preempts.length) {
     const again = r.prefills.length - chunks;
@@ -88,7 +92,10 @@ const HOVER = {
     if (!hit) return null;
     const x = hitTransfer(layouts.timeline, h.x, h.y);   // disaggregated: the transfer under the pointer first
     const xfer = x && s.transfers.find((t) => t.id === x.id && t.start === x.start);
-    if (xfer) return [transferText(xfer), ...describeReq(s, s.reqs.get(xfer.id) || hit.req)];
+    if (xfer) {
+      const first = transferText(xfer);
+      return [first, ...describeReq(s, s.reqs.get(xfer.id) || hit.req).filter((l) => l !== first)];
+    }
     const lines = observing(s) ? describeClient(s, hit.req) : describeReq(s, hit.req);
     if (hit.step) lines.push(stepText(s, hit.step));
     return lines;
