@@ -20,6 +20,7 @@ import * as compare from "ft/compare";
 import * as connection from "ft/connection";
 import * as controls from "ft/controls";
 import {timelineLayers as deliveryLayers} from "ft/delivery";
+import {timelineLayers as disaggLayers} from "ft/disagg";
 import * as diagnosis from "ft/diagnose";
 import * as measure from "ft/measure";
 import * as panels from "ft/panels";
@@ -45,9 +46,9 @@ const select = (id) => { ui.selected = id; ui.dirtyDom = true; };
 // The timeline and what the features draw on it: speculation's guesses, the SLO marks, the
 // way out and model loads, observe mode's client waits (each feature's timelineLayers). At one
 // stage layers draw in this order: the guesses on the lane under the first-shape outlines, the SLO
-// marks under the arrival marks.
+// marks under the arrival marks. Disaggregated (protocol 13): the instances and the KV transfers.
 const timeline = createTimeline();
-for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers]) timeline.addLayer(layer);
+for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers, ...disaggLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
 const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
 // What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
@@ -132,7 +133,11 @@ function refresh() {
 // sloMarks: each finished request's met/missed mark on the timeline, as drawn; server: observe mode's lanes.
 const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : [],
                        sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
-                       server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : []});
+                       server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : [],
+                       // disaggregated: the transfers drawn on the rows and the two lanes of forwards
+                       transfers: ui.layouts.timeline ? ui.layouts.timeline.transfers || [] : [],
+                       transferLinks: ui.layouts.timeline ? ui.layouts.timeline.transferLinks || [] : [],
+                       stepLanes: ui.layouts.timeline ? ui.layouts.timeline.stepLanes || null : null});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
                                    select, refresh, layout}, replay.api(feed));
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).

@@ -29,10 +29,16 @@ export function createState() {
                                   //   weights, kernel, weightBytes};
                                   //   "release" points end a request's share
     lastForward: null,            // the newest forward: the `token` events after it are its output (its `out`)
-    stepPrefills: new Set(),      // ids with a prefill event since the last step (the step's prompt rows)
+    stepPrefills: new Map(),      // instance ("" colocated) -> ids with a prefill event there since its last step
     filled: new Map(),            // running request id -> KV entries filled (from step.per_request)
     blockUse: [],                 // {t, used}: KV blocks in use, as each step and stats event said
-    stats: [], last: null,        // stats samples; the latest stats event
+    stats: [], last: null,        // stats samples; the latest stats event (disaggregated: the decode instance's)
+    // Prefill/decode disaggregation (hello.instances, protocol 13); null/empty when colocated. The
+    // decode instance's figures stay in the fields above (its slots in `slots`, its stats in
+    // `last`, its blocks in `blockUse`); the prefill instance's are these.
+    instances: null,              // {prefill, decode}: hello.instances by name, or null (colocated)
+    prefill: {slots: [], last: null, filled: new Map(), waiting: []},   // the prefill instance's slots, stats, KV
+    transfers: [],                // kv_transfer events in time order: {id, start, end, tokens, bytes, src, dst}
     scrapes: [],                  // observe mode: the server's scrapes, {t: scraped_t, at, server}; {t, server: null} while unreadable
     slots: [], waiting: [],
     points: [],                   // decode steps: {batch, ms, kv, …, guesses: positions guessed (speculation)}
@@ -51,7 +57,9 @@ export function createState() {
 function clearRun(s) {
   s.reqs = new Map(); s.order = []; s.steps = []; s.lastForward = null; s.filled = new Map(); s.stats = []; s.blockUse = [];
   s.scrapes = [];
-  s.stepPrefills = new Set();
+  s.stepPrefills = new Map();
+  s.prefill = {slots: s.prefill.slots.map(() => null), last: null, filled: new Map(), waiting: []};
+  s.transfers = [];
   s.last = null; s.waiting = []; s.points = []; s.slots = s.slots.map(() => null);
   s.finishedCount = 0; s.loads = []; s.epoch++;
 }
@@ -63,7 +71,9 @@ function req(s, id, t) {
     r = {id, source: "?", label: null, promptTokens: null, maxNew: null, preview: "", arrival: t, partial: true,
          tokStart: null, tokEnd: null, ids: null, pieces: null, truncated: false,
          admitted: null, slot: null, queueS: null, prefills: [],
-         admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed}
+         admits: [],     // every admission: {t, slot, blocks, promptTokens, cachedTokens, resumed, instance}
+         prefillSlot: null,   // disaggregated: its slot on the prefill instance until its KV was copied
+         transfers: [],  // disaggregated: its kv_transfer events, {start, end, tokens, bytes, src, dst}
          waitOn: {},     // what the queue waited for before its first admission: stats samples per reason
          preempts: [],   // every preemption: {t, tokens, until} (until: readmitted at, null while waiting)
          finalCached: null, finalPreemptions: null,   // as `finished` said
@@ -106,6 +116,10 @@ const ON = {
     clearRun(s);
     s.loading = null; s.hello = ev; s.settings = Object.assign({}, ev.settings); s.limits = ev.limits || {};
     s.slots = new Array(ev.max_slots).fill(null); s.connectT = ev.t; s.latestT = ev.t;
+    const inst = Array.isArray(ev.instances) && ev.instances.length ? ev.instances : null;
+    s.instances = inst && Object.fromEntries(inst.map((i) => [i.name, i]));
+    s.prefill = {slots: new Array(s.instances && s.instances.prefill ? s.instances.prefill.max_slots : 0).fill(null),
+                 last: null, filled: new Map(), waiting: []};
     s.dropped = 0; s.delivery = [];
   },
   settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
@@ -130,35 +144,51 @@ const ON = {
     if (r.promptTokens === null) r.promptTokens = ev.n;
   },
   // The first admission sets the queue time; a readmission after a preemption ends that wait.
+  // Disaggregated, a request is admitted twice: on the prefill instance (its slot there), then,
+  // its keys and values copied, on the decode instance (the slot it decodes in).
   admitted(s, ev) {
-    const r = req(s, ev.id, ev.t);
+    const r = req(s, ev.id, ev.t), inst = ev.instance ?? null;
     r.admits.push({t: ev.t, slot: ev.slot, blocks: ev.blocks, promptTokens: ev.prompt_tokens,
-                   cachedTokens: ev.cached_tokens, resumed: ev.resumed});
+                   cachedTokens: ev.cached_tokens, resumed: ev.resumed, instance: inst});
     const back = r.preempts[r.preempts.length - 1];
     if (ev.resumed && back && back.until === null) back.until = ev.t;
     if (r.admitted === null) Object.assign(r, {admitted: ev.t, queueS: ev.queue_s});
-    r.slot = ev.slot;
-    if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+    if (inst === "prefill") {
+      r.prefillSlot = ev.slot;
+      if (ev.slot < s.prefill.slots.length) s.prefill.slots[ev.slot] = ev.id;
+    } else {
+      r.slot = ev.slot;
+      if (ev.slot < s.slots.length) s.slots[ev.slot] = ev.id;
+    }
     s.waiting = s.waiting.filter((id) => id !== ev.id);
   },
   // The request gave its blocks and slot back and waits again; its tokens are recomputed later.
   preempted(s, ev) {
     const r = req(s, ev.id, ev.t);
-    r.preempts.push({t: ev.t, tokens: ev.tokens, until: null});
-    release(s, r, ev.t);
-    if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
-    r.slot = null;
+    r.preempts.push({t: ev.t, tokens: ev.tokens, until: null, instance: ev.instance ?? null});
+    if (ev.instance === "prefill") leavePrefill(s, r, ev.t);
+    else {
+      release(s, r, ev.t);
+      if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
+      r.slot = null;
+    }
     s.waiting = [ev.id].concat(s.waiting.filter((id) => id !== ev.id));   // the engine puts it first
   },
   prefill(s, ev) {
     const r = req(s, ev.id, ev.start);
     r.prefills.push({start: ev.start, end: ev.end, pos: ev.pos, tokens: ev.tokens, done: ev.done,
-                     recompute: r.preempts.length > 0});
-    s.stepPrefills.add(ev.id);
+                     recompute: r.preempts.length > 0, instance: ev.instance ?? null});
+    const key = ev.instance ?? "";
+    if (!s.stepPrefills.has(key)) s.stepPrefills.set(key, new Set());
+    s.stepPrefills.get(key).add(ev.id);
   },
+  // Disaggregated, the two instances' forwards interleave: each step takes its own instance's
+  // prompt rows and KV entries; the prefill instance's forwards give out no tokens.
   step(s, ev) {
-    for (const id in ev.per_request) s.filled.set(id, ev.per_request[id]);
-    if (ev.kind === "decode") {
+    const inst = ev.instance ?? null, onPrefill = inst === "prefill";
+    const filled = onPrefill ? s.prefill.filled : s.filled;
+    for (const id in ev.per_request) filled.set(id, ev.per_request[id]);
+    if (ev.kind === "decode" && !onPrefill) {
       // len: the mean sequence length the step worked over: the KV entries each request holds
       // (cache on), or what each recomputed (cache off: `tokens` counts whole sequences then)
       const n = ev.ids.length, held = ev.ids.reduce((a, id) => a + (ev.per_request[id] || 0), 0);
@@ -171,24 +201,36 @@ const ON = {
     }
     // What each running request holds in the KV cache right after this forward (nothing
     // when the cache is off: every step recomputes, no keys/values are kept).
-    const prompts = s.stepPrefills;
-    s.stepPrefills = new Set();
+    const prompts = s.stepPrefills.get(inst ?? "") || new Set();
+    s.stepPrefills.delete(inst ?? "");
     const st = {n: s.stepSeq++, kind: ev.kind, start: ev.start, end: ev.end, ids: ev.ids,
                 decodeIds: ev.ids.filter((id) => !prompts.has(id)), tokens: ev.tokens,
                 prefillTokens: ev.prefill_tokens, decodeTokens: ev.decode_tokens,
-                kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(s.filled) : [],
+                kv: ev.kv_cache, cacheTokens: ev.cache_tokens, stack: ev.kv_cache ? Array.from(filled) : [],
                 predicted: typeof ev.predicted_s === "number" ? ev.predicted_s : null, bound: ev.bound ?? null,
                 spec: ev.spec ?? null, out: 0,
                 firstShape: ev.first_shape === true,    // (absent before protocol 11)
-                weights: ev.weights ?? null, kernel: ev.kernel ?? null, weightBytes: ev.weight_bytes ?? null};   // (12)
+                weights: ev.weights ?? null, kernel: ev.kernel ?? null, weightBytes: ev.weight_bytes ?? null,   // (12)
+                instance: inst};   // (13)
     s.steps.push(st);
-    s.lastForward = st;
+    if (!onPrefill) s.lastForward = st;
     for (const id in st.spec || {}) {
       req(s, id, ev.start).specRuns.push({n: st.n, start: ev.start, end: ev.end, proposed: st.spec[id].proposed,
                                           accepted: st.spec[id].accepted, tokens: 0});
     }
     trim(s.steps, KEEP_STEPS);
-    blocksInUse(s, ev.end, ev.cache_blocks_used);
+    if (!onPrefill) blocksInUse(s, ev.end, ev.cache_blocks_used);
+  },
+  // Disaggregated: the decode instance copied the request's keys and values out of the prefill
+  // instance's blocks, which then gave them and its slot there back.
+  kv_transfer(s, ev) {
+    const r = req(s, ev.id, ev.start);
+    const x = {id: ev.id, start: ev.start, end: ev.end, tokens: ev.tokens, bytes: ev.bytes,
+               src: ev.src_blocks, dst: ev.dst_blocks};
+    r.transfers.push(x);
+    s.transfers.push(x);
+    trim(s.transfers, KEEP_FINISHED);
+    leavePrefill(s, r, ev.end);
   },
   token(s, ev, at) {
     const r = req(s, ev.id, ev.t);
@@ -226,6 +268,7 @@ const ON = {
                                                                        accepted: ev.spec_accepted_tokens} : null});
     if (r.promptTokens === null) r.promptTokens = ev.prompt_tokens;
     release(s, r, ev.t);
+    leavePrefill(s, r, ev.t);   // cancelled before its transfer (disaggregated)
     if (r.slot !== null && s.slots[r.slot] === ev.id) s.slots[r.slot] = null;
     s.waiting = s.waiting.filter((id) => id !== ev.id);   // cancelled while waiting
     s.finishedCount++;
@@ -237,26 +280,42 @@ const ON = {
     s.waiting = s.waiting.filter((id) => id !== ev.id);
     evict(s);
   },
+  // Disaggregated, each instance sends its own: the prefill instance's queue, slots and blocks go
+  // to s.prefill; the decode instance's are the page's figures (s.last: TTFT, ITL, goodput).
   stats(s, ev) {
-    s.last = ev;
+    const onPrefill = ev.instance === "prefill";
+    if (onPrefill) s.prefill.last = ev; else s.last = ev;
     if (s.hello && s.hello.mode === "observe") scraped(s, ev);
-    s.stats.push({t: ev.t, queue: ev.queue, running: ev.running, blocks: ev.cache_blocks, tps: ev.tokens_per_s});
-    trim(s.stats, KEEP_STATS);
-    if (ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
+    const P = s.instances ? s.prefill.last : null, D = s.last;
+    // the queue strip: requests waiting on either instance; running: the decode instance's streams
+    if (D) {
+      s.stats.push({t: ev.t, queue: P ? D.queue + P.queue : D.queue, running: D.running, blocks: D.cache_blocks, tps: D.tokens_per_s});
+      trim(s.stats, KEEP_STATS);
+    }
+    if (!onPrefill && ev.cache_blocks_used !== null) blocksInUse(s, ev.t, ev.cache_blocks_used);
+    const own = onPrefill ? s.prefill.slots : s.slots;
     if (Array.isArray(ev.slots)) {
-      const slots = new Array(s.slots.length).fill(null);
+      const slots = new Array(own.length).fill(null);
       ev.slots.forEach((id, i) => { if (i < slots.length) slots[i] = id; });
-      s.slots = slots;
+      if (onPrefill) s.prefill.slots = slots; else s.slots = slots;
     }
     // The engine's queue in its order, then requests that arrived since it last looked (a long
-    // forward holds its stats back, not the `request` events): both are waiting.
-    const listed = ev.waiting_ids || [], known = new Set(listed);
+    // forward holds its stats back, not the `request` events): both are waiting. Disaggregated:
+    // the prefill instance's queue first (new prompts), then the decode instance's (copied prompts).
+    let listed = ev.waiting_ids || [];
+    if (s.instances) {
+      if (onPrefill) s.prefill.waiting = listed;
+      const other = onPrefill ? (D && D.waiting_ids) || [] : s.prefill.waiting;
+      listed = onPrefill ? listed.concat(other.filter((id) => !listed.includes(id)))
+                         : other.concat(listed.filter((id) => !other.includes(id)));
+    }
+    const known = new Set(listed);
     s.waiting = listed.filter((id) => { const r = s.reqs.get(id); return !r || r.end === null; })
       .concat(s.waiting.filter((id) => !known.has(id) && waits(s.reqs.get(id))));
     // The queue's reason (sampled ~2 Hz) counts for each request not yet admitted: the diagnosis
     // reads what a request mostly waited for.
     if (ev.blocked_on) {
-      for (const id of s.waiting) {
+      for (const id of onPrefill || !s.instances ? s.waiting : []) {
         const r = s.reqs.get(id);
         if (r && !r.admits.length) r.waitOn[ev.blocked_on] = (r.waitOn[ev.blocked_on] || 0) + 1;
       }
@@ -267,15 +326,26 @@ const ON = {
 // A finished or preempted request's cache entries are free from this moment, not from the
 // next forward: a "release" point (no forward; the bands skip it) ends its share of the KV
 // chart. How many blocks that frees (shared prefix blocks stay) the next step or stats says.
-function release(s, r, t) {
-  const held = s.filled.get(r.id);
-  s.filled.delete(r.id);
-  const prev = s.steps[s.steps.length - 1];
-  if (held === undefined || !prev) return;
+function release(s, r, t, inst = null) {
+  const filled = inst === "prefill" ? s.prefill.filled : s.filled;
+  const held = filled.get(r.id);
+  filled.delete(r.id);
+  let prev = s.steps[s.steps.length - 1];
+  for (let i = s.steps.length - 1; i >= 0 && prev && (prev.instance ?? null) !== inst; i--) prev = s.steps[i];
+  if (held === undefined || !prev || (prev.instance ?? null) !== inst) return;
   s.steps.push({n: prev.n, kind: "release", start: t, end: t, ids: [r.id], decodeIds: [], tokens: 0, kv: prev.kv,
                 cacheTokens: prev.kv ? Math.max(0, prev.cacheTokens - held) : 0,
-                stack: prev.kv ? Array.from(s.filled) : []});
+                stack: prev.kv ? Array.from(filled) : [], instance: inst});
   trim(s.steps, KEEP_STEPS);
+}
+
+// Disaggregated: the request left the prefill instance (its keys and values copied, preempted
+// there, or ended): its slot and KV entries there are free.
+function leavePrefill(s, r, t) {
+  if (!s.instances) return;
+  release(s, r, t, "prefill");
+  if (r.prefillSlot !== null && s.prefill.slots[r.prefillSlot] === r.id) s.prefill.slots[r.prefillSlot] = null;
+  r.prefillSlot = null;
 }
 
 // Observe mode: each of the server's scrapes once, at the time it was taken (`scraped_t`, not
@@ -302,8 +372,17 @@ function waits(r) {
   return !r.admits.length || (back !== undefined && back.until === null);
 }
 
-// Requests holding a batch slot now (the slots the admitted/preempted/finished events filled).
+// Requests holding a batch slot now (the slots the admitted/preempted/finished events filled;
+// disaggregated: the decode instance's).
 export const running = (s) => s.slots.reduce((n, id) => n + (id ? 1 : 0), 0);
+
+// Disaggregated (hello.instances): one prefill and one decode instance. The instance names, in
+// the order the page draws them.
+export const disaggregated = (s) => s.instances !== null && s.instances !== undefined;
+export const INSTANCES = Object.freeze(["prefill", "decode"]);
+// Which instance a step, prefill chunk or admission was on: "prefill", or "decode" for the decode
+// instance and the colocated engine alike (null on the wire).
+export const instanceOf = (x) => (x && x.instance === "prefill" ? "prefill" : "decode");
 
 function blocksInUse(s, t, used) {
   s.blockUse.push({t, used});

@@ -5,6 +5,7 @@
 // once per animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
 import {firstShapeText} from "ft/delivery";
+import {hitTransfer, instanceLines, transferText} from "ft/disagg";
 import {describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
 import {prefillTime} from "ft/state";
@@ -24,7 +25,7 @@ let tapTimer = null;
 const TAP_TIP_MS = 2500;
 
 // ------------------------------------------------------------ hover read-outs
-function describeReq(r) {
+function describeReq(s, r) {
   const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
   if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
   if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
@@ -34,7 +35,12 @@ function describeReq(r) {
                (a.cachedTokens ? ` (${a.cachedTokens} prompt tokens from the prefix cache)` : ""));
   }
   const chunks = r.prefills.filter((p) => !p.recompute).length;
-  if (chunks) lines.push(`prefill ${fmtS(prefillTime(r))} in ${chunks} chunk${chunks > 1 ? "s" : ""}`);
+  // disaggregated: its prompt's chunks on the prefill instance, its last position again on the decode instance
+  const there = s.instances ? r.prefills.filter((p) => !p.recompute && p.instance !== "prefill") : [];
+  const here = chunks - there.length;
+  if (chunks) lines.push(`prefill ${fmtS(prefillTime(r))} in ${here} chunk${here !== 1 ? "s" : ""}` + (s.instances ? " on the prefill instance" : "") +
+                         (there.length ? `, ${there.reduce((a, p) => a + p.tokens, 0)} position recomputed on the decode instance` : ""));
+  lines.push(...instanceLines(s, r));   // disaggregated: its two instances and its KV transfer
   if (r.preempts.length) {
     const again = r.prefills.length - chunks;
     lines.push(`preempted ${r.preempts.length}× · recompute ${fmtS(prefillTime(r, true))} ` +
@@ -56,7 +62,8 @@ function stepText(s, st) {
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
     `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
-  return [what, stepLine(st), weightsLine(s, st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
+  const where = s.instances ? `on the ${st.instance === "prefill" ? "prefill" : "decode"} instance` : null;
+  return [what, where, stepLine(st), weightsLine(s, st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
 }
 
 // The lane of forwards: the one under the pointer, the tokens out per forward in view while
@@ -83,14 +90,21 @@ const HOVER = {
     if (st) return laneText(s, st, layouts.timeline.perFwd);
     const hit = hitTimeline(layouts.timeline, s, h.x, h.y);
     if (!hit) return null;
-    const lines = observing(s) ? describeClient(s, hit.req) : describeReq(hit.req);
+    const x = hitTransfer(layouts.timeline, h.x, h.y);   // disaggregated: the transfer under the pointer first
+    const xfer = x && s.transfers.find((t) => t.id === x.id && t.start === x.start);
+    if (xfer) {
+      const first = transferText(xfer);
+      return [first, ...describeReq(s, s.reqs.get(xfer.id) || hit.req).filter((l) => l !== first)];
+    }
+    const lines = observing(s) ? describeClient(s, hit.req) : describeReq(s, hit.req);
     if (hit.step) lines.push(stepText(s, hit.step));
     return lines;
   },
   kv(s, layouts, h) {
     const f = layouts.kv && layouts.kv.f;
     if (!f || !s.hello) return null;
-    const t = f.t(h.x), st = lastAtOrBefore(s.steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
+    const steps = s.instances ? s.steps.filter((x) => x.instance !== "prefill") : s.steps;   // the decode instance's cache
+    const t = f.t(h.x), st = lastAtOrBefore(steps, "end", t), u = lastAtOrBefore(s.blockUse, "t", t);
     if (!st || !u) return null;
     const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
     return [`t = ${(t - f.origin).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
@@ -100,10 +114,11 @@ const HOVER = {
   blocks(s, layouts, h) {
     const hit = hitBlocks(layouts.blocks, h.x, h.y);
     if (!hit) return null;
-    if (!hit.held.length) return [`block ${hit.block}: free`];
+    if (!hit.held.length) return [`${hit.instance ? `${hit.instance} instance ` : ""}block ${hit.block}: free`];
     const bs = s.hello.block_size;
     const who = hit.held.map(({id, index}) => `${id} (its tokens ${index * bs}–${(index + 1) * bs - 1})`);
-    return [`block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
+    const where = hit.instance ? `${hit.instance} instance ` : "";
+    return [`${where}block ${hit.block}: ${hit.held.length > 1 ? "shared by " : ""}${who.join(", ")}`];
   },
   server(s, layouts, h) { return hitServer(layouts.server, s, h.x, h.y); },   // observe mode (ft-server.js)
   queue(s, layouts, h) {

@@ -3,7 +3,7 @@
 // measured decode step time against batch size with the estimated bandwidth floor.
 // Colours come from the palette in ft.css (ft-palette.js). Plotly is the global that
 // plotly.min.js (a classic script, loaded before the modules where the page has charts) defines.
-import {STAGES, alpha, palette as P, stageColor} from "ft/palette";
+import {alpha, palette as P, stageColor, stagesOf} from "ft/palette";
 import {percentile, stepMedians} from "ft/state";
 import {rooflineGap} from "ft/targets";
 import {$} from "ft/util";
@@ -88,6 +88,7 @@ function stepTraces(s, points) {
   return data;
 }
 
+const TRANSFER_ONLY = new Set(["transfer"]);   // a colocated run's chart as it always was
 function drawStages(div, s) {
   const done = [];
   for (let i = s.order.length - 1; i >= 0 && done.length < SHOW_FINISHED; i--) {
@@ -96,7 +97,7 @@ function drawStages(div, s) {
   }
   done.reverse();
   const y = done.map((r) => r.id);
-  const data = STAGES.map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => (r.stages[k] || 0) * 1000),
+  const data = stagesOf(done, TRANSFER_ONLY).map(([k, name]) => ({type: "bar", orientation: "h", name, y, x: done.map((r) => (r.stages[k] || 0) * 1000),
     marker: {color: stageColor(k)}, hovertemplate: `%{y} ${name}: %{x:.1f} ms<extra></extra>`}));
   // Rows named as the timeline names them: a classroom student's name, else the request id.
   // (a student who asked twice: both rows, told apart by request id).

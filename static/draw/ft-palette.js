@@ -4,7 +4,7 @@
 
 const NAMES = ["bg", "panel2", "text", "text2", "muted", "accent", "bad", "overlay", "queue", "tokenize",
                "prefill", "first", "delivery", "other", "load", "decode", "decode-alt", "tick", "api",
-               "slo-met", "slo-missed", "spec"];
+               "slo-met", "slo-missed", "spec", "transfer", "inst-prefill", "inst-decode"];
 
 export const palette = {};
 const css = getComputedStyle(document.documentElement);
@@ -23,9 +23,17 @@ palette.grid = alpha(palette.overlay, 0.07);   // grid lines, canvases and chart
 
 // The TTFT stages as `finished.stages` names them, with their labels; a stage's colour is
 // --c-<key> (first_sample: --c-first), in the accounting bar and the stages chart alike; `load`
-// (a cold start: the wait for the model, protocol 9) first, as it comes first.
+// (a cold start: the wait for the model, protocol 9) first, as it comes first; `transfer` (protocol
+// 13: its keys and values copied from the prefill instance to the decode instance) after prefill.
+// `load` and `transfer` are 0 on most runs (always 0 colocated): OPTIONAL, drawn only when > 0.
 export const STAGES = [["load", "model load"], ["queue", "queue"], ["tokenize", "tokenise"], ["prefill", "prefill"],
-                       ["first_sample", "first sample"], ["delivery", "delivery (server)"], ["other", "other"]];
+                       ["transfer", "KV transfer"], ["first_sample", "first sample"], ["delivery", "delivery (server)"],
+                       ["other", "other"]];
+export const OPTIONAL_STAGES = new Set(["load", "transfer"]);
+// The stages drawn for these requests' `finished.stages`: an optional one only where one of them had it.
+// (`optional`: the stages to leave out where nobody had them; the stages chart keeps `load` always.)
+export const stagesOf = (reqs, optional = OPTIONAL_STAGES) =>
+  STAGES.filter(([k]) => !optional.has(k) || reqs.some((r) => r.stages && r.stages[k] > 0));
 export const stageColor = (key) => palette[key === "first_sample" ? "first" : key];
 
 // A request's own colour (KV stack, block grid, slot chips): hues spread by the golden angle on

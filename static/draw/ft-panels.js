@@ -5,7 +5,8 @@
 // Text from the model or users is only ever set with textContent.
 import {clock, send, setConn} from "ft/connection";
 import {ttftHere, wayOut} from "ft/delivery";
-import {STAGES, reqColor} from "ft/palette";
+import {instanceLines, instanceState} from "ft/disagg";
+import {reqColor, stagesOf} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {WINDOW_S, pct, rates, recent, requestLine, speculating} from "ft/speculate";
 import {percentile, prefillTime, running} from "ft/state";
@@ -50,7 +51,7 @@ function stackedBar(parts, total, label, cls = "") {
 function accountingBars(s, r) {
   const out = [];
   const here = ttftHere(r), way = wayOut(s.settings);
-  const stages = STAGES.filter(([k]) => k !== "load" || r.stages.load > 0);   // a cold start's wait, when there was one
+  const stages = stagesOf([r]);   // a cold start's wait, a KV transfer: when there was one
   out.push(stackedBar(stages.map(([k, name]) => ({cls: k, name, v: r.stages[k] || 0})),
                       `= TTFT ${fmtS(r.ttft)} measured by the engine` +
                       (here !== null ? ` · TTFT here ${fmtS(here)} as this page saw it (+${fmtS(here - r.ttft)}` +
@@ -186,7 +187,7 @@ function kvInfo(s) {
   const bytesPer = (h.dtype === "float32" ? 4 : 2);
   const filled = L ? L.cache_tokens : 0;
   const budget = L ? L.cache_blocks * h.block_size : null;
-  $("kv-info").textContent = `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
+  $("kv-info").textContent = (s.instances ? "decode instance · " : "") + `${fmtBytes(bpt)}/token (2 × ${h.layers} layers × ${h.kv_heads} KV heads × ` +
     `${h.head_dim} dims × ${bytesPer} B) · filled ${filled} / ${budget ?? "—"} tok = ` +
     `${fmtBytes(filled * bpt)} / ${budget === null ? "—" : fmtBytes(budget * bpt)}`;
 }
@@ -202,6 +203,11 @@ function blocksInfo(s) {
   $("blocks-info").textContent = `${L.cache_blocks_used} of ${h.cache_blocks} in use (${h.block_size} tokens each${store})` +
     (L.cache_blocks < h.cache_blocks ? `, budget: at most ${L.cache_blocks}` : "") +
     ` · ${L.cache_blocks_shared} shared · ${L.cache_blocks_cached} free with a cached prefix`;
+  if (s.instances) {   // disaggregated: each instance's blocks (the grid draws both, labelled)
+    const P = s.prefill.last, pi = s.instances.prefill;
+    $("blocks-info").textContent = `prefill instance ${P ? P.cache_blocks_used : "—"} of ${pi.cache_blocks} in use` +
+      ` · decode instance ${L.cache_blocks_used} of ${h.cache_blocks} (${h.block_size} tokens each)`;
+  }
   const q = L.prefix_queries, pct = q && (100 * L.prefix_hits) / q;
   $("prefix-info").textContent = (q ? `prefix-cache hit rate ${pct.toFixed(pct < 10 ? 1 : 0)}% (${L.prefix_hits} of ${q} tokens)`
                                     : "prefix cache: no lookups yet") + (s.settings.prefix_caching === false ? " (now off)" : "") +
@@ -235,15 +241,29 @@ function chip(s, select, id) {
   return c;
 }
 
-function slots(s, select) {
-  const limit = s.settings.slots || s.slots.length;
-  $("slots").replaceChildren(...s.slots.map((id, i) => {
+function slotCells(s, select, list, limit) {
+  return list.map((id, i) => {
     const cell = id ? chip(s, select, id) : el("span", i < limit ? "slot free" : "slot off");
     if (!id) cell.title = i < limit ? `slot ${i}: free` : `slot ${i}: above the slots setting`;
     cell.classList.add("cell");
     return cell;
-  }));
+  });
+}
+
+// Disaggregated: each instance's slots, labelled (the decode instance's are the `slots` setting's).
+function slots(s, select) {
+  const limit = s.settings.slots || s.slots.length, two = !!s.instances;
+  $("slots").replaceChildren(...slotCells(s, select, s.slots, limit));
   $("slots-info").textContent = `${s.slots.filter(Boolean).length} busy of ${limit}`;
+  if ($("slots-title")) $("slots-title").textContent = two ? "Decode instance slots" : "Batch slots";
+  if ($("pslots-box")) {
+    $("pslots-box").hidden = !two;
+    if (two) {
+      const P = s.prefill.slots;
+      $("pslots").replaceChildren(...slotCells(s, select, P, P.length));
+      $("pslots-info").textContent = `${P.filter(Boolean).length} busy of ${P.length}`;
+    }
+  }
   const shown = s.waiting.slice(0, SHOW_WAITING);
   const w = $("waiting");
   w.replaceChildren(...shown.map((id) => chip(s, select, id)));
@@ -287,6 +307,7 @@ function schedNote(s, r) {
   else if (a) lines.push("not preempted");
   const spec = requestLine(r);   // its guesses: the engine's counts at its finish, else its steps'
   if (spec) lines.push(spec);
+  lines.push(...instanceLines(s, r));   // disaggregated: its slot on each instance, its KV transfer
   return lines.join("\n");
 }
 
@@ -299,6 +320,7 @@ function detail(s, ui) {
     return;
   }
   const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
+    instanceState(s, r) ??
     r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
   $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
   $("d-sched").textContent = schedNote(s, r);
@@ -342,6 +364,7 @@ export function update({s, ui, perf, select}) {
   }
   footer(s, perf);
   capNote(s);
+  if ($("tl-disagg")) $("tl-disagg").hidden = !s.instances;
   if (!ui.dirtyDom) return;
   ui.dirtyDom = false;
   // The parts the page has (an /embed shows those its `panels` parameter asked for).

@@ -55,9 +55,9 @@ const pointsInView = (list, f) => { const {a, b} = spanInView(list, f, "t"); ret
 
 // Scale to what is in view (a few requests hold little of a big cache); the budget and
 // capacity lines are drawn when they fall inside the scale and named when above it.
-function kvScale(s, f, span, use, bs, capacity) {
+function kvScale(s, steps, f, span, use, bs, capacity) {
   let peak = 0;
-  for (let i = span.a; i < span.b; i++) peak = Math.max(peak, s.steps[i].cacheTokens);
+  for (let i = span.a; i < span.b; i++) peak = Math.max(peak, steps[i].cacheTokens);
   for (const p of use) peak = Math.max(peak, p.used * bs);
   let budget = s.last ? s.last.cache_blocks * bs : capacity;
   for (const st of s.stats) if (st.t >= f.left && st.t <= f.right) budget = Math.min(budget, st.blocks * bs);
@@ -106,8 +106,10 @@ export function drawKV(canvas, s, view, now) {
   const st = strip(canvas, view);
   if (!s.hello || !s.hello.cache_blocks) return {f: st.f};
   const bs = s.hello.block_size, capacity = s.hello.cache_blocks * bs;
-  const span = stepsInView(s.steps, st.f, now), use = pointsInView(s.blockUse, st.f);
-  const scale = kvScale(s, st.f, span, use, bs, capacity);
+  // disaggregated: the decode instance's cache (the prefill instance's blocks: the block grid)
+  const steps = s.instances ? s.steps.filter((x) => x.instance !== "prefill") : s.steps;
+  const span = stepsInView(steps, st.f, now), use = pointsInView(s.blockUse, st.f);
+  const scale = kvScale(s, steps, st.f, span, use, bs, capacity);
   const above = [];
   if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
   if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
@@ -116,7 +118,7 @@ export function drawKV(canvas, s, view, now) {
   const {ctx, f, top, plotH} = st;
   const y = (tok) => top + plotH - (Math.min(tok, scale.ymax) / scale.ymax) * plotH;
   timeAxis(ctx, f, top, top + plotH, "", false);
-  drawKVStacks(ctx, f, s.steps, span, y);
+  drawKVStacks(ctx, f, steps, span, y);
   drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
   drawLimits(ctx, f, s, y, scale, bs, capacity);
   scaleLabels(st, fmtTokens(Math.round(scale.ymax)));

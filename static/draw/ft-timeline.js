@@ -7,6 +7,7 @@
 // of them.
 import {diagonalStripes, fitCanvas} from "ft/canvas";
 import {palette as P, alpha} from "ft/palette";
+import {INSTANCES, instanceOf} from "ft/state";
 
 // Canvas colours: the palette from ft.css, some made translucent.
 const C = {
@@ -16,8 +17,10 @@ const C = {
   decodeA: P.decode, decodeB: P.decodeAlt, decodeIdle: alpha(P.decode, 0.16),
   tick: P.tick, rejected: P.bad, select: alpha(P.overlay, 0.10), now: P.accent,
   bandDecode: alpha(P.overlay, 0.035), bandPrefill: alpha(P.prefill, 0.10), bandMixed: alpha(P.prefill, 0.05),
-  preempt: P.bad,
+  preempt: P.bad, inst: {prefill: P.instPrefill, decode: P.instDecode},
 };
+// Disaggregated (hello.instances): a lane of forwards per instance, named in the gutter.
+const INSTANCE_LANE = {prefill: "prefill instance", decode: "decode instance"};
 
 // A prompt recomputed after a preemption: prefill colour with dark diagonal stripes
 // (ft.css draws the legend swatch the same way).
@@ -111,10 +114,11 @@ function layoutRows(s, f, now, top, plotH, compact) {
 
 // Background bands: one per model forward, so a batch reads as a column shared by its rows;
 // a prefill (blue) visibly stalls everybody's decoding, a mixed step is half as blue.
+// Disaggregated, the prefill instance's forwards stall nobody's decoding: no band for them.
 function drawBands(ctx, f, steps, i0, g) {
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
-    if (st.kind === "release" || (st.kind === "decode" && st.n % 2)) continue;
+    if (st.kind === "release" || (st.kind === "decode" && st.n % 2) || st.instance === "prefill") continue;
     ctx.fillStyle = st.kind === "prefill" ? C.bandPrefill : st.kind === "mixed" ? C.bandMixed : C.bandDecode;
     rect(ctx, f, st.start, st.end, g.top, g.plotH);
   }
@@ -123,10 +127,12 @@ function drawBands(ctx, f, steps, i0, g) {
 // One column per forward across the top: its prompt tokens (prefill colour, above) and decode
 // tokens (decode colour, below) in proportion, so a mixed step shows how its budget was split
 // (a layer at "lane" may draw over its foot: speculation's guessed positions).
-function drawStepLane(ctx, f, steps, i0, lane) {
+// Disaggregated (`byInstance`: {prefill, decode} lanes), each instance's forwards in its own lane.
+function drawStepLane(ctx, f, steps, i0, one, byInstance) {
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
     const st = steps[i];
     if (st.kind === "release" || !st.tokens) continue;
+    const lane = byInstance ? byInstance[instanceOf(st)] : one;
     const ph = (lane.h * st.prefillTokens) / st.tokens;
     ctx.fillStyle = C.prefill;
     rect(ctx, f, st.start, st.end, lane.y, ph);
@@ -136,10 +142,12 @@ function drawStepLane(ctx, f, steps, i0, lane) {
 }
 
 // The lane's name in the gutter: "forwards", or what a layer says instead (its laneLabel).
-function drawLaneLabel(ctx, f, lane, text) {
+// Disaggregated: each lane's instance colour beside its name (the colour its requests' rows carry).
+function drawLaneLabel(ctx, f, lane, text, instance) {
   ctx.fillStyle = C.muted; ctx.font = "11px system-ui, sans-serif";
   ctx.textAlign = "right"; ctx.textBaseline = "middle";
-  ctx.fillText(text, f.gutter - 6, lane.y + lane.h / 2);
+  ctx.fillText(text, f.gutter - (instance ? 9 : 6), lane.y + lane.h / 2);
+  if (instance) { ctx.fillStyle = C.inst[instance]; ctx.fillRect(f.gutter - 6, lane.y, 3, lane.h); }
 }
 
 // Stage segments, one colour per pass (fewer canvas state changes), later passes on top.
@@ -259,7 +267,12 @@ function drawLabels(ctx, f, g, compact, view, now) {
 
 // Room for the longest row name in view (a classroom student's), within a quarter of the width.
 function gutterFor(ctx, s, view, w, compact) {
-  const base = compact ? 46 : 78, left = view.right - view.span;
+  let base = compact ? 46 : 78;
+  const left = view.right - view.span;
+  if (s.instances && !compact) {   // the lanes' names: "prefill instance"
+    ctx.font = "11px system-ui, sans-serif";
+    base = Math.max(base, Math.ceil(ctx.measureText(INSTANCE_LANE.prefill).width) + 14);
+  }
   ctx.font = `${compact ? 13 : 15}px ui-monospace, monospace`;
   let widest = 0;
   for (const id of s.order) {
@@ -299,7 +312,11 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
   view.gutter = gutterFor(ctx, s, view, w, compact);
   const f = frame(w, view, compact);
   const axisH = compact ? 16 : 24;
-  const lane = {y: 3, h: compact ? 6 : 10};
+  const laneH = compact ? 6 : 10;
+  // Disaggregated: the prefill instance's lane over the decode instance's (`lane`, where the
+  // features draw on the forwards that make tokens).
+  const byInstance = s.instances ? {prefill: {y: 3, h: laneH, instance: "prefill"}, decode: {y: 3 + laneH + 3, h: laneH, instance: "decode"}} : null;
+  const lane = byInstance ? byInstance.decode : {y: 3, h: laneH};
   const top = lane.y + lane.h + 3, plotH = h - axisH - top;
   ctx.fillStyle = C.bg; ctx.fillRect(0, 0, w, h);
   const g = layoutRows(s, f, now, top, plotH, compact);
@@ -309,14 +326,15 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
     canvas.parentElement.style.setProperty("--tl-rows-h", want);
   }
   const i0 = firstFrom(s.steps, f.left, "end");
-  const out = {}, scene = {ctx, f, s, g, lane, i0, now, compact, out};
+  const out = {}, scene = {ctx, f, s, g, lane, byInstance, i0, now, compact, out};
   const layersAt = (at) => { for (const l of layers) if (l.at === at) out[l.name] = l.draw(scene); };
   drawBands(ctx, f, s.steps, i0, g);
   layersAt("behind");
-  drawStepLane(ctx, f, s.steps, i0, lane);
+  drawStepLane(ctx, f, s.steps, i0, lane, byInstance);
   layersAt("lane");
   const label = layers.map((l) => l.laneLabel && l.laneLabel(out[l.name])).find(Boolean);
-  if (!compact) drawLaneLabel(ctx, f, lane, label || "forwards");
+  if (!compact && byInstance) for (const k of INSTANCES) drawLaneLabel(ctx, f, byInstance[k], (k === "decode" && label) || INSTANCE_LANE[k], k);
+  else if (!compact) drawLaneLabel(ctx, f, lane, label || "forwards");
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
@@ -329,7 +347,7 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
   drawOutcomes(ctx, f, g, view);
   layersAt("marks");
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, ...out};
+  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, stepLanes: byInstance, ...out};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time
@@ -348,13 +366,15 @@ export function hitTimeline(layout, s, x, y) {
   return {req: r, t, step};
 }
 
-// The forward under x in the lane across the timeline's top (y above the rows), or null.
+// The forward under x in the lane across the timeline's top (y above the rows), or null;
+// disaggregated, in the lane of the instance under y.
 export function hitStep(layout, s, x, y) {
   if (y >= layout.top || y < 0) return null;
-  const t = layout.f.t(x);
+  const t = layout.f.t(x), two = layout.stepLanes;
+  const inst = two ? (y < two.decode.y - 1 ? "prefill" : "decode") : null;
   for (let k = layout.i0; k < s.steps.length && s.steps[k].start <= t; k++) {
     const st = s.steps[k];
-    if (st.kind !== "release" && st.start <= t && t <= st.end) return st;
+    if (st.kind !== "release" && st.start <= t && t <= st.end && (!inst || instanceOf(st) === inst)) return st;
   }
   return null;
 }

@@ -91,7 +91,8 @@ function drawLoadWaits({ctx, f, s, g, now}) {
 // On the lane of forwards, an outline round each that was the first of its shape since the server
 // started, in the load colour (a cold cost, as the load is) and at least 5 px wide, so a forward
 // of a few ms still shows at any zoom. Returns the marks drawn (the tests read them).
-function drawFirstShapes({ctx, f, s, i0, lane}) {
+// (Disaggregated: on its own instance's lane, `byInstance`.)
+function drawFirstShapes({ctx, f, s, i0, lane: one, byInstance}) {
   const marks = [], steps = s.steps;
   ctx.strokeStyle = C.load; ctx.lineWidth = 1.5;
   for (let i = i0; i < steps.length && steps[i].start <= f.right; i++) {
@@ -99,6 +100,7 @@ function drawFirstShapes({ctx, f, s, i0, lane}) {
     if (!st.firstShape) continue;
     const x0 = Math.max(f.gutter, f.x(st.start)), x1 = Math.min(f.gutter + f.pw, Math.max(f.x(st.end), x0 + 5));
     if (x1 <= x0) continue;
+    const lane = byInstance ? byInstance[st.instance === "prefill" ? "prefill" : "decode"] : one;
     ctx.strokeRect(x0, lane.y - 1.5, x1 - x0, lane.h + 3);
     marks.push({start: st.start, x0, x1});
   }

@@ -78,6 +78,7 @@ function finishedParts(r, s) {
   excess = excess === null ? 0 : Math.min(excess, mixed);
   const p = {
     load: st.load || 0, queue: st.queue, prefill: st.prefill + st.tokenize,
+    transfer: st.transfer || 0,   // disaggregated: its keys and values copied to the decode instance (0 colocated)
     decode: per("decode") + (mixed - excess) + per("sample") + st.first_sample,
     stalled: per("stalled") + excess, preempted: per("preempted"),
     delivery: st.delivery + per("delivery"),
@@ -126,6 +127,12 @@ function causeText(cause, r, s, p, total) {
       `step token budget would likely keep it streaming.`};
     case "preempted": return {cause: "preemption", text: `${lead("preemption", p.preempted)}: the KV cache ran out, it gave its blocks back ` +
       `${plural(r.finalPreemptions || r.preempts.length, "time", "times")} and waited to be recomputed — ${HELP.cache}.`};
+    case "transfer": {
+      const x = r.transfers[r.transfers.length - 1];
+      return {cause, text: `${lead("copying its keys and values from the prefill instance to the decode instance", p.transfer)}` +
+        (x ? `: ${(x.bytes / 1e6).toFixed(1)} MB for its ${x.tokens} prompt tokens` : "") +
+        ` — a faster link between the instances, or a shorter prompt, would likely help.`};
+    }
     case "delivery": return {cause, text: `${lead("delivery", p.delivery)}: handing its tokens on to the client, not the model — ` +
       `a slow client or network is the likely cause.`};
     default: return {cause: "other", text: `${lead("engine time between forwards", p.other)}: not one stage — ` +
@@ -144,6 +151,12 @@ function inFlight(r, s) {
             text: `So far it has waited ${fmtS(waited)} in the queue` + (pos > 0 ? ` behind ${plural(pos, "request", "requests")}` : "") +
               (s.hello ? `, with ${running(s)}/${s.settings.slots} slots busy` : "") + (why ? ` — ${HELP[why] || ""}` : "") +
               ". The full diagnosis comes when it finishes."};
+  }
+  if (r.first === null && r.transfers.length) {   // disaggregated: copied, on the decode instance now
+    const x = r.transfers[r.transfers.length - 1];
+    return {cause: "transfer", numbers: {queue: r.queueS, prefill: prefillTime(r), transfer: x.end - x.start},
+            text: `Its prompt was computed on the prefill instance (${fmtS(prefillTime(r))}) and its keys and values copied ` +
+              `to the decode instance in ${fmtS(x.end - x.start)}; its first token comes from there.`};
   }
   if (r.first === null) {
     return {cause: "prefill", numbers: {queue: r.queueS, prefill: prefillTime(r)},
@@ -231,7 +244,7 @@ function sloVerdict(d, r, s) {
     `so it does not count towards goodput.${below ? ` ${below}` : ""} ${d.text}`;
 }
 
-const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", prefill: "prefill", decode: "decode", stalled: "waiting behind others' prefill",
+const NAMES = {load: "model load", ttftHere: "TTFT here", queue: "queueing", prefill: "prefill", transfer: "KV transfer", decode: "decode", stalled: "waiting behind others' prefill",
                preempted: "preemption", delivery: "delivery", other: "other",
                first_chunk: "waiting for the first chunk (client)", streaming: "streaming (client)"};
 

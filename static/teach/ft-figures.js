@@ -4,6 +4,7 @@
 // preset was applied at engine time t0, or says what it still waits for. The tour and the
 // presenter read the same functions, so a figure is computed one way everywhere.
 import {proof as wayOutProof} from "ft/delivery";
+import {proof as disaggProof} from "ft/disagg";
 import {lessonFigure} from "ft/speculate";
 import {percentile, running} from "ft/state";
 import {proof as weightsProof} from "ft/weights";
@@ -110,6 +111,7 @@ const proof = {
       `missed TTFT ${j.ttft} · missed per-token ${j.tpot}`;
   },
   speculative(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
+  disaggregation: disaggProof,   // the engine's `disaggregation` preset (ft-disagg.js): the transfers, no stalls
   "speculative-busy"(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
 };
 

@@ -42,7 +42,7 @@ export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "tim
                       "small-cache": "kv", "kv-cache-off": "steps", "shared-prefix": "blocks", "static-batching": "timeline",
                       "continuous-batching": "timeline", "chunked-prefill": "timeline", "prefill-first": "timeline",
                       "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline",
-                      speculative: "timeline", "speculative-busy": "timeline", weights: "steps"};
+                      speculative: "timeline", "speculative-busy": "timeline", weights: "steps", disaggregation: "timeline"};
 
 // A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
 export function clamp(s, name, v) {

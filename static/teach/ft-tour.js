@@ -10,7 +10,7 @@ import {selectedReq} from "ft/panels";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
-import {$, fmtS, toast} from "ft/util";
+import {$, fmtBytes, fmtS, toast} from "ft/util";
 import * as weights from "ft/weights";
 
 // The functions that read the page state take it as `s`, and its UI state (the selected
@@ -124,6 +124,28 @@ export const STEPS = [
    live: (s) => live(s, "cold-start")},
 ];
 
+// Shown only when the server is disaggregated (hello.instances): after "When it feels slow", whose
+// breakdown of a later token it changes. STEPS stays the colocated tour; stepsFor(s) is the one run.
+export const DISAGG_STEP = {
+  key: "disaggregation", title: "Prompts on one instance, streams on another", preset: "disaggregation", focus: "timeline",
+  spot: [".timeline-wrap", ".strip-head:has(#legend-engine)"],
+  watch: "the two lanes of forwards, the yellow KV transfer on each row, and the later-token bar of a finished request",
+  text(s) {
+    const x = s.transfers[s.transfers.length - 1];
+    return "Two engines: the top lane is the prefill instance's forwards (prompts), the one under it the decode " +
+      "instance's (tokens). Each prompt's keys and values are copied from one to the other (yellow, on its row and " +
+      `between the lanes${x ? `: ${fmtBytes(x.bytes)} in ${fmtS(x.end - x.start)}` : ""}). Streams no longer wait for ` +
+      "others' prompts: a later token has no 'waiting: others' prefill' part.";
+  },
+  live: (s) => live(s, "disaggregation"),
+};
+export const stepsFor = (s) => {
+  if (!s || !s.instances) return STEPS;
+  const at = STEPS.findIndex((x) => x.key === "slow") + 1;
+  return [...STEPS.slice(0, at), DISAGG_STEP, ...STEPS.slice(at)];
+};
+let shown = STEPS;   // the steps of the tour running (stepsFor when it started or moved)
+
 function spot(step) {
   for (const e of document.querySelectorAll(".spot")) e.classList.remove("spot");
   document.body.classList.toggle("touring", !!step);
@@ -156,10 +178,11 @@ function scrollToSpots() {
 }
 
 function go(s, ui, i) {
-  if (i < 0 || i >= STEPS.length) return;
+  shown = stepsFor(s);
+  if (i < 0 || i >= shown.length) return;
   index = i;
   since = s.latestT;
-  const step = STEPS[i];
+  const step = shown[i];
   if (step.preset && teach.preset(s, step.preset)) teach.apply(s, step.preset);
   else if (step.preset) toast(`this server has no "${step.preset}" preset: the step runs on the current settings`);
   lesson(s, ui);
@@ -168,12 +191,12 @@ function go(s, ui, i) {
 }
 
 function lesson(s, ui) {
-  const step = STEPS[index];
-  teach.setLesson({kicker: `tour ${index + 1} / ${STEPS.length}`, title: step.title, text: step.text(s, ui), watch: step.watch,
+  const step = shown[index], n = shown.length;
+  teach.setLesson({kicker: `tour ${index + 1} / ${n}`, title: step.title, text: step.text(s, ui), watch: step.watch,
                    live: step.live(s, ui) || "", focus: step.focus});
-  $("tour-pos").textContent = `${index + 1} / ${STEPS.length}`;
+  $("tour-pos").textContent = `${index + 1} / ${n}`;
   $("tour-prev").disabled = index === 0;
-  $("tour-next").disabled = index === STEPS.length - 1;
+  $("tour-next").disabled = index === n - 1;
 }
 
 export function stop() { index = -1; teach.setLesson(null); spot(null); }
@@ -198,13 +221,14 @@ export const reactions = (ui) => ({
     if (index >= 0 || urlDone) return;
     urlDone = true;
     const n = parseInt(new URLSearchParams(location.search).get("tour"), 10);
-    if (n >= 1 && n <= STEPS.length) go(s, ui, n - 1);
+    if (n >= 1 && n <= stepsFor(s).length) go(s, ui, n - 1);
   },
 });
 
 export function update({s, ui}) {
   for (const id of ["btn-tour", "btn-tour-present"]) $(id).textContent = index < 0 ? "Guided tour" : "End tour";
-  if (index >= 0) { lesson(s, ui); mark(STEPS[index]); }
+  if (index >= 0 && index >= shown.length) stop();   // a new hello with fewer steps
+  if (index >= 0) { lesson(s, ui); mark(shown[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
   if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
 }
