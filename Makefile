@@ -32,13 +32,17 @@ chromium:
 	    echo "the browser tests need Chromium: run 'sudo apt-get install chromium fonts-dejavu-core', then make test"; exit 1; \
 	  fi; }
 
+# Two test processes (pytest-xdist), each given whole files (their module fixtures start once):
+# the browser tests mostly wait on Chromium and the app, so two run in about half the time.
+XDIST := -n 2 --dist loadfile
+
 test: $(STAMP) kernels chromium
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The quick subset while changing code: no Chromium, no bundled model, nothing over ~20 s
 # (markers in pyproject.toml; README, "Tests").
 test-quick: $(STAMP) kernels
-	$(BIN)/python -m pytest -q -m "not browser and not real_model and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not browser and not real_model and not slow" $(PYTEST_ARGS)
 
 # docs/events.schema.json from the event types (a test fails when it is stale)
 schema: $(STAMP)

@@ -30,7 +30,10 @@ def healthz(url, timeout=2):
         with urllib.request.urlopen(url + "/healthz", timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        try:
+            return e.code, json.loads(e.read() or b"null")
+        except OSError:   # its body did not come in time (a busy machine, a loading app): the status did
+            return e.code, None
     except OSError:
         return None, None
 

@@ -2,12 +2,15 @@
 comparison's two runs start from an empty prefix cache and the page checks it; /embed runs its
 ?preset= and keeps its own parameters across a reload; in a classroom the presenter is asked
 before a lesson cancels students' questions."""
+import pytest
+
 from engine.request import GenerateRequest
 from helpers import page_module
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page
 
 
+@pytest.mark.slow
 def test_every_comparison_runs_both_sides_from_an_empty_cache(live, browser):
     ctx, page = open_page(browser, live.url + "/", 1366, 768)
     try:

@@ -120,6 +120,7 @@ def tour_every_step(page, label, shots=()):
     assert not page.evaluate("document.body.classList.contains('touring')")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,height", SCREENS, ids=[f"{w}x{h}" for w, h in SCREENS])
 def test_every_tour_step_shows_its_text_and_its_parts_alone(live, browser, width, height):
     ctx, page = open_presenter(browser, live.url + "/?present=1", width, height)
@@ -135,6 +136,7 @@ def test_every_tour_step_shows_its_text_and_its_parts_alone(live, browser, width
         ctx.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,height", SCREENS, ids=[f"{w}x{h}" for w, h in SCREENS])
 def test_every_tour_step_with_a_class_of_25_joined(room, browser, width, height):
     names = [f"Student {i:02d}" for i in range(1, CLASS + 1)]
