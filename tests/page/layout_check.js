@@ -24,10 +24,11 @@
   // CSS zoom (presenter mode) scales what is drawn: sizes below are on-screen CSS px.
   const zoomOf = (el) => { let z = 1; for (let e = el; e; e = e.parentElement) z *= +getComputedStyle(e).zoom || 1; return z; };
 
-  // The part of the window an element can show: inside every ancestor that scrolls its overflow.
+  // The part of the window an element's text can show: inside the element itself when it scrolls
+  // its overflow (a <pre class="out"> with a max-height), and inside every ancestor that does.
   function shownPart(el) {
     let v = {left: 0, top: -Infinity, right: innerWidth, bottom: Infinity};
-    for (let e = el.parentElement; e && e !== document.body; e = e.parentElement) {
+    for (let e = el; e && e !== document.body; e = e.parentElement) {
       const cs = getComputedStyle(e);
       if (!["auto", "scroll"].includes(cs.overflowY) && !["auto", "scroll"].includes(cs.overflowX)) continue;
       const c = e.getBoundingClientRect();
