@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-quick kernels bench bench-serve bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
+.PHONY: run test test-quick kernels bench bench-serve bench-disagg bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,15 +51,22 @@ schema: $(STAMP)
 # In-process figures (engine vs transformers, step tables, start-up), then the served app
 # under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching),
 # then speculative decoding on and off through the same API (bench/speculative.py), then the
-# weights read as stored vs dequantised vs transformers' decoder (bench/weights.py).
+# weights read as stored vs dequantised vs transformers' decoder (bench/weights.py), then colocated vs
+# disaggregated on the same load (bench/disagg.py).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 	$(BIN)/python -m bench.serve $(ARGS)
 	$(BIN)/python -m bench.speculative $(ARGS)
 	$(BIN)/python -m bench.weights
+	$(BIN)/python -m bench.disagg
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)
+
+# Colocated (one engine, two threads) vs disaggregated (prefill and decode processes, one thread
+# each) on the same seeded load, interleaved in one run (bench/disagg.py; docs/performance.md).
+bench-disagg: $(STAMP) kernels
+	$(BIN)/python -m bench.disagg $(ARGS)
 
 # First Token against llama.cpp's llama-server on the same GGUF, same client, interleaved
 # (builds llama-server once from the llama-cpp-python sdist: ~25 min on 2 cores, then cached).

@@ -2,6 +2,7 @@
 equal-work contenders (on the tiny random model, so this stays quick)."""
 import time
 
+import pytest
 import torch
 
 from bench import contenders, tables
@@ -47,3 +48,23 @@ def test_tables_have_every_row(tiny):
     dec = tables.decode_table(tiny, [1, 3], context=8, repeats=1)
     assert [r["tokens"] for r in pre] == [4, 16] and all(r["s"] > 0 for r in pre)
     assert [r["batch"] for r in dec] == [1, 3] and all(r["tokens_per_s"] > 0 for r in dec)
+
+
+def test_the_disaggregation_bench_figures_come_from_what_its_client_saw():
+    """bench/disagg.py's figures of one run: the streams' gaps, the long prompts' TTFT, tokens/s and
+    goodput (both objectives met by a request's own TTFT and mean gap), from `stream` results."""
+    from bench import disagg
+    out = {"stream": [("a", 0.0, [0.1, 0.12, 0.14], {"completion_tokens": 3}),     # gaps 20 ms: meets both
+                      ("b", 0.0, [0.1, 0.2, 0.3], {"completion_tokens": 3})],      # gaps 100 ms: misses the gap objective
+           "long": [("c", 0.5, [1.0, 1.01], {"completion_tokens": 2}),             # TTFT 0.5 s, gap 10 ms: meets both
+                    ("d", 0.5, [1.7], {"completion_tokens": 1})]}                  # TTFT 1.2 s: misses the TTFT objective
+    f = disagg.figures(out, wall=2.0, ttft_s=0.6, tpot_s=0.05)
+    assert (f["itl_p50"], f["itl_p99"]) == pytest.approx((0.1, 0.1))   # the streams' gaps only: 20, 20, 100, 100 ms
+    assert f["ttft_p50"] == pytest.approx(0.5)                    # the long prompts' (0.5 and 1.2 s: bench.serve's percentile rounds half to even)
+    assert f["tokens_per_s"] == pytest.approx(9 / 2.0)
+    assert f["goodput"] == pytest.approx(2 / 2.0)
+    point = {"prompt_tokens": 256, "rate": 2.0, "colocated": f, "disaggregated": f}
+    text = disagg.report({"load": {"streams": 2, "stream_new": 3, "longs": 2, "long_new": 2, "rounds": 1,
+                                   "ttft_ms": 600, "tpot_ms": 50}, "points": [point]})
+    assert "cores" in text.splitlines()[0]      # the processor is named
+    assert "   256    2.0  colocated" in text and "disaggregated" in text
