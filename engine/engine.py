@@ -272,8 +272,10 @@ class Engine:
         """Disaggregated, the decode instance: copy the keys and values of the queued requests
         the role picks (blocks and a slot are there for them; engine/policies.py DecodeOnly) from
         the prefill instance's store into the blocks just allocated, positions 0..p-2 of a p-token
-        prompt (as vLLM's decode instance loads all but the last, which it recomputes for the
-        first token's logits); each waits to be admitted then, its prefill blocks released."""
+        prompt. vLLM's decode instance reads every remote prompt block, then computes the last
+        prompt position again for the first token's logits; the last position's keys and values
+        are computed again anyway, so only 0..p-2 are copied here. Each waits to be admitted
+        then, its prefill blocks released."""
         bs = self.blocks.block_size
         for seq in self.role.to_pull(self.scheduler):
             tokens = len(seq.prompt_ids) - 1

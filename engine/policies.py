@@ -129,10 +129,10 @@ class Colocated:
 
 
 class PrefillOnly(Colocated):
-    """The prefill instance (vLLM's, sent each request with max_tokens=1 and
-    do_remote_decode): it admits and computes prompts in chunks as the policy sizes them, never
-    samples (the last chunk wants no logits), and hands each request off once its whole prompt
-    is computed."""
+    """The prefill instance (vLLM's is sent each request with max_tokens=1 and
+    do_remote_decode): it admits and computes prompts in chunks as the policy sizes them, and
+    hands each request off once its whole prompt is computed. Unlike vLLM's, which samples one
+    token that its proxy throws away, it never samples (the last chunk wants no logits)."""
     name = "prefill"
     samples = False
 

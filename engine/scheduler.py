@@ -118,6 +118,14 @@ class Scheduler:
                 budget -= n
         return budget
 
+    def _refuse(self, out, seq, reason):
+        """A waiting request the cache budget can never hold leaves the queue, refused; blocks it
+        holds already (disaggregated: its keys/values copied in) go back."""
+        self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+        out.refused.append((seq, reason))
+
     def admit(self, out, budget, kv_cache_on):
         """Waiting requests, first come, first served, while a slot and the blocks allow and the
         policy lets the head join; nobody overtakes (but a disaggregated request whose blocks are
@@ -127,16 +135,20 @@ class Scheduler:
             # first: it takes no blocks from anyone, and must not wait behind one that needs them.
             seq = next((s for s in self.waiting if s.block_table), self.waiting[0])
             if seq.status is Status.WAITING_FOR_REMOTE_KVS:
-                break                   # its keys/values are not here yet (the role pulls them)
+                # its keys/values are not here yet (the role pulls them), and never will be if the
+                # cache budget was lowered under it since it came: refused then, not left waiting
+                reason = self.blocks.never_fits(seq)
+                if reason:
+                    self._refuse(out, seq, reason)
+                    continue
+                break
             if self.running and self.running[0].kv_cache != kv_cache_on:
                 break                   # mode change: drain first
             if budget <= 0 and not self.policy.admits_past_budget:
                 break
             reason = self.blocks.never_fits(seq) if kv_cache_on else None
             if reason:
-                self.waiting.remove(seq)
-                seq.status = Status.FINISHED
-                out.refused.append((seq, reason))
+                self._refuse(out, seq, reason)
                 continue
             if not self.policy.admits(out, seq, budget):
                 break

@@ -32,7 +32,8 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:nixl_xfer_time_seconds         disaggregated (--disaggregate): each kv_transfer's end - start,
                                         vLLM's NixlConnector histogram and buckets (the copy here is a
                                         shared-memory read, not NIXL; the name is kept for dashboards)
-    vllm:nixl_bytes_transferred         ... each kv_transfer's bytes (vLLM's buckets, 2 KiB to 8 GiB)
+    vllm:nixl_bytes_transferred         ... each kv_transfer's bytes: the rows copied, tokens x kv_bytes_per_token
+                                        (vLLM's buckets, 2 KiB to 8 GiB; vLLM moves whole blocks)
     first_token_info{protocol}          always 1: says this is First Token (observe mode's profiles
                                         tell it from vLLM by this series; observe/profiles.py)
 

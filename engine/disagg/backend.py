@@ -171,17 +171,22 @@ class Instances:
         return out + self._both(ChangeSettings(changes))
 
     def _both(self, command):
-        """Run `command` on both instances and wait until both have (their events are out)."""
-        waits = []
+        """Run `command` on the prefill instance, then, once it has, on the decode instance, and
+        wait for that too. In that order, a request the prefill instance handed off just before
+        (a reset, a queue clearing) has reached the decode instance before the command does: its
+        `HandOff` comes down the pipe before the `Ack`, and is routed (a `Take`) first."""
         for inst in (self.prefill, self.decode):
             token, done = next(self._tokens), threading.Event()
             self._acks[token] = done
-            waits.append((token, done))
             inst.send(child.Acked(command, token))
-        for token, done in waits:
             done.wait(ACK_TIMEOUT_S)
             self._acks.pop(token, None)
         return []
+
+    def release_waits(self):
+        """An instance died: whoever waits for an `Ack` stops waiting (none will come)."""
+        for done in list(self._acks.values()):
+            done.set()
 
     def fail_all(self, message):
         """Every request in flight ends with reason "error" (an instance died): built here, where
@@ -190,6 +195,7 @@ class Instances:
             flights, self.flights = self.flights, {}
             self.owner.clear()
             self.cancelled.clear()
+        self.release_waits()
         now, out = self.clock.now(), []
         for seq in flights.values():
             fin = Finished(t=now, id=seq.id, reason="error", source=seq.source, prompt_tokens=len(seq.prompt_ids),
@@ -275,6 +281,7 @@ class DisaggBackend(EngineDriver):
         super().__init__(self.instances, **({"inbox": inbox} if inbox else {}))
         self.api_model = self.instances.name
         self._readers = []
+        self._dying = False
         atexit.register(self.instances.stop)    # the processes and the shared memory, even on Ctrl-C
 
     def start(self, load=True):
@@ -292,7 +299,11 @@ class DisaggBackend(EngineDriver):
                 message = inst.conn.recv()
             except (EOFError, OSError):
                 break
-            self._publish(self.instances.route(inst, message))
+            try:
+                self._publish(self.instances.route(inst, message))
+            except Exception as e:  # noqa: BLE001 -- a reader that stops would leave its instance unread: fail it all
+                self._die(e)
+                return
         if not self._stop and self.failure is None:
             inst.process.join(5)
             self._die(RuntimeError(f"the {inst.role} instance (pid {inst.info['pid']}) exited with code "
@@ -310,9 +321,10 @@ class DisaggBackend(EngineDriver):
             self._die(e)
 
     def _die(self, error):
-        with self._lock:
-            if self.failure is not None:
+        with self._lock:    # once: a reader thread and the driver thread may both get here
+            if self._dying:
                 return
+            self._dying = True
         super()._die(error)
         self.instances.stop()       # the other one too; the shared memory freed
 

@@ -250,6 +250,33 @@ def test_a_request_the_decode_cache_can_never_hold_is_rejected_and_its_blocks_fr
     assert_clean(pair.p, pair.d)
 
 
+
+@pytest.mark.parametrize("copied", [False, True], ids=["waiting-for-its-kv", "kv-copied-in"])
+def test_a_handed_off_request_the_lowered_budget_can_never_hold_is_refused_not_left_waiting(tiny, copied):
+    """The decode instance took it while it fitted; then the cache budget was lowered under it,
+    before its keys and values were copied in, or after (its blocks held, not yet admitted). It is
+    rejected, and every block on both sides comes back: it does not wait forever, holding the
+    prefill instance's blocks and everyone behind it."""
+    pair = Pair(tiny, prefill=config(), decode=config())
+    pair.hold = True
+    rid = pair.add(prompt_tokens=40, max_new_tokens=60)
+    while not pair.handoffs:
+        pair.step()
+    pair.deliver()
+    if copied:
+        pair.route(pair.d.step())       # the copy happens at the end of a step
+        (seq,) = pair.d.scheduler.waiting
+        assert seq.status is Status.WAITING and seq.block_table and pair.of(ev.KVTransfer, rid)
+    else:
+        assert [s.status for s in pair.d.scheduler.waiting] == [Status.WAITING_FOR_REMOTE_KVS]
+    pair.route(pair.d.apply_settings(validate(pair.d.specs, {"cache_tokens": 64})))
+    pair.hold = False
+    pair.until_idle()
+    (rej,) = pair.of(ev.Rejected, rid)
+    assert rej.code == "exceeds_cache" and not pair.of(ev.Finished, rid)
+    assert_clean(pair.p, pair.d)
+
+
 # ------------------------------------------------------------------ the two-process backend
 import os  # noqa: E402
 import signal  # noqa: E402
