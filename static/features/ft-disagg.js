@@ -47,16 +47,19 @@ export function instanceState(s, r) {
 }
 
 // The lesson's figure (the `disaggregation` preset, ft-figures.js): since t0, the transfers'
-// median size and time, and what streams' later tokens spent waiting for others' prompts.
+// median size and time, and a later token's median time waiting while others' prompts ran
+// (`later.stalled`) apart from its forwards that also recomputed another request's last prompt
+// position (`later.mixed`: one position each, on the decode instance).
 export function proof(s, t0) {
   if (!disaggregated(s)) return "this server runs one engine (colocated): start it with --disaggregate for two instances";
   const xs = s.transfers.filter((x) => x.start >= t0);
   if (!xs.length) return null;
   const done = [...s.reqs.values()].filter((r) => r.arrival >= t0 && r.later && r.tpot);
-  const stalled = done.length ? percentile(done.map((r) => (r.later.stalled || 0) + (r.later.mixed || 0)), 50) : null;
+  const median = (key) => percentile(done.map((r) => r.later[key] || 0), 50);
   return `${xs.length} KV transfer${xs.length > 1 ? "s" : ""}: median ${fmtBytes(percentile(xs.map((x) => x.bytes), 50))} in ` +
     `${fmtS(percentile(xs.map((x) => x.end - x.start), 50))}` +
-    (stalled !== null ? ` · a later token waited ${fmtS(stalled)} for others' prompts (median)` : "");
+    (done.length ? ` · a later token waited ${fmtS(median("stalled"))} for others' prompts, and shared ` +
+                   `${fmtS(median("mixed"))} of forwards with their one-position recomputes (medians)` : "");
 }
 
 // ------------------------------------------------------------------ layers
