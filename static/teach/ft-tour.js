@@ -79,7 +79,10 @@ export const STEPS = [
    text: () => "With every slot busy, new requests wait in the queue. Their prefill takes as long as ever — the model " +
      "did not get slower — but the time to first token grows with the wait.",
    live: (s) => live(s, "queueing")},
-  {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why", "#d-accounting .acc-ttft"],
+  // Only the diagnosis is spotted: it ends with the request's measured stages itself, and on a busy
+  // machine it adds a suspect of its own, which pushed the TTFT bar below it out of a 1366x768
+  // presenter window (the fresh-clone run beside busy loops failed there).
+  {key: "slow", title: "When it feels slow", preset: null, focus: "detail", spot: ["#d-why"],
    watch: "the request panel: its measured stages and the largest one",
    text: () => "Click a request on the timeline. Its time is split into measured stages; the largest names the " +
      "likely fix: queueing (more slots, less load), prefill (shorter prompt), decode (fewer tokens), or waiting " +
