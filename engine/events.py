@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from .settings import wire_type
 
-PROTOCOL = 13  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 14  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts
@@ -109,6 +109,16 @@ class PrefillPoint(TypedDict):
     step_s: float       # median of the timed forwards
     predicted_s: float  # estimate: the roofline's
     bound: Literal["memory", "compute"]
+
+
+class SkippedPoint(TypedDict):
+    """A point the sweep planned but could not time: its synthetic requests needed more KV blocks
+    than were free (the others held by requests in flight, or beyond the store's capacity)."""
+    sweep: Literal["decode", "kv", "prefill"]
+    batch: int          # requests in the forward (1 for the kv and prefill sweeps)
+    tokens: int         # each one's length: the decode point's context, the kv or prefill length
+    blocks_needed: int
+    blocks_free: int
 
 
 class KVPoint(TypedDict):
@@ -427,7 +437,7 @@ class Measure(Event):
     decode: list[DecodePoint] | None = None
     kv: list[KVPoint] | None = None
     prefill: list[PrefillPoint] | None = None
-    skipped: list[str] | None = None   # points the free KV blocks could not hold, and why
+    skipped: list[SkippedPoint] | None = None   # points the free KV blocks could not hold, and why
     seconds: float | None = None
     message: str | None = None         # status "error": what went wrong
     points_done: int | None = None     # status "running": points timed so far (decode and kv) ...

@@ -3,7 +3,9 @@
 Two sweeps on the engine's own runner, KV store and free blocks, between steps (serving
 pauses meanwhile; the page announces it):
 
-* decode step time over batch sizes 1..slots and context lengths, each point the median
+* decode step time over batch sizes 1..the engine's most slots (`max_slots`, whatever the live
+  `slots` setting is: a lesson that serves on two slots still gets the whole curve) and context
+  lengths, each point the median
   of a few forwards of `batch` synthetic requests that each hold `context` cached positions,
   next to the memory-bandwidth floor (an estimate: weights plus the batch's keys/values
   read once at the bandwidth measured at start);
@@ -17,10 +19,13 @@ an estimate), so the page draws step time against tokens per forward under both 
 
 `announce` and `run` act on the engine through its public attributes (runner, blocks, clock,
 settings); the driver calls them on its thread. The synthetic requests take blocks from the
-free list like any request and give them back; points that need more free blocks than there
-are are skipped and said so. Attention reads every block whatever it holds, so the timing is
-that of real requests of that length.
+free list like any request and give them back, past the live KV-cache budget (a setting a lesson
+lowers, not the store's size: the sweep measures the machine); points that need more free blocks
+than there are (the others held by requests in flight) are skipped and said so, with the blocks
+needed and free. Attention reads every block whatever it holds, so the timing is that of real
+requests of that length.
 """
+import contextlib
 import statistics
 import time
 
@@ -30,7 +35,7 @@ from .events import Measure
 from .runner import Segment
 from .sequence import SamplingParams, Sequence
 
-BATCHES = (1, 2, 4, 8, 16)
+BATCHES = (1, 2, 4, 8, 16, 32)
 CONTEXTS = (128, 512, 1024)
 KV_LENGTHS = (32, 64, 128, 256, 512)
 PREFILL_LENGTHS = (64, 128, 256, 512, 1024)
@@ -38,9 +43,9 @@ REPEATS = 3
 
 
 def plan(engine):
-    """(batches, contexts, kv lengths, prefill lengths) this engine can sweep: batches up to its
-    `slots` setting, lengths within its context."""
-    slots, max_context = engine.settings.now.scheduling.slots, engine.max_context
+    """(batches, contexts, kv lengths, prefill lengths) this engine can sweep: batches up to the
+    most slots it was started with (not the live `slots` setting), lengths within its context."""
+    slots, max_context = engine.scheduler.max_slots, engine.max_context
     batches = [b for b in BATCHES if b < slots] + [slots]
     contexts = [c for c in CONTEXTS if c < max_context]
     lengths = [n for n in KV_LENGTHS if n < max_context]
@@ -80,13 +85,20 @@ def run(engine, publish=None):
                          kv=got["kv"], prefill=got["prefill"], skipped=got["skipped"], points_done=done,
                          points_total=total, eta_s=eta)])
 
-    vocab, roof = engine.bundle.model.config.vocab_size, engine.roofline
+    vocab, roof, pool = engine.bundle.model.config.vocab_size, engine.roofline, engine.blocks.pool
+    skipped = []
+
+    def skip(point):
+        skipped.append(point)
+        progress(skipped=skipped)
+
     try:
-        decode, skipped = decode_sweep(engine.runner, engine.blocks.pool, vocab, batches, contexts, _floor(engine),
-                                       roof, progress=lambda d, s: progress(decode=d, skipped=s))
-        kv = kv_sweep(engine.runner, engine.blocks.pool, vocab, lengths, progress=lambda k: progress(kv=k))
-        prefill = prefill_sweep(engine.runner, engine.blocks.pool, vocab, prompts, roof,
-                                progress=lambda p: progress(prefill=p))
+        with _whole_store(pool):
+            decode = decode_sweep(engine.runner, pool, vocab, batches, contexts, _floor(engine), roof,
+                                  progress=lambda d: progress(decode=d), skip=skip)
+            kv = kv_sweep(engine.runner, pool, vocab, lengths, progress=lambda k: progress(kv=k), skip=skip)
+            prefill = prefill_sweep(engine.runner, pool, vocab, prompts, roof,
+                                    progress=lambda p: progress(prefill=p), skip=skip)
     except Exception as e:  # noqa: BLE001 -- a failed sweep is reported; serving carries on
         return [Measure(t=clock.now(), status="error", batches=batches, contexts=contexts,
                         message=f"{type(e).__name__}: {e}")]
@@ -100,6 +112,17 @@ def _floor(engine):
     read plus the batch's keys/values, read once at the bandwidth measured at start."""
     bps = engine.bandwidth["weight_bytes"] / engine.bandwidth["floor_s"]
     return lambda batch, context, weight_bytes: (weight_bytes + batch * context * engine.bytes_per_token) / bps
+
+
+@contextlib.contextmanager
+def _whole_store(pool):
+    """The sweep's blocks may come from the whole store: the live budget (`cache_tokens`, which a
+    lesson lowers to teach preemption) is lifted while it runs and put back after."""
+    budget, pool.block_budget = pool.block_budget, pool.capacity
+    try:
+        yield
+    finally:
+        pool.block_budget = budget
 
 
 def _timed(fn, repeats, warm=True):
@@ -118,6 +141,10 @@ class _Synthetic:
 
     def __init__(self, blocks, vocab):
         self.blocks, self.vocab, self.held = blocks, vocab, []
+
+    def fits(self, batch, tokens):
+        """Whether `batch` sequences of `tokens` can be had from the free blocks."""
+        return self.blocks.can_allocate(batch * self.blocks.blocks_for(tokens))
 
     def seq(self, tokens):
         table = self.blocks.allocate(self.blocks.blocks_for(tokens))
@@ -138,37 +165,45 @@ class _Synthetic:
         self.held = []
 
 
-def decode_sweep(runner, blocks, vocab, batches, contexts, floor, roofline, repeats=REPEATS, progress=None):
-    """([{batch, context, step_s, floor_s, predicted_s, bound}], [skipped point descriptions]).
-    `progress()` is called after each point (timed or skipped), so pages can draw them as they come."""
-    points, skipped = [], []
+def _skipped(sweep, blocks, batch, tokens, held):
+    """The SkippedPoint for `batch` sequences of `held` positions each (`tokens`: the point's length
+    as the page names it) that the free blocks could not hold."""
+    return {"sweep": sweep, "batch": batch, "tokens": tokens, "blocks_needed": batch * blocks.blocks_for(held),
+            "blocks_free": max(0, min(len(blocks.free), blocks.block_budget - blocks.used))}
+
+
+def decode_sweep(runner, blocks, vocab, batches, contexts, floor, roofline, repeats=REPEATS, progress=None,
+                 skip=None):
+    """[{batch, context, step_s, floor_s, predicted_s, bound}]. `progress(points)` is called after each
+    timed point and `skip(SkippedPoint)` for each the free blocks cannot hold, so pages draw them as
+    they come."""
+    points = []
     for context in contexts:
         for batch in batches:
             with _Synthetic(blocks, vocab) as syn:
-                seqs = [syn.seq(context + 1) for _ in range(batch)]
-                if None in seqs:
-                    skipped.append(f"batch {batch} × {context} tokens: needs "
-                                   f"{batch * blocks.blocks_for(context + 1)} free KV blocks")
-                    progress and progress(points, skipped)
+                if not syn.fits(batch, context + 1):
+                    skip and skip(_skipped("decode", blocks, batch, context, context + 1))
                     continue
+                seqs = [syn.seq(context + 1) for _ in range(batch)]
                 segments = [Segment(s, context, 1, cached=True, logits=True) for s in seqs]
                 step = _timed(lambda: runner.forward(segments), repeats)
             read = runner.path.weight_bytes      # the weights path this forward took (engine/linears.py)
             predicted_s, bound = roofline.predict_segments(segments, read)
             points.append({"batch": batch, "context": context, "step_s": step,
                            "floor_s": floor(batch, context, read), "predicted_s": predicted_s, "bound": bound})
-            progress and progress(points, skipped)
-    return points, skipped
+            progress and progress(points)
+    return points
 
 
-def prefill_sweep(runner, blocks, vocab, lengths, roofline, repeats=2, progress=None):
+def prefill_sweep(runner, blocks, vocab, lengths, roofline, repeats=2, progress=None, skip=None):
     """[{tokens, step_s, predicted_s, bound}]: one whole prompt of each length in one forward
-    (its blocks from the free list; a length they cannot hold is left out); `progress(rows)` after each."""
+    (its blocks from the free list; a length they cannot hold goes to `skip`); `progress(rows)` after each."""
     rows = []
     for n in lengths:
         with _Synthetic(blocks, vocab) as syn:
             seq = syn.seq(n)
             if seq is None:
+                skip and skip(_skipped("prefill", blocks, 1, n, n))
                 continue
             segments = [Segment(seq, 0, n, cached=True, logits=True)]
             step = _timed(lambda: runner.forward(segments), repeats)
@@ -178,14 +213,15 @@ def prefill_sweep(runner, blocks, vocab, lengths, roofline, repeats=2, progress=
     return rows
 
 
-def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS, progress=None):
+def kv_sweep(runner, blocks, vocab, lengths, repeats=REPEATS, progress=None, skip=None):
     """[{tokens, cached_s, recompute_s}]: one new token at each sequence length; `progress(rows)`
-    after each."""
+    after each, `skip(SkippedPoint)` for a length the free blocks cannot hold."""
     rows = []
     for i, n in enumerate(lengths):
         with _Synthetic(blocks, vocab) as syn:
             seq = syn.seq(n + 1)
             if seq is None:
+                skip and skip(_skipped("kv", blocks, 1, n + 1, n + 1))
                 continue
             cached = _timed(lambda: runner.forward([Segment(seq, n, 1, cached=True, logits=True)]), repeats)
             # Once each (a 512-token recompute takes seconds on a CPU); warmed up at the first length.

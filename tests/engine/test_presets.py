@@ -99,7 +99,9 @@ def test_preset_over_the_websocket_and_an_unknown_one_changes_nothing(live):
 
 def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
     sub = driver.events.subscribe(replay=False)
-    driver.update_settings({"cache_tokens": 1024})   # too small for 4 x 1024 tokens: skipped, said so
+    # as the queueing lesson leaves it: two slots for serving and a small budget; the sweep still runs to
+    # the engine's most slots (4) on the whole store, and puts the budget back after
+    driver.update_settings({"slots": 2, "cache_tokens": 256})
     driver.measure()
     events = collect(sub, lambda ev: any(e["type"] == "measure" and e["status"] != "running" for e in ev), 120)
     running, *progress, done = of(events, "measure")
@@ -127,16 +129,21 @@ def test_measure_sweeps_decode_cost_and_gives_every_block_back(driver):
         check.validate(e)
     eng = driver.engine
     assert eng.blocks.used == 0 and len(eng.blocks.pool.free) == eng.blocks.capacity
+    assert eng.blocks.pool.block_budget == 256 // eng.blocks.pool.block_size
+    assert driver.settings.now.scheduling.slots == 2
 
 
-def test_measure_skips_what_the_free_blocks_cannot_hold(tiny):
-    eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=1024))
-    eng.apply_settings({"cache_tokens": 1024})
+def test_measure_skips_what_the_free_blocks_cannot_hold_and_says_which(tiny):
+    """128 blocks of 16: four 513-position sequences need 132 (skipped, with the counts); a lowered
+    budget does not shrink the sweep (it measures the machine), requests in flight do."""
+    eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=1024))
+    eng.apply_settings({"cache_tokens": 256})
     (done,) = measure.run(eng)
     assert done.status == "done"
-    assert {(p["batch"], p["context"]) for p in done.decode} == {(1, 128), (2, 128), (4, 128), (1, 512)}
-    assert len(done.skipped) == 2 and all("free KV blocks" in s for s in done.skipped)
+    assert {(p["batch"], p["context"]) for p in done.decode} == {(1, 128), (2, 128), (4, 128), (1, 512), (2, 512)}
+    assert done.skipped == [{"sweep": "decode", "batch": 4, "tokens": 512, "blocks_needed": 132, "blocks_free": 128}]
     assert eng.blocks.used == 0
+    schema_validator().validate(done.to_dict())
 
 
 def test_a_seeded_burst_repeats_its_prompts_and_presets_repeat_theirs(driver):
