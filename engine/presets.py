@@ -140,8 +140,9 @@ PRESETS = {p.name: p for p in (
            {"prompt_tokens": 1024, "max_new_tokens": 32}, (Action(0, 1),)),
     Preset("many-users", "Many users at once",
            "Requests arrive at three per second and share the batch. Each decode step reads the "
-           "weights once for every running request, so total tokens/s rises well above a single "
-           "stream's, while each stream slows a little.",
+           "weights once for every running request, so total tokens/s rises above a single stream's. "
+           "How much each stream slows is measured: little while a step is bound by reading the "
+           "weights, more past the ridge, where each request's arithmetic takes over.",
            "total tokens/s vs one stream's",
            {"load": True, "rate": 3.0, "prompt_tokens": 64, "max_new_tokens": 64}),
     Preset("small-cache", "A small KV cache",

@@ -5,7 +5,7 @@
 // observed server, the classroom app's, as a client of that server) and what this phone
 // measured (from pressing Send, so the network is included).
 import {createDispatch} from "ft/state";
-import {$, fmtS} from "ft/util";
+import {$, finishText, fmtS, plural} from "ft/util";
 
 const codeRequired = document.body.dataset.codeRequired === "true";
 const run = {busy: false, sent: 0, arrivals: []};
@@ -77,7 +77,8 @@ function engineFigures(ev) {
     "first chunk of text read back, and 1 / mean time per later token" : head.dataset.engineTitle;
   $("f-ttft-engine").textContent = fmtS(ev.ttft);
   $("f-tps-engine").textContent = ev.tpot ? perS(1, ev.tpot) : "—";
-  $("f-note").textContent = `${ev.output_tokens ?? "?"} tokens (${ev.reason}); prompt ${ev.prompt_tokens ?? "?"} tokens. ` +
+  const count = (n) => (typeof n === "number" ? plural(n, "token") : "? tokens");
+  $("f-note").textContent = `${count(ev.output_tokens)} (${finishText(ev.reason)}); prompt ${count(ev.prompt_tokens)}. ` +
     (client ? "classroom app: measured by the classroom app as a client of the server it watches, from sending your " +
               "prompt there to the first chunk of text it read back, then 1 / time per output token; what happened " +
               "inside that server is not measured. "

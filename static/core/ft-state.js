@@ -44,6 +44,8 @@ export function createState() {
     points: [],                   // decode steps: {batch, ms, kv, …, guesses: positions guessed (speculation)}
     delivery: [],                 // seconds from event `t` to frame arrival here (after clock sync)
     loads: [],                    // model_load events: {start, end, seconds, fromCache, reason}
+    sweeps: {},                   // weights format ("" before protocol 12) -> the latest finished decode-cost sweep
+                                  //   (a `measure` event, status done) that read it: the machine's, kept over resets
     errors: [],
     dropped: 0, events: 0, frames: 0, bytes: 0, finishedCount: 0,
     stepSeq: 0,                   // forwards numbered as they arrive (alternate band shading)
@@ -120,7 +122,7 @@ const ON = {
     s.instances = inst && Object.fromEntries(inst.map((i) => [i.name, i]));
     s.prefill = {slots: new Array(s.instances && s.instances.prefill ? s.instances.prefill.max_slots : 0).fill(null),
                  last: null, filled: new Map(), waiting: []};
-    s.dropped = 0; s.delivery = [];
+    s.dropped = 0; s.delivery = []; s.sweeps = {};
   },
   settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
   reset(s) { clearRun(s); },
@@ -130,6 +132,7 @@ const ON = {
     trim(s.loads, 20);
   },
   error(s, ev) { s.errors.push(ev); trim(s.errors, 20); },
+  measure(s, ev) { if (ev.status === "done" && Array.isArray(ev.decode)) s.sweeps[ev.weights || ""] = ev; },
   request(s, ev) {
     const r = req(s, ev.id, ev.t);
     Object.assign(r, {source: ev.source, label: ev.label ?? null,

@@ -22,6 +22,15 @@ export function fmtTokens(n) {
   return n >= 10000 ? `${(n / 1000).toFixed(n >= 100000 ? 0 : 1)}k tok` : `${n} tok`;
 }
 
+// "1 token", "2 tokens": a count with its noun, singular or plural.
+export const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
+// A request's finish reason (`finished.reason`, docs/protocol.md) in plain words; an observed
+// server's own reason (another vocabulary) as it said it.
+const FINISH = {length: "stopped at the token limit", stop: "finished its answer", stop_string: "stopped at a stop string",
+                cancelled: "cancelled", error: "failed with an error", rejected: "refused"};
+export const finishText = (reason) => FINISH[reason] || reason || "";
+
 // ------------------------------------------------------------ DOM
 export const $ = (id) => document.getElementById(id);
 

@@ -12,7 +12,7 @@ import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue} from "ft/strips";
 import {hitStep, hitTimeline} from "ft/timeline";
-import {$, fmtBytes, fmtS} from "ft/util";
+import {$, finishText, fmtBytes, fmtS, plural} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
 
 // `wire(page)` and `draw(page)` take the page: {s, view, ui, select, engineNow, timeline}, the
@@ -46,8 +46,8 @@ function describeReq(s, r) {
     lines.push(`preempted ${r.preempts.length}× · recompute ${fmtS(prefillTime(r, true))} ` +
                `in ${again} chunk${again === 1 ? "" : "s"}`);
   }
-  if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} · e2e ${fmtS(r.e2e)}`);
-  lines.push(`${r.tokens.length} tokens out${r.reason ? ` · ${r.reason}` : " · running"}`);
+  if (r.ttft !== null) lines.push(`TTFT ${fmtS(r.ttft)} · per later token ${fmtS(r.tpot)} (mean) · e2e ${fmtS(r.e2e)}`);
+  lines.push(`${plural(r.tokens.length, "token")} out${r.reason ? ` · ${finishText(r.reason)}` : " · running"}`);
   const slo = sloText(r);
   if (slo) lines.push(slo);
   return lines;
@@ -60,7 +60,7 @@ function stepText(s, st) {
   const took = fmtS(st.end - st.start), n = st.ids.length;
   const what = st.kind === "decode" ? `decode step ${took} · batch of ${n}` :
     st.kind === "prefill" ? `prefill step ${took} · ${st.prefillTokens} prompt tokens of ${n} request${n > 1 ? "s" : ""}` :
-    `mixed step ${took} · ${st.prefillTokens} prompt + ${st.decodeTokens} decode tokens of ${n} requests`;
+    `mixed step ${took} · ${st.prefillTokens} prompt + ${plural(st.decodeTokens, "decode token")} of ${plural(n, "request")}`;
   const roof = rooflineText(st.end - st.start, st.predicted, st.bound);
   const where = s.instances ? `on the ${st.instance === "prefill" ? "prefill" : "decode"} instance` : null;
   return [what, where, stepLine(st), weightsLine(s, st), roof, st.firstShape && firstShapeText(st, s)].filter(Boolean).join("\n");
@@ -108,8 +108,8 @@ const HOVER = {
     if (!st || !u) return null;
     const bpt = s.hello.kv_bytes_per_token, bs = s.hello.block_size;
     return [`t = ${(t - f.origin).toFixed(2)} s, ${st.kind === "release" ? `after ${st.ids[0]} left` : `after a ${st.kind} step`}`,
-            `filled ${st.cacheTokens} tokens (${fmtBytes(st.cacheTokens * bpt)}) by ${st.stack.length} requests`,
-            `${u.used} blocks in use = ${u.used * bs} tokens (${fmtBytes(u.used * bs * bpt)})`];
+            `filled ${plural(st.cacheTokens, "token")} (${fmtBytes(st.cacheTokens * bpt)}) by ${plural(st.stack.length, "request")}`,
+            `${plural(u.used, "block")} in use = ${plural(u.used * bs, "token")} (${fmtBytes(u.used * bs * bpt)})`];
   },
   blocks(s, layouts, h) {
     const hit = hitBlocks(layouts.blocks, h.x, h.y);

@@ -9,11 +9,12 @@ import {instanceLines, instanceState} from "ft/disagg";
 import {reqColor, stagesOf} from "ft/palette";
 import {active as replaying} from "ft/replay";
 import {WINDOW_S, pct, rates, recent, requestLine, speculating} from "ft/speculate";
+import {laterTokens, statNote} from "ft/pertoken";
 import {percentile, prefillTime, running} from "ft/state";
 import {sloText, targetBelowEngine} from "ft/targets";
 import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
 import {apply as applyPreset} from "ft/teach";
-import {$, el, fmtBytes, fmtS} from "ft/util";
+import {$, el, finishText, fmtBytes, fmtS} from "ft/util";
 
 // The functions here take what they read: `s` the page state, `ui` its UI state (selected
 // request, dirtyDom, awaitOwn), `perf` the counters the footer shows, and `select(id)`, which
@@ -60,7 +61,8 @@ function accountingBars(s, r) {
   if (r.later) {
     const lp = LATER.map(([k, name]) => ({cls: `l-${k}`, name, v: r.later[k]}));
     lp.push({cls: "other", name: "between steps", v: r.tpot - LATER.reduce((a, [k]) => a + r.later[k], 0)});
-    out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token (mean of ${r.outputTokens - 1})`, "each later token"));
+    const x = laterTokens(r, s);   // the mean named, its median beside it, and a new shape's first forwards in it
+    out.push(stackedBar(lp, `= ${fmtS(r.tpot)} per later token ${x ? statNote(x) : `(mean of ${r.outputTokens - 1})`}`, "each later token"));
   }
   return out;
 }
@@ -319,7 +321,7 @@ function detail(s, ui) {
     $("d-sched").textContent = "";
     return;
   }
-  const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
+  const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? finishText(r.reason) : requeued(r) ? "preempted, waiting" :
     instanceState(s, r) ??
     r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
   $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;

@@ -53,6 +53,34 @@ export function busyText(p) {
     "measured, scaled by the roofline estimate) — another program is likely using its cores.";
 }
 
+// A decode-cost sweep (a finished `measure` event) judged the same way: serving pauses while it
+// runs, so no steps come then, but each of its decode points has the same ratio (measured ÷ the
+// roofline's estimate). Against the quiet pace of the steps seen before (else the sweep's own
+// quietest point), its median point, and the steps in the seconds before it began:
+// {factor, against: "steps" | "sweep", slow: [its points that took BUSY× the pace or more],
+// before: pace() just before it (or null), busy}; null with no point to judge.
+export function sweepPace(s, ev) {
+  const pts = (ev.decode || []).filter((p) => p.predicted_s > 0 && p.step_s > 0);
+  if (!pts.length) return null;
+  const r = (p) => p.step_s / p.predicted_s, q = quiet(s), ref = q !== null ? q : Math.min(...pts.map(r));
+  const t0 = ev.t - (ev.seconds || 0), before = pace(s, t0 - RECENT_S, t0);
+  const factor = percentile(pts.map(r), 50) / ref, slow = pts.filter((p) => r(p) >= BUSY * ref);
+  return {factor, against: q !== null ? "steps" : "sweep", slow, before,
+          busy: factor >= BUSY || !!(before && before.busy) || slow.length * 4 >= pts.length};
+}
+
+// The sweep's warning, in words: null when it ran at the machine's quiet pace.
+export function sweepBusyText(p) {
+  if (!p || !p.busy) return null;
+  const what = p.against === "steps" ? "the engine's own quiet pace (its steps seen here, each against its roofline estimate)"
+    : "its own quietest point (each against its roofline estimate; no quiet steps seen here to compare with)";
+  const slow = p.slow.map((x) => `batch ${x.batch} × ${x.context}`);
+  return `Taken while this machine was busy: ${p.before && p.before.busy ? `just before it, decode steps took ${p.before.factor.toFixed(1)}× ` +
+    `the engine's quiet pace; ` : ""}its points ran a median ${p.factor.toFixed(1)}× ${what}` +
+    (slow.length ? `, ${slow.length} of them ${BUSY}× or more (${slow.slice(0, 4).join(", ")}${slow.length > 4 ? ", …" : ""})` : "") +
+    ". Another program was likely using its cores: these times are not this engine's own; measure again when the machine is quiet.";
+}
+
 // For the diagnosis: a sentence when the machine was busy while r was being decoded, else null.
 export function busySuspect(s, r) {
   if (r.first === null || r.end === null) return null;

@@ -14,7 +14,7 @@
 import {diagonalStripes, fitCanvas} from "ft/canvas";
 import {palette as P, alpha, reqColor} from "ft/palette";
 import {fitText, frame, rect, stepPath, timeAxis} from "ft/timeline";
-import {$, el, fmtS} from "ft/util";
+import {$, el, finishText, fmtS, plural} from "ft/util";
 
 // Every function here that reads the page state takes it as `s`; those that say how old a scrape
 // is now take `now`, the engine time the page shows (live, or a replay's virtual clock).
@@ -406,7 +406,7 @@ export function describeClient(s, r) {
   if (r.inSlot !== null) lines.push(`in a server slot from +${fmtS(r.inSlot - r.arrival)} (server, ±0.5 s)`);
   if (r.first !== null) lines.push(`first chunk after ${fmtS(r.first - r.arrival)} (this client)`);
   else lines.push(`waiting for its first chunk for ${fmtS((r.end ?? s.latestT) - r.arrival)} (this client)`);
-  lines.push(`${r.tokens.length} chunks${r.reason ? ` · ${r.reason}` : " · streaming"}`);
+  lines.push(`${plural(r.tokens.length, "chunk")}${r.reason ? ` · ${finishText(r.reason)}` : " · streaming"}`);
   return lines;
 }
 
@@ -433,7 +433,7 @@ export function clientNote(s, r) {
 }
 
 export function clientState(r) {
-  return r.rejected ? "rejected" : r.end !== null ? r.reason : r.first !== null ? "streaming" : "waiting for first chunk";
+  return r.rejected ? "rejected" : r.end !== null ? finishText(r.reason) : r.first !== null ? "streaming" : "waiting for first chunk";
 }
 
 export function clientAccounting(s, r) {
@@ -465,10 +465,10 @@ export function diagnoseClient(s, r) {
                 (srv ? `; ${srv}` : "") + ". The full diagnosis comes when it finishes."};
     }
     return {cause: "streaming", numbers: {first_chunk: r.first - r.arrival},
-            text: `First chunk after ${fmtS(r.first - r.arrival)} (this client); ${r.tokens.length} chunks so far. ` +
+            text: `First chunk after ${fmtS(r.first - r.arrival)} (this client); ${plural(r.tokens.length, "chunk")} so far. ` +
               "The full diagnosis comes when it finishes."};
   }
-  if (r.ttft === null) return {cause: r.reason, numbers: {}, text: `It ended (${r.reason}) before its first chunk.`};
+  if (r.ttft === null) return {cause: r.reason, numbers: {}, text: `It ended (${finishText(r.reason)}) before its first chunk.`};
   const total = r.e2e, streaming = Math.max(0, total - r.ttft), gaps = r.gaps || [];
   const numbers = {total, first_chunk: r.ttft, streaming};
   if (r.ttft >= streaming) {

@@ -9,14 +9,15 @@
 import {busySuspect} from "ft/busy";
 import {diagnoseDelivery, firstShapeNote} from "ft/delivery";
 import {selectedReq} from "ft/panels";
+import {perTokenText} from "ft/pertoken";
+import {requestBatchText} from "ft/relations";
 import {diagnoseClient, observing} from "ft/server";
 import {pct, rates, requestCounts, tally} from "ft/speculate";
 import {percentile, prefillTime, running, stepMedians} from "ft/state";
 import {missed, targetBelowEngine} from "ft/targets";
-import {$, el, fmtS} from "ft/util";
+import {$, el, finishText, fmtS, plural} from "ft/util";
 
 const sum = (xs) => xs.reduce((a, b) => a + b, 0);
-const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
 // Who was ahead of r: requests that had arrived before it and were still waiting when it
 // came. And the slots held while it waited: the most requests running at any admission
@@ -118,10 +119,13 @@ function causeText(cause, r, s, p, total) {
         (n ? ` (${fmtS((p.prefill / n) * 100)} per 100 tokens)` : "") +
         ` — a shorter prompt, or a prompt prefix the prefix cache already holds, would likely help.`};
     }
-    case "decode": return {cause, text: `${lead("decoding", p.decode)}: ${k} later tokens at ${fmtS(r.tpot)} each, ` +
-      `${requestCounts(r).drafts ? "one or more per model step (speculative decoding)" : "one per model step"} ` +
-      `shared with the batch — fewer output tokens would likely help; each step is mostly reading the weights, ` +
-      `so a busier batch slows it only a little.`};
+    case "decode": {
+      // how much sharing the batch cost it: measured here (ft-relations.js), never a fixed claim
+      const shared = requestBatchText(r, s);
+      return {cause, text: `${lead("decoding", p.decode)}: ${plural(k, "later token")} at ${perTokenText(r, s)}, ` +
+        `${requestCounts(r).drafts ? "one or more per model step (speculative decoding)" : "one per model step"} ` +
+        `shared with the batch — fewer output tokens would likely help.${shared ? ` ${shared}` : ""}`};
+    }
     case "stalled": return {cause, text: `${lead("waiting behind other requests' prefill", p.stalled)}: ` +
       `its later tokens waited while other prompts were computed — chunked prefill (the mixed schedule) or a smaller ` +
       `step token budget would likely keep it streaming.`};
@@ -163,7 +167,7 @@ function inFlight(r, s) {
             text: `Admitted after ${fmtS(r.queueS)} in the queue; its prompt is being computed (${fmtS(prefillTime(r))} so far).`};
   }
   return {cause: "decode", numbers: {ttft: r.first - r.arrival, tokens: r.tokens.length},
-          text: `First token after ${fmtS(r.first - r.arrival)}; ${r.tokens.length} tokens so far. The full diagnosis comes when it finishes.`};
+          text: `First token after ${fmtS(r.first - r.arrival)}; ${plural(r.tokens.length, "token")} so far. The full diagnosis comes when it finishes.`};
 }
 
 export function diagnose(r, s) {
@@ -171,7 +175,7 @@ export function diagnose(r, s) {
   if (r.rejected) return {cause: "rejected", text: `It was refused: ${r.rejected}.`, numbers: {}};
   if (observing(s)) return diagnoseClient(s, r);   // observe mode: no engine stages, only what a client sees
   if (!r.stages) return inFlight(r, s);
-  if (r.ttft === null) return {cause: r.reason, text: `It ended (${r.reason}) before its first token.`, numbers: {}};
+  if (r.ttft === null) return {cause: r.reason, text: `It ended (${finishText(r.reason)}) before its first token.`, numbers: {}};
   const p = finishedParts(r, s), total = r.e2e;
   let cause = "other";
   for (const k in p) if (p[k] > p[cause]) cause = k;
@@ -238,7 +242,7 @@ function sloVerdict(d, r, s) {
   }
   const bits = [];
   if (!o.ttft_met) bits.push(`its TTFT was ${fmtS(r.ttft)} against a ${fmtS(o.ttft_target_s)} target`);
-  if (!o.tpot_met) bits.push(`its later tokens took ${fmtS(r.tpot)} each against a ${fmtS(o.tpot_target_s)} target`);
+  if (!o.tpot_met) bits.push(`its later tokens took ${fmtS(r.tpot)} each on average (the mean, as the objective judges it) against a ${fmtS(o.tpot_target_s)} target`);
   const below = targetBelowEngine(r, s.points);
   d.text = `It missed its service-level objective${miss.length > 1 ? "s" : ""} (${miss.join(" and ")}): ${bits.join(", and ")}, ` +
     `so it does not count towards goodput.${below ? ` ${below}` : ""} ${d.text}`;

@@ -5,6 +5,7 @@
 // presenter read the same functions, so a figure is computed one way everywhere.
 import {proof as wayOutProof} from "ft/delivery";
 import {proof as disaggProof} from "ft/disagg";
+import {batchCost, costText, ridgeEstimate} from "ft/relations";
 import {lessonFigure} from "ft/speculate";
 import {percentile, running} from "ft/state";
 import {proof as weightsProof} from "ft/weights";
@@ -50,6 +51,17 @@ export function recomputeSlope(s, t0) {
           long: {len: median(hi.map((p) => p.len)), ms: median(hi.map((p) => p.ms))}};
 }
 
+// The lesson's measured relation (ft-relations.js): a busier step against a lone one, and where
+// arithmetic takes over, measured and as the roofline estimates it; "" before two batch sizes are measured.
+function batchingFigure(s) {
+  const b = batchCost(s);
+  if (!b) return "";
+  const r = b.ridge, est = ridgeEstimate(s, b.costs.context);
+  const near = (x) => (Number.isFinite(x) ? `batch ${x < 1.5 ? 1 : Math.round(x)}` : "none");
+  return ` · measured (${b.costs.source === "sweep" ? "the sweep" : "steps seen"}): ${costText(b)} · arithmetic takes over ` +
+    `${r.past === null ? `past batch ${r.most} (not reached)` : `by batch ${r.past}`}` + (est ? ` (roofline estimate: ${near(est.batch)})` : "");
+}
+
 // TTFT, queue and prefill medians over the requests finished since t0.
 function ttftParts(s, t0) {
   const done = finishedSince(s, t0);
@@ -82,7 +94,7 @@ const proof = {
     const L = s.last, p = ttftParts(s, t0);
     if (!L) return null;
     return `total ${L.tokens_per_s.toFixed(1)} tokens/s with ${running(s)} running` +
-      (p && p.stream ? ` · each stream ${p.stream.toFixed(1)} tokens/s` : "");
+      (p && p.stream ? ` · each stream ${p.stream.toFixed(1)} tokens/s (median request)` : "") + batchingFigure(s);
   },
   "small-cache"(s) {
     const L = s.last;

@@ -12,16 +12,18 @@
 // each format's step times against its own floor and memory roof (*Measure both weight formats*
 // runs the two sweeps in turn, then puts the setting back).
 // (Plotly: the global that plotly.min.js, a classic script before the modules, defines.)
+import {sweepBusyText, sweepPace} from "ft/busy";
 import {send} from "ft/connection";
 import {alpha, palette as P} from "ft/palette";
+import {batchingSentence, ridgeSentence} from "ft/relations";
 import {ROLES, percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
-import {$, fmtBytes, fmtS, toast} from "ft/util";
+import {$, fmtBytes, fmtS, plural, toast} from "ft/util";
 import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
 
 // The functions that read the page state take it as `s` (its connectT tells history sent on
 // connect from news).
-let result = null, drawn = null;
+let result = null, drawn = null, drawnBoxes = "";
 let byFormat = {};   // weights format -> the latest finished sweep that read it
 let both = null;     // "Measure both weight formats" while it runs: {step}
 const DASHES = ["solid", "dot", "dashdot", "longdash"];
@@ -35,14 +37,53 @@ function shown() {
   return result ? [result] : [];
 }
 
+// Every chart's legend sits in rows above its plot, clear of the lines (it covered the longest
+// context's end inside the plot); the top margin is sized for the rows it wraps into (frame()).
 const LAYOUT = {
   paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-  font: {color: P.text2, size: 14, family: "system-ui, sans-serif"},
-  margin: {l: 60, r: 14, t: 8, b: 46}, showlegend: true,
-  legend: {x: 0, y: 1, bgcolor: alpha(P.bg, 0.7), font: {size: 12}},
+  font: {color: P.text2, size: 13, family: "system-ui, sans-serif"},
+  margin: {l: 56, r: 14, t: 8, b: 40}, showlegend: true,
+  legend: {orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", font: {size: 12}, tracegroupgap: 0},
 };
-const CONFIG = {displayModeBar: false, responsive: true};
+// Sized by us from each chart's box (frame()), redrawn when a box changes: plotly's own `responsive`
+// follows the window only, and the words above a chart change its height.
+const CONFIG = {displayModeBar: false, responsive: false};
+const CHARTS = ["m-steps", "m-rates", "m-kv", "m-roof"];
+const boxes = () => CHARTS.map((id) => `${$(id).clientWidth}x${$(id).clientHeight}`).join(" ");
 const axis = (title, extra) => Object.assign({title: {text: title, standoff: 4}, gridcolor: P.grid, zeroline: false}, extra);
+const LEGEND_ITEM_PX = (name) => 44 + 6.6 * name.length;   // a 12 px legend item: its symbol, text and gap
+
+// The layout for one chart in `div`: the legend's rows above the plot (as many as its entries
+// wrap into at this width), and `extra` over it.
+function frame(div, data, extra) {
+  const names = data.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
+  const width = Math.max(1, div.clientWidth - LAYOUT.margin.l - LAYOUT.margin.r);
+  let rows = names.length ? 1 : 0, used = 0;
+  for (const n of names) {
+    const w = LEGEND_ITEM_PX(n);
+    if (used && used + w > width) { rows++; used = 0; }
+    used += w;
+  }
+  return Object.assign({}, LAYOUT, {margin: Object.assign({}, LAYOUT.margin, {t: 8 + 20 * rows}),
+                                    width: div.clientWidth, height: div.clientHeight}, extra);
+}
+
+// Integer batch ticks: the batch sizes measured, each at least MIN_TICK_PX from the one before
+// (the largest always kept), on an axis from 0: it ran "−1 0 1 … 34", the labels colliding.
+const MIN_TICK_PX = 24;
+function batchAxis(div, batches) {
+  const most = Math.max(...batches), range = [0, most * 1.04 + 0.5];
+  const px = Math.max(1, div.clientWidth - LAYOUT.margin.l - LAYOUT.margin.r) / (range[1] - range[0]);
+  const ticks = [];
+  for (const b of [...new Set(batches)].sort((a, c) => a - c)) {
+    if (ticks.length && (b - ticks[ticks.length - 1]) * px < MIN_TICK_PX) {
+      if (b !== most) continue;
+      ticks.pop();
+    }
+    ticks.push(b);
+  }
+  return axis("requests in the batch", {range, tickmode: "array", tickvals: ticks, ticktext: ticks.map(String)});
+}
 const HUES = [P.decode, P.prefill, P.queue, P.tokenize, P.first, P.delivery];
 
 // decode rows grouped by context length, each sorted by batch.
@@ -53,44 +94,79 @@ function byContext(rows) {
   return [...m.entries()].sort((a, b) => a[0] - b[0]);
 }
 
-// One sweep's lines (one per context length) and its floor: the weights it read plus the batch's
-// keys/values at the measured bandwidth, an estimate. With two formats drawn each takes its own
-// colour, and the contexts their dashes.
+// One sweep's lines (one per context length), each with its floor: the weights it read plus
+// that batch's keys/values read once at the measured bandwidth (the points' floor_s), an estimate
+// that rises with the batch and the context; drawn dashed in its line's colour, one legend entry
+// for them all. (It was one flat line at the median of every point's floor, 3.5 ms where its note's
+// weights ÷ bandwidth is 1.8 ms.) A context's skipped batches (ev.skipped) are named in its entry.
+// With two formats drawn each takes its own colour, and the contexts their dashes.
 function stepLines(s, ev, two) {
   const fmt = formatOf(s, ev), tag = two ? `${name(s, fmt, "short")}, ` : "";
-  const data = byContext(ev.decode).map(([ctx, rows], i) => ({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx} tokens`,
-    x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
-    line: {color: two ? colorOf(fmt) : HUES[i % HUES.length], width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
-    hovertemplate: `${tag}context ${ctx}: batch %{x} → %{y:.1f} ms<extra></extra>`}));
-  const floors = ev.decode.map((r) => r.floor_s).filter((v) => typeof v === "number");
-  if (floors.length) {
-    const batches = [...new Set(ev.decode.map((r) => r.batch))].sort((a, b) => a - b);
-    const floor = percentile(floors, 50) * 1000, fl = floorOf(s, fmt);
-    data.push({type: "scatter", mode: "lines", name: `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(s, fmt, "short")}: ${mb(fl.bytes)})` : ""}`,
-               x: batches, y: batches.map(() => floor), line: {color: two ? colorOf(fmt) : P.accent, width: 2, dash: "dash"},
-               hovertemplate: `estimate${two ? `, ${name(s, fmt, "short")}` : ""}: %{y:.1f} ms<extra></extra>`});
-  }
+  const data = [];
+  byContext(ev.decode).forEach(([ctx, rows], i) => {
+    const color = two ? colorOf(fmt) : HUES[i % HUES.length];
+    const left = skippedOf(ev).filter((k) => k.sweep === "decode" && k.tokens === ctx).map((k) => k.batch);
+    data.push({type: "scatter", mode: "lines+markers", name: `${tag}context ${ctx}${left.length ? ` (batch ${left.join(", ")} skipped)` : ""}`,
+      x: rows.map((r) => r.batch), y: rows.map((r) => r.step_s * 1000),
+      line: {color, width: 3, dash: two ? DASHES[i % DASHES.length] : "solid"},
+      hovertemplate: `${tag}context ${ctx}: batch %{x} → %{y:.1f} ms<extra></extra>`});
+    const floor = rows.filter((r) => typeof r.floor_s === "number");
+    if (floor.length) {
+      // one legend entry for a format's floors (its first context's); the others named for their hover
+      const fl = floorOf(s, fmt);
+      data.push({type: "scatter", mode: "lines", legendgroup: `floor${fmt}`, showlegend: i === 0,
+                 name: i ? `estimate: floor, context ${ctx}` : `estimate: memory-bandwidth floor${two && fl && fl.fmt ? ` (${name(s, fmt, "short")}: ${mb(fl.bytes)})` : ""}`, x: floor.map((r) => r.batch), y: floor.map((r) => r.floor_s * 1000),
+                 line: {color: two ? colorOf(fmt) : alpha(color, 0.85), width: 1.5, dash: "dash"},
+                 hovertemplate: `estimated floor${two ? `, ${name(s, fmt, "short")}` : ""}, context ${ctx}: batch %{x} → %{y:.1f} ms<extra></extra>`});
+    }
+  });
   return data;
 }
 
 function drawSteps(s, evs) {
-  const data = evs.flatMap((ev) => stepLines(s, ev, evs.length > 1));
-  Plotly.react($("m-steps"), data, Object.assign({}, LAYOUT, {
-    xaxis: axis("requests in the batch", {dtick: 1}), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
+  const div = $("m-steps"), data = evs.flatMap((ev) => stepLines(s, ev, evs.length > 1));
+  const batches = evs.flatMap((ev) => ev.decode.map((r) => r.batch));
+  $("m-steps-note").textContent = stepsNote(s, evs[evs.length - 1]);   // first: its lines take the chart's height
+  // what the sweep says about batching here, measured (ft-relations.js): across the sheet, under its status
+  $("m-findings").textContent = [batchingSentence(s), ridgeSentence(s)].filter(Boolean).join(" ");
+  Plotly.react(div, data, frame(div, data, {
+    xaxis: batchAxis(div, batches.length ? batches : [1]), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
 
+// The skipped points of a sweep: {sweep, batch, tokens, blocks_needed, blocks_free} (protocol 14; a
+// trace before it: words, kept as they are).
+const skippedOf = (ev) => (ev.skipped || []).filter((k) => typeof k === "object" && k);
+
+// The steps chart's words: the floor the dashed lines draw, with the numbers it is computed from.
+function stepsNote(s, ev) {
+  const h = s.hello, bw = h && h.roofline ? h.roofline.gbs : h && h.bandwidth ? h.bandwidth.gbs : null;
+  const f = formats(s), fmt = formatOf(s, ev), bytes = f && f[fmt] ? f[fmt].decode_bytes : h && h.bandwidth ? h.bandwidth.weight_bytes : null;
+  const first = ev.decode.slice().sort((a, b) => a.context - b.context || a.batch - b.batch)[0];
+  const words = [];
+  if (bytes && bw && first) {
+    words.push(`Dashed: each context's floor, an estimate: (${mb(bytes)} of weights + batch × context × ` +
+      `${fmtBytes(h.kv_bytes_per_token)} of keys and values) ÷ ${bw.toFixed(1)} GB/s (measured at start); ${fmtS(bytes / (bw * 1e9))} for the ` +
+      `weights alone, ${fmtS(first.floor_s)} at batch ${first.batch}, context ${first.context}.`);
+  }
+  return words.join(" ");
+}
+
+// Total (solid) and per request (dotted) for each context; one legend entry per context (the heading
+// says which line is which).
 function drawRates(ev) {
-  const groups = byContext(ev.decode);
-  const data = [];
-  groups.forEach(([ctx, rows], i) => {
+  const div = $("m-rates"), data = [];
+  byContext(ev.decode).forEach(([ctx, rows], i) => {
     const c = HUES[i % HUES.length];
-    data.push({type: "scatter", mode: "lines+markers", name: `total, context ${ctx}`, x: rows.map((r) => r.batch),
-               y: rows.map((r) => r.batch / r.step_s), line: {color: c, width: 3}});
-    data.push({type: "scatter", mode: "lines", name: `per request, context ${ctx}`, x: rows.map((r) => r.batch),
-               y: rows.map((r) => 1 / r.step_s), line: {color: c, width: 2, dash: "dot"}});
+    data.push({type: "scatter", mode: "lines+markers", name: `context ${ctx}`, legendgroup: String(ctx), x: rows.map((r) => r.batch),
+               y: rows.map((r) => r.batch / r.step_s), line: {color: c, width: 3},
+               hovertemplate: `context ${ctx}, batch %{x}: %{y:.0f} tokens/s in total<extra></extra>`});
+    data.push({type: "scatter", mode: "lines", name: `per request, context ${ctx}`, legendgroup: String(ctx), showlegend: false,
+               x: rows.map((r) => r.batch), y: rows.map((r) => 1 / r.step_s), line: {color: c, width: 2, dash: "dot"},
+               hovertemplate: `context ${ctx}, batch %{x}: %{y:.1f} tokens/s per request<extra></extra>`});
   });
-  Plotly.react($("m-rates"), data, Object.assign({}, LAYOUT, {
-    xaxis: axis("requests in the batch", {dtick: 1}), yaxis: axis("tokens/s (measured)", {rangemode: "tozero"})}), CONFIG);
+  const batches = ev.decode.map((r) => r.batch);
+  Plotly.react(div, data, frame(div, data, {
+    xaxis: batchAxis(div, batches.length ? batches : [1]), yaxis: axis("tokens/s (measured)", {rangemode: "tozero"})}), CONFIG);
 }
 
 function drawKV(ev) {
@@ -101,7 +177,7 @@ function drawKV(ev) {
     {type: "scatter", mode: "lines+markers", name: "KV cache off (recompute)", x: rows.map((r) => r.tokens),
      y: rows.map((r) => r.recompute_s * 1000), line: {color: P.bad, width: 3}},
   ];
-  Plotly.react($("m-kv"), data, Object.assign({}, LAYOUT, {
+  Plotly.react($("m-kv"), data, frame($("m-kv"), data, {
     xaxis: axis("sequence length, tokens"), yaxis: axis("ms per decode step", {rangemode: "tozero"})}), CONFIG);
 }
 
@@ -154,13 +230,10 @@ function drawRoofline(s, evs) {
                x: [x0, x1], y: [R.computeS(x0) * 1000, R.computeS(x1) * 1000], line: {color: P.bad, width: 2, dash: "dot"},
                hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
   }
-  Plotly.react($("m-roof"), data, Object.assign({}, LAYOUT, {
-    // the legend in a row under the chart, clear of the points on a narrow screen
-    legend: Object.assign({}, LAYOUT.legend, {orientation: "h", x: 0, y: -0.3, yanchor: "top", font: {size: 12}}),
-    margin: Object.assign({}, LAYOUT.margin, {b: 40}),
+  $("m-roof-note").textContent = roofNote(s, dec, pre, R, two ? roofList : null);   // first: its lines take the chart's height
+  Plotly.react($("m-roof"), data, frame($("m-roof"), data, {
     xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
     yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
-  $("m-roof-note").textContent = roofNote(s, dec, pre, R, two ? roofList : null);
 }
 
 // The gap between what was measured and what the roofline estimates, said plainly.
@@ -171,16 +244,18 @@ function roofNote(s, dec, pre, R, both = null) {
   for (const [name, pts] of [["Decode", dec], ["Prefill", pre]]) {
     const k = medianRatio(pts);
     if (k === null) continue;
+    // the first gap over 2x names what the roofline leaves out, once
+    const why = over ? ", too" : " (Python, kernel launches, gathering paged KV blocks, kernels below peak)";
+    const gap = over ? "overhead" : "overhead the roofline does not model";
     over = over || k > 2;
-    parts.push(k > 2 ? `${name}: measured ${k.toFixed(1)}× the roofline (median): overhead the roofline does not model.`
+    parts.push(k > 2 ? `${name}: measured ${k.toFixed(1)}× the roofline (median): ${gap}${why}.`
                : k < 0.5 ? `${name}: measured ${(1 / k).toFixed(1)}× under the roofline (median): the estimated rates are off here.`
                : `${name}: measured ${k.toFixed(1)}× the roofline (median), close to it.`);
   }
-  return parts.join(" ") + (over ? " (Python, kernel launches, gathering paged KV blocks, kernels below peak.)" : "") +
-    (both ? ` (The figures: the ${name(s, R.fmt)} sweep.)` : "") +
-    ` Roofs, estimates: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(s, r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
-    `${R.fmt && !both ? ` (${name(s, R.fmt)})` : ""} of weights ÷ ${R.gbs.toFixed(1)} GB/s (measured at start); ` +
-    `compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ${R.gflops.toFixed(0)} Gflop/s (a matmul, measured at start).`;
+  return parts.join(" ") + (both ? ` (The figures: the ${name(s, R.fmt)} sweep.)` : "") +
+    ` Roofs, estimates from rates measured at start: memory = ${both ? both.map((r) => `${fmtBytes(r.weightBytes)} (${name(s, r.fmt)})`).join(" or ") : fmtBytes(R.weightBytes)}` +
+    ` of weights ÷ ${R.gbs.toFixed(1)} GB/s; compute = 2 flops × ${(R.linear / 1e6).toPrecision(3)} M linear weights × tokens ÷ ` +
+    `${R.gflops.toFixed(0)} Gflop/s (a matmul).`;
 }
 
 function show(on) { $("sheet-measure").hidden = !on; }
@@ -202,30 +277,67 @@ function measured(ev, s) {
       (first ? "…" : ` — ${ev.points_done} of ${ev.points_total} points` +
                      (ev.eta_s !== null ? `, about ${fmtS(ev.eta_s)} left (estimated from the pace so far)` : "") + ".");
     if (!first) result = ev;   // the points timed so far, drawn as they come
+    else { $("m-busy").hidden = true; }
   } else if (ev.status === "done") {
     result = ev;
     if (ev.weights) byFormat[ev.weights] = ev;
     status.dataset.status = "done";
     const fmts = Object.keys(byFormat);
-    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine${ev.weights ? `, reading the weights ${name(s, ev.weights)}` : ""}; ` +
-      "serving resumed. Every point is a timed step; the dashed floor and the roofs are estimates (weight bytes ÷ measured bandwidth; " +
-      "flops ÷ measured matmul rate)." + (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(s, f)).join(", ")}); ` +
+    status.textContent = `Measured in ${fmtS(ev.seconds)} on this machine: ${planText(s, ev)}` +
+      `${ev.weights ? `, reading the weights ${name(s, ev.weights)}` : ""}; serving resumed. Every point is a timed step; the dashed ` +
+      "floors and the roofs are estimates." +
+      (fmts.length > 1 ? ` Both weight formats drawn (${fmts.map((f) => name(s, f)).join(", ")}); ` +
       `the rates and KV charts: the latest sweep (${name(s, ev.weights)}).` : "");
   } else {
     status.dataset.status = "error";
     status.textContent = `The measurement failed: ${ev.message}`;
   }
+  flags(s, ev);
+}
+
+// What the sweep covered: "batches 1–32 (every slot the engine has; serving uses 2 now), contexts 128–1024".
+function planText(s, ev) {
+  const b = ev.batches || [], c = ev.contexts || [], most = s.hello && s.hello.max_slots, live = s.settings.slots;
+  const span = (xs) => (xs.length > 1 ? `${Math.min(...xs)}–${Math.max(...xs)}` : String(xs[0] ?? "—"));
+  const why = most && Math.max(...b) === most
+    ? ` (up to the engine's ${most} slots${live && live < most ? `; serving uses ${live} now, as the settings left it` : ""})` : "";
+  return `batches ${span(b)}${why}, context${c.length > 1 ? "s" : ""} ${span(c)} tokens`;
+}
+
+// The sheet's warnings under its status: a sweep taken while the machine was busy (ft-busy.js's
+// signal, the points against the engine's quiet pace), and the points it skipped and why.
+function flags(s, ev) {
+  const busy = ev.status === "done" ? sweepBusyText(sweepPace(s, ev)) : null;
+  $("m-busy").hidden = !busy;
+  $("m-busy").textContent = busy || "";
+  const skipped = ev.skipped || [];
+  $("m-skipped").hidden = !skipped.length;
+  $("m-skipped").textContent = skipped.length ? `Not measured (${plural(skipped.length, "point")}): ${skipped.map((k) => skippedText(s, k)).join("; ")}.` : "";
+}
+
+// "batch 32 at context 1024: needs 2,112 free KV blocks, 2,048 were free (requests in flight held the rest)".
+function skippedText(s, k) {
+  if (typeof k !== "object" || !k) return String(k);   // a trace before protocol 14: the engine's words
+  const where = k.sweep === "decode" ? `batch ${k.batch} at context ${k.tokens}` : k.sweep === "kv"
+    ? `KV cache on vs off at ${k.tokens} tokens` : `prefill of a ${k.tokens}-token prompt`;
+  const store = s.hello && s.hello.cache_blocks;
+  const why = store && k.blocks_needed > store ? `more than the whole KV store (${store.toLocaleString("en")} blocks)`
+    : `${k.blocks_free.toLocaleString("en")} were free (requests in flight held the rest)`;
+  return `${where} needs ${k.blocks_needed.toLocaleString("en")} free KV blocks, ${why}`;
 }
 
 // Charts are drawn when the sheet is visible (plotly needs its size).
 export function update({s}) {
   $("m-both").hidden = !(formats(s) && formats(s).stored && formats(s).dequantised) || document.body.dataset.role === ROLES.VIEWER;
   $("m-both").disabled = !!both;
-  if (!result || drawn === result || $("sheet-measure").hidden || !window.Plotly) return;
+  if (!result || $("sheet-measure").hidden || !window.Plotly) return;
+  const key = boxes();
+  if (drawn === result && drawnBoxes === key) return;
   drawn = result;
   const evs = shown();
   drawSteps(s, evs); drawRates(result); drawKV(result); drawRoofline(s, evs);
-  for (const id of ["m-steps", "m-rates", "m-kv", "m-roof"]) $(id).classList.toggle("partial", result.status === "running");
+  drawnBoxes = boxes();   // the words written above the charts may have moved them: drawn again at the next tick
+  for (const id of CHARTS) $(id).classList.toggle("partial", result.status === "running");
 }
 
 // The sheet's buttons; `s`, the page state, for "Measure both".

@@ -7,6 +7,7 @@
 import {diagnosis} from "ft/diagnose";
 import {median, proofText} from "ft/figures";
 import {selectedReq} from "ft/panels";
+import {batchingWords} from "ft/relations";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
@@ -30,7 +31,7 @@ export const STEPS = [
      const r = selectedReq(s, ui);
      const n = r && r.promptTokens;
      return "The model never sees text, only token ids. The tokenizer cuts the prompt into pieces and looks each up " +
-       "in its vocabulary" + (n ? `: this prompt became ${n} tokens, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
+       "in its vocabulary" + (n ? `: this prompt became ${n} token${n === 1 ? "" : "s"}, in ${fmtS(r.tokEnd - r.tokStart)}.` : ".") +
        " Everything after this — prefill, the KV cache, each step — is counted in tokens.";
    }, live: (s, ui) => { const r = selectedReq(s, ui); return r && r.promptTokens ? `${r.promptTokens} prompt tokens · ${s.hello.vocab} in the vocabulary` : ""; }},
   {key: "prefill", title: "Prefill", preset: "long-document", focus: "timeline", spot: [".timeline-wrap", ".fig:has(#h-ttft50)"],
@@ -71,8 +72,8 @@ export const STEPS = [
    live: (s) => live(s, "kv-cache-off")},
   {key: "batching", title: "Batching", preset: "many-users", focus: "slots", spot: [".slots-row", ".fig:has(#h-tps)", ".fig:has(#h-itl50)"],
    watch: "total tokens/s against each stream's speed",
-   text: () => "Many requests share each step: reading the weights once serves the whole batch, so total throughput " +
-     "rises a lot while each stream slows only a little.",
+   // how much each stream slows, and where the ridge is: measured here (ft-relations.js), never a fixed claim
+   text: (s) => `Many requests share each step: one read of the weights serves the whole batch. ${batchingWords(s)}`,
    live: (s) => live(s, "many-users")},
   {key: "queueing", title: "Queueing", preset: "queueing", focus: "queue", spot: [".queue-wrap", ".fig:has(#h-ttft50)", ".fig:has(#h-waiting)"],
    watch: "TTFT against the prefill time, and the queue",
