@@ -138,8 +138,9 @@ def serve_flags(p):
                         "(the public name of a reverse proxy in front); repeatable. Other names are refused "
                         "(DNS rebinding)")
     p.add_argument("--frame-ancestors", metavar="ORIGINS", type=checked(_frame_ancestors), default="*",
-                   help="who may frame /embed in an iframe: * (default: any site) or origins separated by "
-                        "spaces (\"https://a.org https://b.org\"); every other page is framed only by this app")
+                   help="who may frame /embed in an iframe: * (default: any site, and pages opened from disk) "
+                        "or origins separated by spaces (\"https://a.org https://b.org\"; add file: for an article "
+                        "opened from disk); every other page is framed only by this app")
     p.add_argument("--request-timeout", metavar="SECONDS", type=seconds("--request-timeout"),
                    default=REQUEST_TIMEOUT_S,
                    help=f"deadline of one API request: past it the request is cancelled and the "

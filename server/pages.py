@@ -4,8 +4,12 @@ package, and /healthz.
 /embed takes URL parameters (each checked here; a bad one is a 400 that says what is
 allowed): `panels` (the strips shown besides the timeline), `theme` (dark or light),
 `compact` (small type for small frames), and either `trace=examples/NAME.json` (replay a
-shipped example: no websocket, no engine work) or `preset=NAME` (live: the page asks the
-engine for that preset). Only the traces in examples/ are served, by name. The full page
+shipped example: no websocket, no engine work) or `preset=NAME`. The engine is one for every
+reader of every article, and a preset resets it: so `preset=NAME` with a shipped recording of
+that lesson (examples/NAME.json) is redirected to that recording, replayed for this reader alone;
+without one, or with `live=1`, the page runs it live, at once when it is the engine's only viewer
+and otherwise after asking, saying whom it resets (static/teach/ft-teach.js). Only the traces in
+examples/ are served, by name. The full page
 takes the same view parameters, and `?trace=URL` for any same-origin trace.
 
 The pages' scripts are native ES modules, static/JOB/ft-NAME.js, in one folder per job (core:
@@ -20,7 +24,7 @@ page opened from file:// cannot load module scripts from files (server/export.py
 from pathlib import Path
 import re
 
-from flask import Blueprint, current_app, jsonify, render_template, request, send_file, url_for
+from flask import Blueprint, current_app, jsonify, redirect, render_template, request, send_file, url_for
 
 from .state import current
 
@@ -81,9 +85,10 @@ def page_options(args, embed):
     theme = args.get("theme", "dark")
     if theme not in THEMES:
         raise BadParam(f"theme: {theme!r} is not one of {', '.join(THEMES)}")
+    for flag in ("compact", "live"):
+        if args.get(flag, "0") not in ("0", "1", "true", "false"):
+            raise BadParam(f"{flag}: {args[flag]!r} is not 1 or 0")
     compact = args.get("compact", "0")
-    if compact not in ("0", "1", "true", "false"):
-        raise BadParam(f"compact: {compact!r} is not 1 or 0")
     trace = args.get("trace")
     if trace is not None and embed:   # the full page fetches any same-origin ?trace=URL itself
         m = TRACE_PARAM.fullmatch(trace)
@@ -111,6 +116,11 @@ def index():
 @bp.get("/embed")
 def embed():
     # The same page, compact, for iframes: the timeline and headline figures unless `panels` asks for more.
+    # A lesson with a shipped recording: that, replayed for this reader (the live engine is everyone's).
+    name, args = request.args.get("preset"), request.args
+    if name and "trace" not in args and args.get("live", "0") in ("0", "false") and example_path(name):
+        kept = {k: v for k, v in args.items() if k != "preset"}
+        return redirect(url_for("pages.embed", trace=f"examples/{name}.json", **kept))
     return _page(embed=True)
 
 

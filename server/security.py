@@ -21,8 +21,10 @@ Every response says `X-Content-Type-Options: nosniff`: a browser takes its type 
 trace or a JSON error is never sniffed into a script or a page).
 
 Framing (`Content-Security-Policy: frame-ancestors`): /embed is made for iframes on other
-sites (articles, course pages), so any origin may frame it by default; `--frame-ancestors`
-(config key FRAME_ANCESTORS) narrows that to a list of origins. Every other page is framed
+sites (articles, course pages), so any origin may frame it by default, and an article opened
+from disk too: CSP's `*` matches network schemes only, so a `file://` page's frame stayed blank
+(the reason only in its console) until `file:` was added to the list. `--frame-ancestors`
+(config key FRAME_ANCESTORS) narrows that to a list of origins, `file:` among them if wanted. Every other page is framed
 only by this origin ('self', plus X-Frame-Options for old browsers). An /embed page's own
 websocket is same-origin (the frame's document comes from this app), so framing it grants the
 framing site nothing: that site's scripts cannot reach into the frame or the websocket.
@@ -161,17 +163,22 @@ def check_host():
     raise ApiError(403, message, code="host_not_allowed")
 
 
+FILE = "file:"   # the scheme-source for pages opened from disk, which "*" does not match
+
+
 def parse_frame_ancestors(text):
-    """`--frame-ancestors`: "*" (any origin) or origins separated by spaces, as the CSP source
-    list for /embed (this origin is always added); ValueError names a bad entry."""
+    """`--frame-ancestors`: "*" (any origin, and pages opened from disk) or origins separated by
+    spaces, `file:` among them for pages opened from disk, as the CSP source list for /embed (this
+    origin is always added); ValueError names a bad entry."""
     parts = text.split()
     if not parts:
         raise ValueError("give * or at least one origin like https://example.org")
     if parts == ["*"]:
-        return "*"
+        return f"* {FILE}"
     if "*" in parts:
-        raise ValueError("* already allows every origin: give it alone")
-    return " ".join(["'self'"] + sorted({normalize_origin(p) for p in parts}))
+        raise ValueError("* already allows every origin and file: pages: give it alone")
+    origins = [p for p in parts if p.lower() != FILE]
+    return " ".join(["'self'"] + sorted({normalize_origin(p) for p in origins}) + ([FILE] if len(origins) < len(parts) else []))
 
 
 def frame_headers(response):

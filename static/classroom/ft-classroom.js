@@ -84,10 +84,20 @@ function card() {
   const foot = el("div", "cls-card-foot");
   foot.append(count, open);
   const text = el("div", "cls-card-text");
-  text.append(el("b", "", "Join the class"), el("div", "cls-card-url", room.join_url));
+  text.append(el("b", "", "Join the class"), urlBox("cls-card-url", room.join_url));
   if (room.join_code) text.append(codeLine());
   text.append(foot);
   box.append(qrBox("cls-card-qr"), text);
+  return box;
+}
+
+// An address that breaks only where a reader expects it to, before its port and its path
+// ("http://127.0.0.1:5638/join" broke as "http://127.0.0.1:563" / "8/join"): a <wbr> before each
+// ":" and "/" after the scheme; a part wider than its box still wraps (CSS: overflow-wrap).
+function urlBox(cls, url) {
+  const box = el("div", cls), scheme = (url.match(/^[a-z]+:\/\//) || [""])[0];
+  box.append(scheme);
+  for (const part of url.slice(scheme.length).split(/(?=[:/])/)) box.append(document.createElement("wbr"), part);
   return box;
 }
 
@@ -102,7 +112,7 @@ function panel(joined) {
   hide.title = "a small join card instead (remembered)";
   hide.addEventListener("click", () => choose("card"));
   head.append(el("h2", "", "Join the class from your phone"), hide);
-  const url = el("div", "cls-url", room.join_url);
+  const url = urlBox("cls-url", room.join_url);
   url.id = "cls-url";
   box.append(head, qrBox("cls-qr"), url);
   if (room.join_code) box.append(codeLine());

@@ -134,6 +134,7 @@ function refresh() {
 const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.labels : [],
                        sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
                        server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : [],
+                       kvNote: ui.layouts.kv ? ui.layouts.kv.note : null,   // the KV strip's "↑ budget …: above this scale"
                        // disaggregated: the transfers drawn on the rows and the two lanes of forwards
                        transfers: ui.layouts.timeline ? ui.layouts.timeline.transfers || [] : [],
                        transferLinks: ui.layouts.timeline ? ui.layouts.timeline.transferLinks || [] : [],

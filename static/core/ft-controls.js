@@ -94,7 +94,11 @@ function controlRow(s, name, lim) {
   row.dataset.name = name;
   row.title = lim.doc || "";
   const head = el("label", "ctl-head");
-  head.append(el("span", "ctl-name", label), el("output", "ctl-val"), el("span", "ctl-unit", unit));
+  // the value and its unit kept together: they move under the name when the panel is narrow
+  // ("100 ms/token" was cut to "100 ms/to", "0 = greedy" to "0 = greed")
+  const num = el("span", "ctl-num");
+  num.append(el("output", "ctl-val"), el("span", "ctl-unit", unit));
+  head.append(el("span", "ctl-name", label), num);
   row.append(head);
   const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
   const input = make(s, name, lim, head, row);
@@ -144,7 +148,7 @@ function applySettings(s) {
 
 // Parameters of the page itself, not settings: teaching (ft-teach.js, ft-tour.js,
 // ft-present.js) and the view (server/pages.py: an /embed's panels, theme, size, trace).
-const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace", "loop", "autoplay"];
+const PAGE_PARAMS = ["preset", "tour", "present", "panels", "theme", "compact", "trace", "loop", "autoplay", "live"];
 // Those the address bar keeps across settings changes, so a reload shows the same page: the
 // view always; an embed also its preset (reloading an article's frame runs its lesson again).
 const KEPT = embed => PAGE_PARAMS.filter((n) => embed || !["preset", "tour"].includes(n));

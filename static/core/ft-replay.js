@@ -208,11 +208,27 @@ function fail(message) {
   toast(message);
 }
 
+// An exported replay (`app.py export`) in a small window, an article's 640x400 frame, takes the
+// embed's compact layout (ft.css's small-frame rules: the headline's main figures, the banner's
+// title and live figure, the replay controls in one row), so its timeline is above the fold; the
+// full page's layout again when the window grows. (Only the CSS: the page's parts stay the full
+// page's, ft-app.js read that at boot.)
+function compactWhenSmall() {
+  const small = matchMedia("(max-width: 760px), (max-height: 520px)");
+  const apply = () => {
+    document.body.classList.toggle("embed", small.matches);
+    document.body.classList.toggle("full", !small.matches);
+  };
+  apply();
+  small.addEventListener("change", apply);
+}
+
 // A trace given with the page (export: a JSON block {name, events} with id ft-trace; ?trace=URL,
 // same origin only): true when there is one (the caller then opens no connection).
 export function start(feed) {
   const inlined = $("ft-trace");
   if (inlined) {
+    compactWhenSmall();
     try {
       const {name, events} = JSON.parse(inlined.textContent);
       load(feed, events, name);
@@ -285,6 +301,10 @@ export function wire(feed) {
 // Whether the view shows a trace or slow motion (not the live stream), and its virtual clock.
 export const active = () => player.mode !== "live";
 export const now = () => player.vt;
+// Where a trace's time axis starts: its first event (a page's saved trace holds the history the
+// server sent before its hello, so counting from the hello put a 25-s lesson at "−95 s … −80 s");
+// null unless a trace plays.
+export const traceStart = () => (player.mode === "trace" ? player.t0 : null);
 
 // For window.firstToken (tests, the console), playing to `feed`.
 export const api = (feed) => ({

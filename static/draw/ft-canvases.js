@@ -8,6 +8,7 @@ import {firstShapeText} from "ft/delivery";
 import {hitTransfer, instanceLines, transferText} from "ft/disagg";
 import {describeClient, drawServer, hitServer, observing} from "ft/server";
 import {stepLine} from "ft/speculate";
+import {traceStart} from "ft/replay";
 import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue} from "ft/strips";
@@ -206,7 +207,7 @@ export function wire(page) {
 export function draw({s, view, ui, engineNow, timeline}) {
   const now = engineNow();
   if (!view.paused) view.right = now + view.span * 0.03;
-  view.origin = s.connectT || 0;   // the axes count from this page's start (a trace's: its own)
+  view.origin = traceStart() ?? (s.connectT || 0);   // the axes count from this page's start (a trace's: its first event)
   ui.layouts.timeline = timeline.draw($("timeline"), s, view, now, {selected: ui.selected});
   // The strips the page has (an /embed shows those its `panels` parameter asked for).
   if ($("kv")) ui.layouts.kv = drawKV($("kv"), s, view, now);

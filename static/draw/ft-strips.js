@@ -111,8 +111,11 @@ export function drawKV(canvas, s, view, now) {
   const span = stepsInView(steps, st.f, now), use = pointsInView(s.blockUse, st.f);
   const scale = kvScale(s, steps, st.f, span, use, bs, capacity);
   const above = [];
-  if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
-  if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
+  if (scale.budget > scale.ymax && scale.budget === capacity) above.push(`budget = capacity ${fmtTokens(capacity)}`);
+  else {
+    if (scale.budget > scale.ymax) above.push(`budget ${fmtTokens(scale.budget)}`);
+    if (capacity > scale.ymax) above.push(`capacity ${fmtTokens(capacity)}`);
+  }
   // A band above the plot for that note, so no line or stack is drawn through it.
   if (above.length) { st.top += 16; st.plotH -= 16; }
   const {ctx, f, top, plotH} = st;
@@ -122,11 +125,17 @@ export function drawKV(canvas, s, view, now) {
   drawInUse(ctx, f, use, y, bs, xNow(f, view, now));
   drawLimits(ctx, f, s, y, scale, bs, capacity);
   scaleLabels(st, fmtTokens(Math.round(scale.ymax)));
+  let note = null;
   if (above.length) {
     ctx.textAlign = "left"; ctx.textBaseline = "bottom"; ctx.fillStyle = C.budget;
-    ctx.fillText(`↑ ${above.join(" · ")}: above this scale`, f.gutter + 6, top - 2);
+    // the longest wording that fits the plot's width (a phone's cut "capacity 16.4k tok: above this")
+    const room = f.pw - 12, fits = (t) => ctx.measureText(t).width <= room;
+    const say = [`↑ ${above.join(" · ")}: above this scale`, `↑ ${above.join(" · ")}: above`, `↑ ${above.join(" · ")}`]
+      .find(fits) || `↑ ${above[above.length - 1]}`;
+    ctx.fillText(say, f.gutter + 6, top - 2);
+    note = {text: say, w: ctx.measureText(say).width, room};
   }
-  return {f};
+  return {f, note};   // note: the limits above the scale, as written (the layout tests read it)
 }
 
 // ------------------------------------------------------------------ queue

@@ -103,13 +103,17 @@ function layoutRows(s, f, now, top, plotH, compact) {
     lane.reqs.push(r);
   }
   const fit = Math.max(1, Math.floor(plotH / MIN_ROW));
-  const shown = lanes.length > fit ? lanes.slice(lanes.length - fit) : lanes;
-  const rowH = shown.length ? Math.min(compact ? 20 : 30, plotH / shown.length) : 0;
+  // more than fit: the top row's place says how many older rows are left out (it was written
+  // over the first row's bar)
+  const shown = lanes.length > fit ? lanes.slice(lanes.length - Math.max(1, fit - 1)) : lanes;
+  const note = shown.length < lanes.length ? 1 : 0;
+  const rowH = shown.length ? Math.min(compact ? 20 : 30, plotH / (shown.length + note)) : 0;
   const rowOf = new Map(), reqs = [];
   shown.forEach((lane, i) => { for (const r of lane.reqs) { rowOf.set(r.id, i); reqs.push(r); } });
-  const barH = rowH * 0.72;
+  const barH = rowH * 0.72, rows = top + note * rowH;
   return {hidden: lanes.length - shown.length, lanes: shown, wanted: Math.min(MAX_ROWS, lanes.length),
-          reqs, rowH, rowOf, barH, top, plotH, barY: (r) => top + rowOf.get(r.id) * rowH + (rowH - barH) / 2};
+          reqs, rowH, rowOf, barH, top: rows, noteTop: top, plotH: plotH - note * rowH,
+          barY: (r) => rows + rowOf.get(r.id) * rowH + (rowH - barH) / 2};
 }
 
 // Background bands: one per model forward, so a batch reads as a column shared by its rows;
@@ -260,7 +264,7 @@ function drawLabels(ctx, f, g, compact, view, now) {
   if (g.hidden > 0) {
     ctx.fillStyle = C.muted; ctx.textAlign = "left"; ctx.textBaseline = "top";
     ctx.font = "12px system-ui, sans-serif";
-    ctx.fillText(`+${g.hidden} older rows`, f.gutter + 4, top + 2);
+    ctx.fillText(`+${g.hidden} older row${g.hidden === 1 ? "" : "s"}`, f.gutter + 4, g.noteTop + 2);
   }
   return labels;
 }
@@ -338,7 +342,7 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
   timeAxis(ctx, f, top, top + plotH, `${compact ? 10 : 13}px system-ui, sans-serif`, true);
   if (opts.selected && g.rowOf.has(opts.selected)) {
     ctx.fillStyle = C.select;
-    ctx.fillRect(0, top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
+    ctx.fillRect(0, g.top + g.rowOf.get(opts.selected) * g.rowH, w, g.rowH);
   }
   drawStages(ctx, f, g, now, layers.some((l) => l.at === "queue") ? () => layersAt("queue") : null);
   layersAt("stages");
@@ -347,7 +351,7 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
   drawOutcomes(ctx, f, g, view);
   layersAt("marks");
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top, i0, labels, hidden: g.hidden, h, stepLanes: byInstance, ...out};
+  return {f, lanes: g.lanes, rowH: g.rowH, top: g.top, i0, labels, hidden: g.hidden, h, stepLanes: byInstance, ...out};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time

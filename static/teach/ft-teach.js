@@ -87,12 +87,32 @@ function buildPresets(s) {
 }
 
 // `/?preset=NAME` is sent once, after the first hello, before the URL's settings (which then
-// adjust the preset). An unknown name is the server's to refuse (an `error` names it).
-function applyUrl(s) {
+// adjust the preset). An unknown name is the server's to refuse (an `error` names it). On an
+// /embed, one of maybe many article readers of one server, the preset resets the engine they all
+// watch: it waits for the first stats (`subscribers`: pages watching) and runs at once only when
+// this page is the only one; else the frame asks, saying whom it resets. (A lesson with a shipped
+// recording never gets here: server/pages.py replays that for the reader instead.)
+let embedAsk = null;   // the preset an /embed waits to run, until the first stats say who watches
+function applyUrl(s, embed) {
   if (urlDone) return;
   urlDone = true;
   const name = new URLSearchParams(location.search).get("preset");
-  if (name && !replaying()) apply(s, name);   // a replayed trace's page changes nothing
+  if (!name || replaying()) return;   // a replayed trace's page changes nothing
+  if (embed) embedAsk = name;
+  else apply(s, name);
+}
+
+function askEmbed(s, stats) {
+  const name = embedAsk, others = Math.max(0, (stats.subscribers || 1) - 1);
+  embedAsk = null;
+  if (!others) { apply(s, name); return; }
+  const p = preset(s, name), box = $("embed-ask");
+  if (!box) return;
+  $("embed-ask-text").textContent = `The lesson "${p ? p.title : name}" runs on this server's one engine, which ` +
+    `${others === 1 ? "1 other page is" : `${others} other pages are`} watching too: running it resets the engine for ` +
+    `${others === 1 ? "that page" : "all of them"} and cancels what runs now.`;
+  box.hidden = false;
+  $("embed-run").onclick = () => { box.hidden = true; apply(s, name); };
 }
 
 // What it does on events (ft-state.js createDispatch), before the controls see them: a URL's
@@ -104,8 +124,9 @@ export const reactions = (embed) => ({
   hello(ev, s) {
     active = null;
     if (!embed) buildPresets(s);
-    applyUrl(s);
+    applyUrl(s, embed);
   },
+  stats(ev, s) { if (embedAsk && s.connectT !== null && ev.t >= s.connectT) askEmbed(s, ev); },
 });
 
 // The banner: the tour's step while it runs, else the active preset.

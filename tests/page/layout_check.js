@@ -3,7 +3,8 @@
 //   {strips: [{id, h}], overlaps: [[a, b]], clipped: [what], small: [what], labels: {...}}
 // - strips: every visible canvas and plotly chart with its CSS height;
 // - overlaps: pairs of visible text boxes (DOM text and chart SVG text) that intersect;
-// - clipped: text cut off by an ancestor that hides overflow (or by a page that cannot scroll);
+// - clipped: text cut off by an ancestor that hides overflow, or past the side of a panel that
+//   scrolls (nobody scrolls one sideways), or by a page that cannot scroll;
 // - small: visible key text under the minimum size (12 CSS px; presenter mode 18 on screen).
 // The canvases report their own text (timeline rows, strip scales) through firstToken.layout().
 (() => {
@@ -44,6 +45,7 @@
 
   // Text boxes: one per DOM element holding its own text (its direct text nodes' extent).
   const boxes = [];
+  const sideways = [];   // every visible text's whole boxes, scrolled into view or not (below)
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   const seen = new Map();
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
@@ -53,6 +55,7 @@
     const range = document.createRange();
     range.selectNodeContents(n);
     const view = shownPart(el);
+    sideways.push({el, rects: [...range.getClientRects()]});
     for (const whole of range.getClientRects()) {
       const r = cut(whole, view);   // the part not scrolled out of a scrolling panel
       if (!r) continue;
@@ -111,6 +114,20 @@
     if (!cut && !b.svg && el.scrollWidth > el.clientWidth + TOL && getComputedStyle(el).overflowX !== "visible"
         && getComputedStyle(el).overflowX !== "auto") cut = "itself";
     if (cut) clipped.push(`${name(b.el)} by ${cut}`);
+  }
+
+  // Past the side of a panel that scrolls up and down, in view or scrolled out of it: nobody
+  // scrolls such a panel sideways ("100 ms/to", "0 = greed" in the controls).
+  for (const {el, rects} of sideways) {
+    for (let e = el.parentElement; e && e !== document.body; e = e.parentElement) {
+      const cs = getComputedStyle(e);
+      if (!["auto", "scroll"].includes(cs.overflowX) || e.scrollWidth <= e.clientWidth + TOL) continue;
+      const c = e.getBoundingClientRect();
+      if (rects.some((w) => w.right > c.right + TOL || w.left < c.left - TOL)) {
+        clipped.push(`${name(el)} by ${name(e)}'s width (it scrolls sideways)`);
+        break;
+      }
+    }
   }
 
   // Type size: key text (not the footer's fine print) at least 12 px, 18 in presenter mode.

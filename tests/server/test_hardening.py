@@ -123,7 +123,7 @@ def test_allow_list_and_framing(live):
         page, embed = requests.get(url + "/"), requests.get(url + "/embed")
         assert page.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
         assert page.headers["X-Frame-Options"] == "SAMEORIGIN"
-        assert embed.headers["Content-Security-Policy"] == "frame-ancestors *"
+        assert embed.headers["Content-Security-Policy"] == "frame-ancestors * file:"
         assert "X-Frame-Options" not in embed.headers
     finally:
         http.shutdown()

@@ -214,7 +214,7 @@ def test_embed_parameters_choose_what_is_rendered(client):
 
 def test_embed_is_framed_by_anyone_by_default_and_pages_by_themselves(client):
     http, url = client
-    assert http.get(f"{url}/embed").headers["Content-Security-Policy"] == "frame-ancestors *"
+    assert http.get(f"{url}/embed").headers["Content-Security-Policy"] == "frame-ancestors * file:"
     page = http.get(f"{url}/")
     assert page.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
     assert page.headers["X-Frame-Options"] == "SAMEORIGIN"
@@ -226,6 +226,9 @@ def test_frame_ancestors_narrows_embed(driver):
     assert r.headers["Content-Security-Policy"] == "frame-ancestors 'self' https://a.org https://b.org"
     assert "X-Frame-Options" not in r.headers
     assert app.test_client().get("/").headers["Content-Security-Policy"] == "frame-ancestors 'self'"
+    # an article opened from disk, named in the list ("*" alone allows it: see the default above)
+    disk = create_app({"FRAME_ANCESTORS": "https://a.org FILE:"}, backend=driver)
+    assert disk.test_client().get("/embed").headers["Content-Security-Policy"] == "frame-ancestors 'self' https://a.org file:"
 
 
 @pytest.mark.parametrize("value, message", [("ftp://x.org", "not an origin"), ("* https://a.org", "alone"),
