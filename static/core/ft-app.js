@@ -135,6 +135,7 @@ const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.label
                        sloMarks: ui.layouts.timeline ? ui.layouts.timeline.slo : [],
                        server: ui.layouts.server ? ui.layouts.server.lanes.map(({id, label, y, h}) => ({id, label, y, h})) : [],
                        kvNote: ui.layouts.kv ? ui.layouts.kv.note : null,   // the KV strip's "↑ budget …: above this scale"
+                       older: ui.layouts.timeline ? ui.layouts.timeline.older : null,   // "+N older rows", above the rows
                        // disaggregated: the transfers drawn on the rows and the two lanes of forwards
                        transfers: ui.layouts.timeline ? ui.layouts.timeline.transfers || [] : [],
                        transferLinks: ui.layouts.timeline ? ui.layouts.timeline.transferLinks || [] : [],

@@ -208,13 +208,14 @@ function fail(message) {
   toast(message);
 }
 
-// An exported replay (`app.py export`) in a small window, an article's 640x400 frame, takes the
+// An exported replay (`app.py export`) in a short window, an article's 640x400 frame, takes the
 // embed's compact layout (ft.css's small-frame rules: the headline's main figures, the banner's
 // title and live figure, the replay controls in one row), so its timeline is above the fold; the
-// full page's layout again when the window grows. (Only the CSS: the page's parts stay the full
-// page's, ft-app.js read that at boot.)
+// full page's layout again when the window grows. A phone held upright keeps the full page (it
+// scrolls through every panel). (Only the CSS: the page's parts stay the full page's, ft-app.js
+// read that at boot; the query lies inside ft.css's small-frame one.)
 function compactWhenSmall() {
-  const small = matchMedia("(max-width: 760px), (max-height: 520px)");
+  const small = matchMedia("(max-height: 520px), (max-width: 760px) and (max-height: 700px)");
   const apply = () => {
     document.body.classList.toggle("embed", small.matches);
     document.body.classList.toggle("full", !small.matches);

@@ -351,7 +351,9 @@ function drawTimeline(canvas, s, view, now, layers, opts) {
   drawOutcomes(ctx, f, g, view);
   layersAt("marks");
   const labels = drawLabels(ctx, f, g, compact, view, now);
-  return {f, lanes: g.lanes, rowH: g.rowH, top: g.top, i0, labels, hidden: g.hidden, h, stepLanes: byInstance, ...out};
+  // the left-out rows' count, in the top row's place (the layout tests read it)
+  const older = g.hidden ? {hidden: g.hidden, top: g.noteTop, rowsTop: g.top} : null;
+  return {f, lanes: g.lanes, rowH: g.rowH, top: g.top, i0, labels, older, hidden: g.hidden, h, stepLanes: byInstance, ...out};
 }
 
 // The request under (x, y): the row's, the one whose time span holds the pointer's time

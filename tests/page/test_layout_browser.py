@@ -169,6 +169,39 @@ def test_thirty_students_keep_named_rows_on_the_projected_timeline(room, browser
         ctx.close()
 
 
+def test_older_rows_and_the_kv_limits_are_said_where_they_fit(live, browser):
+    """More requests than a 640x400 embed's timeline has rows for: the count of those left out
+    takes the top row's place, above every drawn row (it was written over the first row's bar),
+    "+1 older row" for one; on a phone the KV strip's note about the limits above its scale fits
+    its plot ("capacity 16.4k tok: above this" was cut)."""
+    live.driver.update_settings({"max_new_tokens": 4})
+    sub = live.driver.events.subscribe(replay=False)
+    for _ in range(14):
+        live.driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=4))
+    collect(sub, lambda evs: sum(ev["type"] == "finished" for ev in evs) == 14, timeout=60)
+    sub.close()
+    ctx, page = open_page(browser, live.url + "/embed?panels=timeline,kv", 640, 400)
+    try:
+        page.wait_for_function("() => firstToken.state.finishedCount >= 14", timeout=20_000)
+        page.evaluate("firstToken.view.paused = true; firstToken.view.span = 60; firstToken.refresh()")
+        got = page.evaluate("firstToken.layout()")
+        older, labels = got["older"], got["timeline"]
+        assert older and older["hidden"] >= 1, got
+        assert older["rowsTop"] > older["top"] and all(lab["top"] >= older["rowsTop"] - 1 for lab in labels), (older, labels[:2])
+        assert len(labels) + older["hidden"] == 14
+    finally:
+        ctx.close()
+    ctx, page = open_page(browser, live.url + "/", 390, 844, 3)
+    try:
+        page.wait_for_function("() => firstToken.state.hello && firstToken.state.last", timeout=20_000)
+        page.evaluate("firstToken.refresh()")
+        note = page.evaluate("firstToken.layout().kvNote")
+        assert note and note["w"] <= note["room"], note
+        assert page.errors == []
+    finally:
+        ctx.close()
+
+
 def test_a_tapped_rows_read_out_goes_away_on_a_phone(busy, browser):
     ctx = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=3, has_touch=True, is_mobile=True)
     page = ctx.new_page()

@@ -2,10 +2,14 @@
 live page watched -> loaded in another page -> the same events in its state and the same
 figures on screen), an exported file replays from file:// with every request blocked, /embed
 replays a trace inside an iframe on another origin, slow motion and back to live, and a file
-that is not a trace changes nothing."""
+that is not a trace changes nothing. An article opened from disk frames /embed; a saved trace's
+and an export's axis start at the trace's first event, and an export in a 640x400 window takes
+the compact layout; /embed?preset= replays a shipped recording, or asks before resetting an
+engine other pages watch."""
 import http.server
 import json
 import threading
+from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
@@ -276,3 +280,93 @@ def test_slow_motion_and_back_to_live(live, browser):
     live.driver.update_settings({"load": False})
     assert page.errors == []
     page.page.close()
+
+
+def test_an_article_opened_from_disk_frames_the_embed(live, browser, tmp_path):
+    """A file:// article's iframe of /embed shows the live page (frame-ancestors `* file:`: CSP's
+    `*` alone matches network schemes only, and the frame stayed blank)."""
+    article = tmp_path / "article.html"
+    article.write_text(f'<!doctype html><title>article</title><p>An article.</p>'
+                       f'<iframe id="ft" src="{live.url}/embed" width="640" height="400" style="border:0"></iframe>')
+    page = Watch(browser, article.as_uri(), width=800, height=500)
+    page.wait("() => document.getElementById('ft').contentWindow !== null")
+    wait_until(lambda: len(page.page.frames) > 1 and page.page.frames[1].url.startswith(live.url), 10, "the frame")
+    inner = page.page.frames[1]
+    inner.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=15_000)
+    assert inner.evaluate("document.body.classList.contains('embed')")
+    assert not [e for e in page.errors if "frame-ancestors" in e], page.errors
+
+
+def test_a_saved_traces_axis_and_an_exports_start_at_the_traces_first_event(live, browser, tmp_path):
+    """A page opened after requests ran gets their history before its hello; its saved trace starts
+    before the hello's time, and the replay's (and the export's) axis counts from its first event
+    (it counted from the hello: '−95 s … −80 s' over a lesson). In a 640x400 window the export takes
+    the compact layout, its timeline above the fold; at 1366x768 the full page's."""
+    record.record(live.driver, 1.0, settings=QUICK, drain=True)
+    watcher = Watch(browser, live.url + "/")
+    watcher.wait("() => firstToken.state.hello && firstToken.state.finishedCount > 0")
+    trace = watcher.js("firstToken.trace()")
+    start = min(ev["t"] for ev in trace)
+    assert trace[0]["type"] == "hello" and trace[0]["t"] > start + 0.5   # history from before the hello
+    watcher.js("(t) => firstToken.replay.load(t, 'saved')", trace)
+    assert watcher.js("firstToken.view.origin") == pytest.approx(start)
+    watcher.page.close()
+    path = tmp_path / "saved.html"
+    path.write_text(export.render(trace, "saved"))
+    for (w, h), compact in (((640, 400), True), ((1366, 768), False)):
+        page = Watch(browser, path.as_uri(), width=w, height=h)
+        page.wait("() => window.firstToken && firstToken.replay.player.mode === 'trace'")
+        page.js("firstToken.refresh()")
+        assert page.js("firstToken.view.origin") == pytest.approx(start)
+        got = page.js("""() => ({embed: document.body.classList.contains('embed'),
+                                 tl: document.querySelector('.timeline-wrap').getBoundingClientRect().bottom, h: innerHeight})""")
+        assert got["embed"] == compact, got
+        if compact:
+            assert got["tl"] <= got["h"], got   # the timeline whole, above the fold
+        page.shot(f"export-saved-{w}x{h}.png")
+        assert page.errors == []
+        page.page.close()
+
+
+def test_embed_preset_replays_its_recording_or_asks_before_resetting_what_others_watch(live, browser, tmp_path, monkeypatch):
+    """/embed?preset=NAME: a shipped recording of that lesson is replayed for this reader (a
+    redirect to ?trace=examples/NAME.json; nothing sent to the engine); with none, the frame runs
+    it at once when it is the engine's only viewer, and otherwise says how many other pages it
+    would reset and waits for a click."""
+    trace = record.record(live.driver, 1.0, preset="idle", drain=True)
+    monkeypatch.setattr(pages, "EXAMPLES", tmp_path)
+    (tmp_path / "idle.json").write_text(json.dumps(trace))
+    page = Watch(browser, f"{live.url}/embed?preset=idle&panels=kv", width=640, height=400)
+    page.wait("() => window.firstToken && firstToken.replay.player.mode === 'trace'")
+    query = parse_qs(urlsplit(page.page.url).query)
+    assert query == {"trace": ["examples/idle.json"], "panels": ["kv"]}, page.page.url
+    assert page.sockets == []
+    page.page.close()
+    (tmp_path / "idle.json").unlink()   # no recording: live
+
+    def preset_ran(sub):
+        """Whether the engine applied a preset since `sub` last looked (its events, engine-side)."""
+        return any(ev["type"] == "preset" for ev in sub.get(0))
+
+    sub = live.driver.events.subscribe(replay=False)
+    other = Watch(browser, live.url + "/", width=1366, height=768)   # a second page watching the engine
+    other.wait("() => firstToken.state.hello")
+    page = Watch(browser, f"{live.url}/embed?preset=idle", width=640, height=400)
+    page.wait("() => !document.getElementById('embed-ask').hidden", timeout=10_000)
+    others = live.driver.events.subscribers - 1   # the other page, and this test's subscription
+    assert f"{others} other pages are watching too: running it resets the engine for all of them" in page.js(
+        "document.getElementById('embed-ask-text').textContent")
+    assert not preset_ran(sub)
+    page.page.click("#embed-run")
+    wait_until(lambda: preset_ran(sub), 10, "the lesson run")
+    assert page.errors == [] and other.errors == []
+    page.page.close()
+    other.page.close()
+    live.driver.events.unsubscribe(sub)
+    wait_until(lambda: live.driver.events.subscribers == 0, 10, "the closed pages' sockets gone")
+    alone = Watch(browser, f"{live.url}/embed?preset=idle", width=640, height=400)
+    # the engine's `preset` event, after this page connected: it ran at once, nobody asked
+    alone.wait("async () => { const t = await import('ft/teach'); return t.active && t.active.t >= firstToken.state.connectT; }",
+               timeout=10_000)
+    assert alone.js("document.getElementById('embed-ask').hidden") and alone.errors == []
+    alone.page.close()

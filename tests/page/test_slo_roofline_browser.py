@@ -268,3 +268,117 @@ def test_the_step_time_cap_stays_out_of_a_small_embed(capped, browser):
         page.wait_for_function("() => firstToken.state.finishedCount >= 5", timeout=20_000)
         assert_readable(page, "cap-embed-640x400", timeline_min=150)
         assert not page.is_visible("#step-cap")
+
+
+def steps_chart(page):
+    """The measure sheet's steps chart as drawn: its traces, x axis, legend, and the sheet's fit."""
+    return page.evaluate("""() => { const d = document.getElementById('m-steps'), sheet = document.getElementById('sheet-measure');
+        const inside = (id) => { const a = document.getElementById(id).getBoundingClientRect(), b = sheet.getBoundingClientRect();
+                                 return a.top >= b.top - 1 && a.bottom <= b.bottom + 1 && a.height > 100; };
+        return {traces: d.data.map(t => ({name: t.name, x: t.x, y: t.y, dash: t.line && t.line.dash, legend: t.showlegend !== false})),
+                xaxis: {range: d.layout.xaxis.range, tickvals: d.layout.xaxis.tickvals}, legend: d.layout.legend,
+                scroll: [sheet.scrollHeight, sheet.clientHeight], inside: ['m-steps', 'm-rates', 'm-kv', 'm-roof'].every(inside),
+                note: document.getElementById('m-steps-note').textContent, status: document.getElementById('m-status').textContent,
+                findings: document.getElementById('m-findings').textContent,
+                skipped: document.getElementById('m-skipped').hidden ? null : document.getElementById('m-skipped').textContent,
+                hello: firstToken.state.hello}; }""")
+
+
+def measured(page, sub):
+    """Click Measure; the finished `measure` event once the page has drawn it."""
+    page.click("#btn-measure")
+    page.wait_for_function("() => document.getElementById('m-status').dataset.status === 'done'", timeout=120_000)
+    got = collect(sub, lambda evs: any(ev["type"] == "measure" and ev["status"] == "done" for ev in evs), 30)
+    page.wait_for_function("() => ['m-steps', 'm-rates', 'm-kv', 'm-roof'].every(id => { const e = document.getElementById(id);"
+                           " return e.data && !e.classList.contains('partial'); })", timeout=10_000)
+    page.evaluate("firstToken.refresh()")
+    return next(ev for ev in got if ev["type"] == "measure" and ev["status"] == "done")
+
+
+def test_the_sweep_after_the_queueing_lesson_reaches_max_slots_and_draws_the_floor_its_note_computes(live, browser):
+    """The queueing lesson leaves two slots for serving; the sweep still runs to the engine's four
+    and says why. Each context's dashed floor is the points' floor_s, which the note's sum gives:
+    (weights + batch × context × KV bytes per token) ÷ the measured bandwidth. Batch ticks are
+    integers, the legend sits above the plot, and the whole sheet fits a 1366x768 window."""
+    with page_at(browser, live.url + "/") as page, events(live) as sub:
+        page.evaluate("firstToken.send({type: 'preset', name: 'queueing'})")
+        page.wait_for_function("() => firstToken.state.settings.slots === 2")
+        done = measured(page, sub)
+        assert done["batches"] == [1, 2, 4] and {p["batch"] for p in done["decode"]} == {1, 2, 4}
+        c = steps_chart(page)
+        assert "batches 1–4 (up to the engine's 4 slots; serving uses 2 now, as the settings left it)" in c["status"], c["status"]
+        # the floors: one dashed line per context through its points' floor_s, one legend entry for them
+        h = c["hello"]
+        floors = [t for t in c["traces"] if t["dash"] == "dash"]
+        by_ctx = {}
+        for p in done["decode"]:
+            by_ctx.setdefault(p["context"], []).append(p)
+        assert len(floors) == len(by_ctx) and sum(t["legend"] for t in floors) == 1
+        for t, (ctx, pts) in zip(floors, sorted(by_ctx.items())):
+            pts.sort(key=lambda p: p["batch"])
+            assert t["x"] == [p["batch"] for p in pts]
+            assert t["y"] == pytest.approx([p["floor_s"] * 1000 for p in pts])
+            gbs = h["bandwidth"]["gbs"] * 1e9   # the note's figures: rounded to 10 MB/s, so within 1 %
+            weights = h["weights"]["formats"][h["settings"]["weights"]]["decode_bytes"] if h.get("weights") else h["bandwidth"]["weight_bytes"]
+            assert [p["floor_s"] for p in pts] == pytest.approx(
+                [(weights + p["batch"] * ctx * h["kv_bytes_per_token"]) / gbs for p in pts], rel=0.01)
+        first = min(done["decode"], key=lambda p: (p["context"], p["batch"]))
+        assert f"÷ {h['bandwidth']['gbs']:.1f} GB/s" in c["note"] and f"{fmt_s(first['floor_s'])} at batch 1, context 128" in c["note"], c["note"]
+        # integer ticks on an axis from 0, the legend above the plot, everything inside the sheet
+        assert all(v == int(v) for v in c["xaxis"]["tickvals"]) and set(c["xaxis"]["tickvals"]) <= {1, 2, 4}
+        assert c["xaxis"]["range"][0] == 0 and c["legend"]["yanchor"] == "bottom" and c["legend"]["y"] >= 1
+        assert c["scroll"][0] <= c["scroll"][1] + 1 and c["inside"], c["scroll"]
+        assert c["findings"].startswith("Measured here (the decode-cost sweep, context 128 tokens): a step of 4 requests takes")
+        assert c["skipped"] is None
+
+
+def test_the_sweep_names_the_points_it_skipped_and_why(tiny, browser):
+    """64 KV blocks of 16: two or four 513-position requests need 66 or 132, more than the store:
+    skipped, named in the sheet with the blocks needed, and in their context's legend entry."""
+    from conftest import LiveApp
+    from engine import EngineConfig
+    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=1024))
+    try:
+        with page_at(browser, app.url + "/") as page, events(app) as sub:
+            done = measured(page, sub)
+            assert done["skipped"] == [{"sweep": "decode", "batch": b, "tokens": 512, "blocks_needed": 33 * b, "blocks_free": 64}
+                                       for b in (2, 4)]
+            c = steps_chart(page)
+            assert c["skipped"] == ("Not measured (2 points): batch 2 at context 512 needs 66 free KV blocks, more than the whole "
+                                    "KV store (64 blocks); batch 4 at context 512 needs 132 free KV blocks, more than the whole "
+                                    "KV store (64 blocks)."), c["skipped"]
+            assert "context 512 (batch 2, 4 skipped)" in [t["name"] for t in c["traces"]]
+    finally:
+        app.stop()
+
+
+def test_a_sweep_taken_while_the_machine_was_busy_says_so(live, browser):
+    """The busy-machine signal (ft-busy.js) on a sweep, in a replayed trace so the times are the
+    trace's: decode steps at 5× their roofline estimate (the engine's quiet pace here), then a sweep
+    whose points ran at 50× theirs: the sheet warns, with the factor; a sweep at the quiet pace does not."""
+    with page_at(browser, live.url + "/") as page:
+        hello = dict(page.evaluate("firstToken.state.hello"), t=0.0)
+
+        def trace(ratio):
+            steps = []
+            for i in range(24):
+                t = 1.0 + 0.03 * i
+                steps.append({"type": "step", "t": t + 0.02, "kind": "decode", "start": t, "end": t + 0.02, "ids": ["a"],
+                              "tokens": 1, "prefill_tokens": 0, "decode_tokens": 1, "kv_cache": True, "cache_tokens": 64,
+                              "cache_blocks_used": 4, "per_request": {"a": 64}, "predicted_s": 0.004, "bound": "memory",
+                              "spec": None})
+            sweep = {"type": "measure", "t": 5.0, "status": "done", "batches": [1, 2], "contexts": [128],
+                     "decode": [{"batch": b, "context": 128, "step_s": 0.004 * ratio, "floor_s": 0.003, "predicted_s": 0.004,
+                                 "bound": "memory"} for b in (1, 2)], "kv": [], "prefill": [], "skipped": [], "seconds": 1.0,
+                     "weights": None}
+            return [hello] + steps + [sweep]
+
+        for ratio, busy in ((50, True), (5, False)):
+            page.evaluate("([t]) => { firstToken.replay.load(t, 'busy'); firstToken.replay.seek(1e9); }", [trace(ratio)])
+            page.wait_for_function("() => document.getElementById('m-status').dataset.status === 'done'")
+            warn = page.evaluate("() => { const e = document.getElementById('m-busy'); return e.hidden ? null : e.textContent; }")
+            if busy:
+                assert warn and warn.startswith("Taken while this machine was busy: its points ran a median 10.0× "
+                                                "the engine's own quiet pace"), warn
+            else:
+                assert warn is None, warn

@@ -3,7 +3,9 @@ engineered situations (queue-bound, cache-bound, prefill-bound, decode-bound, st
 another request's prefill) names the cause with the measured numbers, the request panel shows it, a
 first token slowed by a new shape's first forward says that cost once it is measured, and on the
 live tiny engine a request queued behind a full batch is diagnosed as queueing, not as the
-clumps a busy machine's websocket can make."""
+clumps a busy machine's websocket can make. What sharing the batch cost a request, and the tour's
+and the many-users lesson's words about batching, follow the step costs the events measured
+(static/teach/ft-relations.js); a mean per token is named beside its median."""
 import pytest
 
 from helpers import page_module
@@ -184,3 +186,127 @@ def test_clumps_with_nothing_set_between_are_buffering_only_when_they_made_the_f
         return d and d["cause"]
     assert case(2.02) is None                  # 20 ms late here: the queue is the story
     assert case(2.8) == "buffering"            # 0.8 s of 2.8 s late here, in clumps
+
+
+def decode_steps(ids, start, ms, n, first_shape=0):
+    """`n` decode steps of the requests `ids`, `ms` each, back to back from engine time `start` (the
+    first `first_shape` of them the first forwards of their shape)."""
+    evs, t = [], start
+    for i in range(n):
+        evs.append({"type": "step", "t": t + ms / 1000, "kind": "decode", "start": t, "end": t + ms / 1000, "ids": ids,
+                    "tokens": len(ids), "prefill_tokens": 0, "decode_tokens": len(ids), "kv_cache": True,
+                    "cache_tokens": 64 * len(ids), "cache_blocks_used": 4 * len(ids), "per_request": {i: 64 for i in ids},
+                    "predicted_s": 0.004, "bound": "memory", "spec": None, "first_shape": i < first_shape})
+        t += ms / 1000
+    return evs
+
+
+def sweep(steps_ms, t=1.0):
+    """A finished decode-cost sweep (a `measure` event) at context 128: batch -> ms."""
+    return {"type": "measure", "t": t, "status": "done", "batches": sorted(steps_ms), "contexts": [128],
+            "decode": [{"batch": b, "context": 128, "step_s": ms / 1000, "floor_s": 0.002, "predicted_s": 0.003, "bound": "memory"}
+                       for b, ms in sorted(steps_ms.items())],
+            "kv": [], "prefill": [], "skipped": [], "seconds": 2.0, "weights": None}
+
+
+DIAGNOSE = """([state, diagnosis, evs, rid]) => { const s = state.createState();
+    state.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
+    for (const ev of evs) state.ingest(s, ev, null);
+    return diagnosis.diagnose(s.reqs.get(rid), s); }"""
+
+
+def test_the_diagnosis_says_what_sharing_the_batch_cost_from_the_step_costs_measured(tpage):
+    """A decode-bound request that shared its steps with three others: what that cost it is the
+    measured steps' (batch 4 against batch 1), said from the steps seen so far, and from the
+    decode-cost sweep once one has run; the same request reads 'only a little' under flat costs
+    and '3.5× slower' under steep ones. The costs are the events' (engine times), not this machine's."""
+    d = request_events("dx", 8.0, queue=0.0, prefill=0.03, tokens=120, later=LATER)
+    first = next(e["t"] for e in d if e["type"] == "token")
+    alone = decode_steps(["a1"], 1.0, 20, 5)               # a lone request's steps, earlier: 20 ms each
+
+    def text(batch4_ms, extra=()):
+        evs = alone + list(extra) + d + decode_steps(["dx", "o1", "o2", "o3"], first, batch4_ms, 30)
+        evs.sort(key=lambda e: e["t"])
+        got = tpage.js(DIAGNOSE, [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose"), evs, "dx"])
+        assert got["cause"] == "decode", got
+        return got["text"]
+
+    flat = text(22)
+    assert "Its decode steps held a median of 4 requests" in flat, flat
+    assert "the 35 decode steps seen so far" in flat and "a step of 4 requests takes 1.1× a step of 1" in flat, flat
+    assert "sharing the batch slowed it only a little" in flat
+    steep = text(70)
+    assert "a step of 4 requests takes 3.5× a step of 1 (70 ms against 20 ms)" in steep, steep
+    assert "about 3.5× slower than alone" in steep and "fewer requests at once would likely help" in steep
+    assert "only a little" not in steep
+    # a sweep measured the costs: its figures, and it says so, over the steps seen
+    swept = text(70, [sweep({1: 5.0, 2: 6.0, 4: 9.5})])
+    assert "(the decode-cost sweep, context 128 tokens), a step of 4 requests takes 1.9× a step of 1" in swept, swept
+    assert tpage.errors == []
+
+
+def test_a_per_token_time_says_it_is_a_mean_beside_its_median_and_the_new_shapes_in_it(tpage):
+    """The decode-bound request's later tokens: their mean (finished.tpot) named as one, the median
+    gap beside it, and the three forwards among them that were the first of their shape (what they
+    took, measured); the request panel's bar says the same."""
+    d = request_events("mx", 8.0, queue=0.0, prefill=0.03, tokens=60, later=LATER)
+    first = next(e["t"] for e in d if e["type"] == "token")
+    steps = decode_steps(["mx"], first, 20.5, 59, first_shape=3)
+    evs = sorted(d + steps, key=lambda e: e["t"])
+    got = tpage.js(DIAGNOSE, [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose"), evs, "mx"])
+    mean = LATER["decode"] + LATER["sample"] + LATER["delivery"]
+    took = tpage.fmt(3 * 0.0205)
+    assert f"59 later tokens at {tpage.fmt(mean)} each on average (mean of 59; median {tpage.fmt(mean)}; the first 3 " \
+           f"forwards of their shape took {took} setting up their kernels" in got["text"], got["text"]
+    tpage.js("""([state, evs]) => { for (const ev of evs) state.ingest(firstToken.state, ev, null); firstToken.select("mx"); }""",
+             [page_module(tpage.page, "state"), evs])
+    tpage.wait("() => document.getElementById('d-accounting').textContent.includes('per later token (mean of 59; median')",
+               timeout=5_000)
+    assert "the first 3 forwards of their shape" in tpage.page.text_content("#d-accounting")
+    # its finish reason in plain words, in the panel's title
+    assert "stopped at the token limit" in tpage.page.text_content("#d-title")
+    tpage.js("firstToken.send({type: 'reset'})")
+    tpage.wait("() => firstToken.state.order.length === 0", timeout=5_000)
+    assert tpage.errors == []
+
+
+def test_a_request_in_flight_counts_its_tokens_in_words(tpage):
+    """'1 token so far', not '1 tokens so far'."""
+    d = [e for e in request_events("ix", 8.0, queue=0.0, prefill=0.03, tokens=5, later=LATER) if e["type"] != "finished"]
+    one = [e for e in d if e["type"] != "token" or e["index"] == 0]
+    got = tpage.js(DIAGNOSE, [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose"), one, "ix"])
+    assert "; 1 token so far." in got["text"], got["text"]
+    got = tpage.js(DIAGNOSE, [page_module(tpage.page, "state"), page_module(tpage.page, "diagnose"), d, "ix"])
+    assert "; 5 tokens so far." in got["text"], got["text"]
+
+
+def test_the_tour_and_the_many_users_lesson_state_the_measured_relation_and_the_ridge(tpage):
+    """The Batching step's words and the many-users lesson's live figure: from the sweep, a busier
+    step against a lone one and the batch where arithmetic takes over (measured), and the roofline's
+    ridge computed from hello.roofline (an estimate); before anything is measured, they say so."""
+    hello = tpage.js("firstToken.state.hello")
+    run = """([state, tour, figures, evs]) => { const s = state.createState();
+        state.ingest(s, Object.assign({}, firstToken.state.hello, {t: 0}), null);
+        for (const ev of evs) state.ingest(s, ev, null);
+        return {tour: tour.STEPS.find((x) => x.key === "batching").text(s, {}),
+                lesson: figures.proofText("many-users", s, 0)}; }"""
+    mods = [page_module(tpage.page, n) for n in ("state", "tour", "figures")]
+    before = tpage.js(run, mods + [[stats(0.5, [], None)]])
+    assert "How much a busier batch slows a step is not measured yet" in before["tour"], before
+    assert "slows only a little" not in before["tour"] and "measured" not in before["lesson"]
+    got = tpage.js(run, mods + [[sweep({1: 5.0, 2: 5.5, 4: 6.0, 8: 15.0, 16: 30.0}), stats(2.0, [], None)]])
+    assert "(the decode-cost sweep, context 128 tokens): a step of 16 requests takes 6.0× a step of 1" in got["tour"], got
+    assert "batching is nearly free up to batch 4 (a step within 1.25× of a lone one); by batch 8 arithmetic takes over" \
+        in got["tour"], got["tour"]
+    # the roofline's ridge, as engine/roofline.py counts a decode step at context 128
+    R, kvb = hello["roofline"], hello["kv_bytes_per_token"]
+    fmt = hello["settings"]["weights"] if hello.get("weights") else None
+    weight_bytes = hello["weights"]["formats"][fmt]["decode_bytes"] if fmt else hello["bandwidth"]["weight_bytes"]
+    bw, peak = R["gbs"] * 1e9, R["peak_gflops"] * 1e9
+    row = (2 * (R["linear_params"] + R["head_params"]) + R["attention_flops_per_pair"] * 129) / peak - 130 * kvb / bw
+    ridge = (weight_bytes / bw) / row if row > 0 else None
+    said = "at no batch" if ridge is None else \
+        f"near batch {1 if ridge < 1.5 else int(ridge + 0.5) if ridge < 10 else int(ridge / 2 + 0.5) * 2}"   # as Math.round
+    assert f"the roofline puts the ridge {said} (an estimate" in got["tour"], (ridge, got["tour"])
+    assert "measured (the sweep): a step of 16 requests takes 6.0× a step of 1" in got["lesson"], got["lesson"]
+    assert "arithmetic takes over by batch 8" in got["lesson"] and "roofline estimate" in got["lesson"]
