@@ -4,6 +4,7 @@ and clear errors for bad input (a file that is not a trace, an unknown example, 
 import base64
 import json
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
@@ -210,6 +211,22 @@ def test_embed_parameters_choose_what_is_rendered(client):
     more = http.get(f"{url}/embed?panels=kv,queue&theme=light&compact=1&trace=examples/{name}.json").text
     assert 'id="kv"' in more and 'id="queue"' in more and 'id="blocks"' not in more
     assert 'data-theme="light"' in more and 'class="embed compact"' in more
+
+
+def test_embed_preset_with_a_shipped_recording_replays_it_for_the_reader(driver):
+    """The live engine is one for every article reader and a preset resets it: /embed?preset=NAME
+    with examples/NAME.json goes to that recording (its other parameters kept); `live=1`, or a
+    lesson with no recording, stays live (the page asks before resetting what others watch)."""
+    app = create_app({}, backend=driver).test_client()
+    name = pages.example_names()[0]
+    r = app.get(f"/embed?preset={name}&panels=kv&theme=light")
+    assert r.status_code == 302
+    assert parse_qs(urlsplit(r.headers["Location"]).query) == {"trace": [f"examples/{name}.json"], "panels": ["kv"],
+                                                                "theme": ["light"]}
+    assert app.get(f"/embed?preset={name}&live=1").status_code == 200
+    assert app.get("/embed?preset=idle").status_code == 200   # no recording of it shipped
+    bad = app.get(f"/embed?preset={name}&live=maybe")
+    assert bad.status_code == 400 and "live" in bad.text
 
 
 def test_embed_is_framed_by_anyone_by_default_and_pages_by_themselves(client):
