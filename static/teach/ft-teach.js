@@ -89,10 +89,12 @@ function buildPresets(s) {
 // `/?preset=NAME` is sent once, after the first hello, before the URL's settings (which then
 // adjust the preset). An unknown name is the server's to refuse (an `error` names it). On an
 // /embed, one of maybe many article readers of one server, the preset resets the engine they all
-// watch: it waits for the first stats (`subscribers`: pages watching) and runs at once only when
-// this page is the only one; else the frame asks, saying whom it resets. (A lesson with a shipped
-// recording never gets here: server/pages.py replays that for the reader instead.)
-let embedAsk = null;   // the preset an /embed waits to run, until the first stats say who watches
+// watch: it waits for the stats (`subscribers`: pages watching; the second after it connected, so
+// a reloaded page's own old socket is gone) and runs at once only when this page is the only one;
+// else the frame asks, saying whom it resets. (A lesson with a shipped recording never gets here:
+// server/pages.py replays that for the reader instead.)
+let embedAsk = null;   // the preset an /embed waits to run, until the stats say who watches
+let statsSeen = 0;     // live stats since this page connected
 function applyUrl(s, embed) {
   if (urlDone) return;
   urlDone = true;
@@ -126,7 +128,7 @@ export const reactions = (embed) => ({
     if (!embed) buildPresets(s);
     applyUrl(s, embed);
   },
-  stats(ev, s) { if (embedAsk && s.connectT !== null && ev.t >= s.connectT) askEmbed(s, ev); },
+  stats(ev, s) { if (embedAsk && s.connectT !== null && ev.t >= s.connectT && ++statsSeen >= 2) askEmbed(s, ev); },
 });
 
 // The banner: the tour's step while it runs, else the active preset.

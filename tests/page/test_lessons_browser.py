@@ -57,7 +57,7 @@ def test_a_comparison_can_be_cancelled(live, browser):
 
 
 def test_embed_runs_its_preset_and_keeps_its_parameters_on_reload(live, browser):
-    url = live.url + "/embed?preset=queueing&theme=light&compact=1&panels=timeline,kv"
+    url = live.url + "/embed?preset=queueing&live=1&theme=light&compact=1&panels=timeline,kv"   # live: not its recording
     ctx, page = open_page(browser, url, 640, 400)
     try:
         page.wait_for_function("() => firstToken.state.hello")
@@ -70,7 +70,7 @@ def test_embed_runs_its_preset_and_keeps_its_parameters_on_reload(live, browser)
         # the preset changed settings, and the address bar says so: the embed's own parameters stay
         page.wait_for_function("() => location.search.includes('slots=2')")
         search = page.evaluate("location.search")
-        for kept in ("preset=queueing", "theme=light", "compact=1", "panels=timeline%2Ckv"):
+        for kept in ("preset=queueing", "live=1", "theme=light", "compact=1", "panels=timeline%2Ckv"):
             assert kept in search, search
         page.reload()
         page.wait_for_function("() => firstToken.state.hello")
