@@ -53,8 +53,13 @@ const boxes = () => CHARTS.map((id) => `${$(id).clientWidth}x${$(id).clientHeigh
 const axis = (title, extra) => Object.assign({title: {text: title, standoff: 4}, gridcolor: P.grid, zeroline: false}, extra);
 const LEGEND_ITEM_PX = (name) => 44 + 6.6 * name.length;   // a 12 px legend item: its symbol, text and gap
 
+// The y axis titles' short forms, for a plot too short for the long one (at 150 % zoom the
+// roofline's "ms per forward (log)" ran past its chart onto the words under it).
+const SHORT_Y = {"ms per decode step": "ms / step", "tokens/s (measured)": "tokens/s", "ms per forward (log)": "ms (log)"};
+const TITLE_CHAR_PX = 7.5;   // a 13 px title's character
+
 // The layout for one chart in `div`: the legend's rows above the plot (as many as its entries
-// wrap into at this width), and `extra` over it.
+// wrap into at this width), `extra` over it, and the y title short when the plot is.
 function frame(div, data, extra) {
   const names = data.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
   const width = Math.max(1, div.clientWidth - LAYOUT.margin.l - LAYOUT.margin.r);
@@ -64,8 +69,12 @@ function frame(div, data, extra) {
     if (used && used + w > width) { rows++; used = 0; }
     used += w;
   }
-  return Object.assign({}, LAYOUT, {margin: Object.assign({}, LAYOUT.margin, {t: 8 + 20 * rows}),
-                                    width: div.clientWidth, height: div.clientHeight}, extra);
+  const margin = Object.assign({}, LAYOUT.margin, {t: 8 + 20 * rows}), plotH = div.clientHeight - margin.t - margin.b;
+  const y = extra.yaxis, long = y && y.title && y.title.text;
+  if (long && SHORT_Y[long] && long.length * TITLE_CHAR_PX > plotH) {
+    extra = Object.assign({}, extra, {yaxis: Object.assign({}, y, {title: Object.assign({}, y.title, {text: SHORT_Y[long]})})});
+  }
+  return Object.assign({}, LAYOUT, {margin, width: div.clientWidth, height: div.clientHeight}, extra);
 }
 
 // Integer batch ticks: the batch sizes measured, each at least MIN_TICK_PX from the one before
