@@ -382,3 +382,22 @@ def test_a_sweep_taken_while_the_machine_was_busy_says_so(live, browser):
                                                 "the engine's own quiet pace"), warn
             else:
                 assert warn is None, warn
+
+
+def test_the_measure_sheet_fits_a_projector_at_150_percent_zoom(live, browser):
+    """1920x1080 at 150 %: a 1280x720 window. The whole sheet inside it, no text of its clipped or
+    over another (a long axis title ran past the roofline's short plot onto its note)."""
+    from test_layout_browser import CHECK
+    ctx, page = open_page(browser, live.url + "/", 1280, 720, 1.5)
+    try:
+        page.wait_for_function("() => firstToken.state.hello")
+        with events(live) as sub:
+            measured(page, sub)
+        c = steps_chart(page)
+        assert c["scroll"][0] <= c["scroll"][1] + 1 and c["inside"], c["scroll"]
+        r = page.evaluate(CHECK)
+        mine = lambda what: [x for x in what if "#m-" in str(x)]   # noqa: E731 (the sheet's own text)
+        assert mine(r["clipped"]) == [] and mine(r["overlaps"]) == [], (r["clipped"][:4], r["overlaps"][:4])
+        assert page.errors == []
+    finally:
+        ctx.close()
