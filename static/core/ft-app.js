@@ -55,7 +55,7 @@ const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s
 // `lesson()`: the lesson running, whose requests the window fits (ft-teach.js lessonSpan).
 const page = {s, view, ui, perf, select, engineNow, timeline, lesson: () => teach.lessonSpan(s)};
 
-panels.wire(s, ui);
+panels.wire(s);
 // What the replay plays to (ft-replay.js): the state it resets in place, the UI state, and `show`.
 const feed = {s, ui, show};
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the

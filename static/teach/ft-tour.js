@@ -155,7 +155,7 @@ function spot(step) {
   if (!step) return;
   mark(step);
   spottedAt = performance.now();
-  requestAnimationFrame(scrollToSpots);
+  requestAnimationFrame(() => scrollToSpots(step));
 }
 
 // The step's parts outlined (each with its heading); again on every tick, as a panel that
@@ -170,14 +170,24 @@ function mark(step) {
   }
 }
 
-// What the step points at is on screen: each part scrolled into its panel's view (and the
-// page's); again for a moment while the step's preset fills the panels and moves them.
-function scrollToSpots() {
-  // (the sticky header, and in presenter mode the lesson docked under it, cover the top of the
-  // window: scrolled clear of them, ft-stage.js)
-  document.documentElement.style.scrollPaddingTop = `${dockBottom()}px`;
+// What the step points at is on screen, below the header and the banner docked under it
+// (ft-stage.js): each part scrolled into its panel's view and the page's, the step's first part
+// last, so that it wins where they cannot all be shown (a 1024-px window's one column); the
+// header's figures are always on screen (scrolling to one scrolled the page back up, and the
+// queue strip scrolled to before it ended below the window). Again for a moment while the
+// step's preset fills the panels and moves them. On a phone nothing stays on screen: the banner
+// is scrolled to the top, the explanation first, and the parts follow it down the page.
+function scrollToSpots(step) {
+  if (index < 0) return;   // ended before this frame
+  const top = dockBottom(), banner = $("lesson");
+  document.documentElement.style.scrollPaddingTop = `${top}px`;
   document.documentElement.style.scrollPaddingBottom = "8px";   // the outline too
-  for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+  if (!top) { banner.scrollIntoView({block: "start"}); return; }
+  for (const sel of [...step.spot].reverse()) {
+    for (const e of document.querySelectorAll(sel)) {
+      if (!e.closest("header.top")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+    }
+  }
 }
 
 function go(s, ui, i) {
@@ -233,5 +243,5 @@ export function update({s, ui}) {
   if (index >= 0 && index >= shown.length) stop();   // a new hello with fewer steps
   if (index >= 0) { lesson(s, ui); mark(shown[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
-  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
+  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) { const step = shown[index]; requestAnimationFrame(() => scrollToSpots(step)); }
 }
