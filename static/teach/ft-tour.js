@@ -185,9 +185,26 @@ function scrollToSpots(step) {
   if (!top) { banner.scrollIntoView({block: "start"}); return; }
   for (const sel of [...step.spot].reverse()) {
     for (const e of document.querySelectorAll(sel)) {
-      if (!e.closest("header.top")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+      if (e.closest("header.top")) continue;
+      // its heading (outlined with it) at the top where both fit, the part whole where they do not
+      const head = e.previousElementSibling;
+      if (head && head.classList.contains("spot")) reveal(head, "start");
+      reveal(e, "nearest");
     }
   }
+}
+
+// `e` scrolled into view ("start": at the top; "nearest": the least scroll that shows it, its top
+// where it is too tall) inside the side panel that scrolls it when that panel stays on screen
+// (sticky, ft.css): only the panel moves (scrollIntoView scrolled the page too, and took the
+// centre's part off the screen); else in the page.
+const EDGE = 8;   // px clear of the panel's edges (the outline)
+function reveal(e, block) {
+  const panel = e.parentElement && e.parentElement.closest(".panel");
+  if (!panel || getComputedStyle(panel).position !== "sticky") { e.scrollIntoView({block, inline: "nearest"}); return; }
+  const p = panel.getBoundingClientRect(), r = e.getBoundingClientRect();
+  const up = r.top - p.top - EDGE, down = r.bottom - p.bottom + EDGE;
+  panel.scrollTop += block === "start" || up < 0 ? up : down > 0 ? Math.min(down, up) : 0;
 }
 
 function go(s, ui, i) {

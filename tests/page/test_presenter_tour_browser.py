@@ -226,3 +226,31 @@ def test_the_step_chart_draws_one_batch_size_without_a_console_error(live, brows
             assert page.errors == [], (points, page.errors)
     finally:
         ctx.close()
+
+
+def test_the_weights_steps_two_floor_labels_do_not_print_over_each_other(qlive, browser):
+    """Step 4 at 1280x800 (issue 45): once the request reads both copies of the weights, the
+    step chart draws both floors, and their labels ("est. floor, fp32: …", "est. floor, 4-bit:
+    …") printed over each other in presenter mode's narrower panel."""
+    ctx, page = open_presenter(browser, qlive.url + "/?present=1", 1280, 800)
+    try:
+        tour = page_module(page, "tour")
+        i = page.evaluate("t => t.STEPS.findIndex(x => x.key === 'weights')", tour)
+        page.evaluate("([t, i]) => t.start(firstToken.state, firstToken.ui, i)", [tour, i])
+        # the preset switches to the file's blocks 4 s in (the tiny model's request has ended by then:
+        # one more, read from the blocks): decode points of both formats
+        # (the default is the blocks: the preset's fp32 first, then its switch)
+        page.wait_for_function("() => firstToken.state.settings.weights === 'dequantised'", timeout=30_000)
+        page.wait_for_function("() => firstToken.state.settings.weights === 'stored'", timeout=30_000)
+        page.evaluate("firstToken.send({type: 'submit', prompt: 'one more, from the blocks'})")
+        page.wait_for_function("() => new Set(firstToken.state.points.map(p => p.weights)).size === 2", timeout=30_000)
+        page.wait_for_function("() => document.querySelectorAll('#chart-steps .annotation-text').length === 2",
+                               timeout=10_000)
+        labels = page.evaluate("""() => [...document.querySelectorAll('#chart-steps .annotation-text')].map(t => {
+            const r = t.getBoundingClientRect(); return {text: t.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom}; })""")
+        assert {x["text"].split(",")[1].split(":")[0].strip() for x in labels} == {"fp32", "4-bit"}, labels
+        a, b = labels
+        assert not meet(a, b), labels
+        assert page.errors == []
+    finally:
+        ctx.close()
