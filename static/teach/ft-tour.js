@@ -17,8 +17,10 @@ import * as weights from "ft/weights";
 // request) as `ui`; a step's text() and live() take both.
 export let index = -1;   // the step shown, -1 when the tour is off
 let since = 0;       // engine time the step began (its figures count from the preset after it)
-let spottedAt = -Infinity;   // page time the step's parts were outlined
-const SETTLE_MS = 2500;
+// Whether the person scrolled since the step began: until then the step keeps its parts in view
+// as the page moves under them (its preset fills the panels, the banner's live line and the
+// legends grow: the timeline drifted off the bottom seconds after it was scrolled to).
+let scrolledByHand = false;
 
 const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
 const live = (s, name) => proofText(name, s, t0(name));
@@ -154,7 +156,7 @@ function spot(step) {
   document.body.classList.toggle("touring", !!step);
   if (!step) return;
   mark(step);
-  spottedAt = performance.now();
+  scrolledByHand = false;
   requestAnimationFrame(() => scrollToSpots(step));
 }
 
@@ -174,8 +176,8 @@ function mark(step) {
 // (ft-stage.js): each part scrolled into its panel's view and the page's, the step's first part
 // last, so that it wins where they cannot all be shown (a 1024-px window's one column); the
 // header's figures are always on screen (scrolling to one scrolled the page back up, and the
-// queue strip scrolled to before it ended below the window). Again for a moment while the
-// step's preset fills the panels and moves them. On a phone nothing stays on screen: the banner
+// queue strip scrolled to before it ended below the window). Again at every tick while the
+// step is shown, until the person scrolls (scrolledByHand). On a phone nothing stays on screen: the banner
 // is scrolled to the top, the explanation first, and the parts follow it down the page.
 function scrollToSpots(step) {
   if (index < 0) return;   // ended before this frame
@@ -242,6 +244,12 @@ export function init(s, ui) {
   $("tour-prev").addEventListener("click", () => prev(s, ui));
   $("tour-next").addEventListener("click", () => next(s, ui));
   $("tour-end").addEventListener("click", stop);
+  // the person's own scrolling (not the step's): the tour leaves the page where they put it
+  const byHand = () => { scrolledByHand = true; };
+  for (const type of ["wheel", "touchmove"]) window.addEventListener(type, byHand, {passive: true, capture: true});
+  window.addEventListener("keydown", (e) => {
+    if (["ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End", " "].includes(e.key)) byHand();
+  }, {capture: true});
 }
 
 // What it does on events, with the UI state a step reads (ft-state.js createDispatch gives the state).
@@ -260,5 +268,5 @@ export function update({s, ui}) {
   if (index >= 0 && index >= shown.length) stop();   // a new hello with fewer steps
   if (index >= 0) { lesson(s, ui); mark(shown[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
-  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) { const step = shown[index]; requestAnimationFrame(() => scrollToSpots(step)); }
+  if (index >= 0 && !scrolledByHand) { const step = shown[index]; requestAnimationFrame(() => scrollToSpots(step)); }
 }

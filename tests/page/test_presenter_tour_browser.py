@@ -18,7 +18,7 @@ from test_classroom import room, student  # noqa: F401  (room: a fixture)
 
 SCREENS = [(1024, 768), (1280, 800), (1366, 768)]
 CLASS = 25
-SETTLE_MS = 2700   # the step's preset arrives and its parts are scrolled to (ft-tour.js SETTLE_MS 2500)
+SETTLE_MS = 2700   # the step's preset arrives and fills the panels; its parts are kept in view (ft-tour.js)
 
 # Every box the checks need, in screen px: the window, the header, the lesson, each part the step
 # outlines (headings aside: they go with their part) with the scrolling panel that shows it, and
