@@ -111,32 +111,43 @@ def open_presenter(browser, url, width, height):
     return ctx, page
 
 
-def tour_every_step(page, label, shots=()):
+def walk_tour(page, button, label, judge):
+    """Start the tour from `button`, Next through every step and End it: each step, once its
+    preset has come and filled the panels, judged by `judge(i, key, where)` (a screenshot of
+    the step in test-artifacts/ when it fails), with the console clean."""
     tour = page_module(page, "tour")
     n = page.evaluate("tour => tour.STEPS.length", tour)
-    # started from the control presenter mode shows (the controls panel is hidden there)
-    assert page.is_visible("#btn-tour-present") and not page.is_visible("#btn-tour")
-    page.click("#btn-tour-present")
+    page.click(button)
     page.wait_for_function("() => document.body.classList.contains('touring')")
     for i in range(n):
         if i:
             page.click("#tour-next")
         page.wait_for_timeout(SETTLE_MS)
         page.evaluate("firstToken.refresh()")
-        where = f"{label} step {i + 1} ({page.evaluate('([t, i]) => t.STEPS[i].key', [tour, i])})"
+        key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])
+        where = f"{label} step {i + 1} ({key})"
         try:
-            check_step(page.evaluate(BOXES), where)
-            check_seen(page.evaluate(CHECK), where)
+            judge(i, key, where)
         except AssertionError:
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"present-{label}-tour{i + 1}-failed.png"))
+            page.screenshot(path=str(ARTIFACTS / f"tour-{label}-{i + 1}-failed.png"))
             raise
-        if i + 1 in shots:
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"present-{label}-tour{i + 1}.png"))
         assert page.errors == [], (where, page.errors)
     page.click("#tour-end")
     assert not page.evaluate("document.body.classList.contains('touring')")
+
+
+def tour_every_step(page, label, shots=()):
+    # started from the control presenter mode shows (the controls panel is hidden there)
+    assert page.is_visible("#btn-tour-present") and not page.is_visible("#btn-tour")
+
+    def judge(i, key, where):
+        check_step(page.evaluate(BOXES), where)
+        check_seen(page.evaluate(CHECK), where)
+        if i + 1 in shots:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"present-{label}-tour{i + 1}.png"))
+    walk_tour(page, "#btn-tour-present", f"present-{label}", judge)
 
 
 @pytest.mark.slow

@@ -16,10 +16,10 @@ import pytest
 from conftest import LiveApp
 from helpers import ARTIFACTS, page_module
 from test_layout_browser import open_page
+from test_presenter_tour_browser import SETTLE_MS, walk_tour
 
 CHECK = (Path(__file__).parent / "tour_check.js").read_text()
 SCREENS = [(1024, 768), (1280, 800), (1366, 768), (1920, 1080)]
-SETTLE_MS = 2700   # the step's preset arrives and fills the panels; its parts are kept in view (ft-tour.js)
 SEEN_PX = 60       # of at least one outlined part, uncovered
 HEADER_MAX_PX = 110
 
@@ -53,29 +53,13 @@ def assert_step_seen(r, where):
 def tour(page, label, later=False):
     """Every step from the Guided tour button, Next to the last; each step judged (`later`: two
     of them again 6 s on)."""
-    n = page.evaluate("t => t.STEPS.length", page_module(page, "tour"))
-    page.click("#btn-tour")
-    page.wait_for_function("() => document.body.classList.contains('touring')")
-    for i in range(n):
-        if i:
-            page.click("#tour-next")
-        page.wait_for_timeout(SETTLE_MS)
-        key = page.evaluate("([t, i]) => t.STEPS[i].key", [page_module(page, "tour"), i])
-        where = f"{label} step {i + 1} ({key})"
-        r = check(page)
-        try:
-            assert_step_seen(r, where)
-        except AssertionError:
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"solo-{label}-tour{i + 1}-failed.png"))
-            raise
+    def judge(i, key, where):
+        assert_step_seen(check(page), where)
         if later and key in ("weights", "speculation"):
             # seconds on: the legends and the banner's live line have grown; the parts are still seen
             page.wait_for_timeout(6000)
             assert_step_seen(check(page), where + " 6 s on")
-        assert page.errors == [], (where, page.errors)
-    page.click("#tour-end")
-    assert not page.evaluate("document.body.classList.contains('touring')")
+    walk_tour(page, "#btn-tour", f"solo-{label}", judge)
 
 
 @pytest.mark.slow
