@@ -38,7 +38,7 @@ import {$, toast} from "ft/util";
 
 const embed = document.body.classList.contains("embed");
 const s = createState();
-const view = {span: 20, right: 0, paused: false};
+const view = {span: 20, liveSpan: 20, right: 0, paused: false, fitted: null};   // the strips' time window (ft-window.js)
 const ui = {selected: null, awaitOwn: false, layouts: {}, dirtyDom: true};
 const perf = {frames: 0, fps: 0, drawMs: 0, windowStart: performance.now(), framesInWindow: 0,
               bytesInWindow: 0, bytesPerS: 0};
@@ -52,9 +52,10 @@ for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...s
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
 const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
 // What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
-const page = {s, view, ui, perf, select, engineNow, timeline};
+// `lesson()`: the lesson running, whose requests the window fits (ft-teach.js lessonSpan).
+const page = {s, view, ui, perf, select, engineNow, timeline, lesson: () => teach.lessonSpan(s)};
 
-panels.wire(s, ui);
+panels.wire(s);
 // What the replay plays to (ft-replay.js): the state it resets in place, the UI state, and `show`.
 const feed = {s, ui, show};
 // Teaching: presets, banner and an embed's ?preset= (ft-teach.js); on the full page also the

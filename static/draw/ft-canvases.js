@@ -15,9 +15,10 @@ import {drawKV, drawQueue} from "ft/strips";
 import {hitStep, hitTimeline} from "ft/timeline";
 import {$, finishText, fmtBytes, fmtS, plural} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
+import {label as windowLabel, place as placeWindow} from "ft/window";
 
 // `wire(page)` and `draw(page)` take the page: {s, view, ui, select, engineNow, timeline}, the
-// page state, the shared time window (span, right edge, paused), the UI state (selected
+// page state, the shared time window (ft-window.js: span, right edge, paused, fitted), the UI state (selected
 // request; the layouts drawn, which hover and click read), `select(id)`, `engineNow()`: the
 // time the strips end at (live, or a replay's virtual clock), and the timeline with the
 // features' layers (ft-timeline.js createTimeline).
@@ -139,11 +140,24 @@ function showTip(lines, hover) {
   tip.style.left = `${x}px`; tip.style.top = `${y}px`;
 }
 
+// Zooming a window fitted to a run (ft-window.js) pauses it where it is: the person looks closer.
 function setSpan(view, span, anchorT) {
   const old = view.span;
-  view.span = Math.min(600, Math.max(1, span));
-  if (view.paused && anchorT !== undefined) view.right = anchorT + (view.right - anchorT) * (view.span / old);
-  $("span-label").textContent = `${+view.span.toFixed(1)} s`;
+  if (view.fitted && !view.paused) setPaused(view, true);
+  view.span = Math.min(600, Math.max(view.fitted ? 0.05 : 1, span));
+  if (!view.fitted) view.liveSpan = view.span;
+  const anchor = anchorT !== undefined ? anchorT : view.right - old / 2;
+  if (view.paused) view.right = anchor + (view.right - anchor) * (view.span / old);
+  showSpan(view);
+}
+
+let spanShown = "";
+function showSpan(view) {
+  const {text, title} = windowLabel(view), box = $("span-label");
+  if (text + title === spanShown) return;
+  spanShown = text + title;
+  box.textContent = text;
+  box.title = title;
 }
 
 function setPaused(view, p) {
@@ -204,9 +218,11 @@ export function wire(page) {
   });
 }
 
-export function draw({s, view, ui, engineNow, timeline}) {
+// `lesson`: the lesson running ({t, last}: ft-teach.js lessonSpan) or null, whose requests the window fits.
+export function draw({s, view, ui, engineNow, timeline, lesson}) {
   const now = engineNow();
-  if (!view.paused) view.right = now + view.span * 0.03;
+  placeWindow(view, s, now, lesson());
+  showSpan(view);
   view.origin = traceStart() ?? (s.connectT || 0);   // the axes count from this page's start (a trace's: its first event)
   ui.layouts.timeline = timeline.draw($("timeline"), s, view, now, {selected: ui.selected});
   // The strips the page has (an /embed shows those its `panels` parameter asked for).

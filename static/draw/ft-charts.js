@@ -176,7 +176,10 @@ function drawSteps(div, s) {
     (k !== null && k > 2 ? ` · measured ${k.toFixed(1)}× the roofline: overhead the roofline does not model` : "");
   // The estimated floor (weight bytes ÷ measured bandwidth) of the copy of the weights the steps
   // read, each copy's when they read both (ft-weights.js), inside the scale: plotly's autorange ignores shapes.
-  const fmts = pointFormats(s.points.filter((p) => p.kv)), floors = floorMarks(s, fmts, div.clientWidth < 340);
+  // Two floors' long labels (one at each end, "est. floor, fp32: 538 MB") need ~420 px side by
+  // side: narrower (presenter mode's panel at 1280x800), they printed over each other; the short ones.
+  const fmts = pointFormats(s.points.filter((p) => p.kv));
+  const floors = floorMarks(s, fmts, div.clientWidth < (fmts.length > 1 ? 560 : 340));
   const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
   const traces = stepTraces(s, s.points), {nticks, ...frame} = stepsFrame(div, traces);
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, frame, {

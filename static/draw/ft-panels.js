@@ -3,7 +3,7 @@
 // waiting list, and the request detail: state, prefix-cache reuse, preemptions and speculative
 // decoding, TTFT and later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
-import {clock, send, setConn} from "ft/connection";
+import {clock, setConn} from "ft/connection";
 import {ttftHere, wayOut} from "ft/delivery";
 import {instanceLines, instanceState} from "ft/disagg";
 import {reqColor, stagesOf} from "ft/palette";
@@ -13,7 +13,7 @@ import {laterTokens, statNote} from "ft/pertoken";
 import {percentile, prefillTime, running} from "ft/state";
 import {sloText, targetBelowEngine} from "ft/targets";
 import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
-import {apply as applyPreset} from "ft/teach";
+import {active as lessonOn, apply as applyPreset, lesson as tourOn} from "ft/teach";
 import {$, el, finishText, fmtBytes, fmtS} from "ft/util";
 
 // The functions here take what they read: `s` the page state, `ui` its UI state (selected
@@ -106,8 +106,10 @@ export function showModel(s, h) {
   // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
   const w = el("span", "model-weights", h.dtype);
   w.id = "model-weights";
-  $("model").replaceChildren(`${h.model} · ${h.device} · `, w, ` · ${(h.params / 1e6).toFixed(0)} M params · ` +
-    `${h.layers} layers · ${h.max_slots} slots`);
+  // (its details: the first part a one-row header drops, ft-stage.js; the tooltip keeps them)
+  const more = el("span", "model-more", ` · ${(h.params / 1e6).toFixed(0)} M params · ${h.layers} layers · ${h.max_slots} slots`);
+  $("model").replaceChildren(`${h.model} · ${h.device} · `, w, more);
+  $("model").title = more.textContent.slice(3);
 }
 
 function headline(s) {
@@ -138,7 +140,9 @@ function headline(s) {
 function goodput(s, L) {
   const g = L ? L.goodput : null, a = L ? L.slo_attainment : null, st = s.settings;
   $("h-goodput").textContent = typeof g === "number" ? `${g.toFixed(g >= 10 ? 1 : 2)}/s` : "—";
-  $("h-slo").textContent = typeof a === "number" ? `${Math.round(a * 100)}%` : "—";
+  // (no share yet: one dash for the figure, not a second small one beside it)
+  $("h-slo").hidden = typeof a !== "number";
+  $("h-slo").textContent = typeof a === "number" ? `${Math.round(a * 100)}%` : "";
   $("h-slo").dataset.low = String(typeof a === "number" && a < 0.9);
   const targets = st.slo_ttft_ms ? `TTFT ≤ ${st.slo_ttft_ms} ms and ≤ ${st.slo_tpot_ms} ms per later token` : "both objectives";
   const since = L && L.slo_judged ? ` · since the last reset ${L.slo_met} of ${L.slo_judged} met` : "";
@@ -340,20 +344,17 @@ function detail(s, ui) {
   $("d-accounting").replaceChildren(...accounting(s, r));
 }
 
-// The first screen's invitation (a live page on which nothing has run yet; a replay has its own).
+// The first screen's invitation (a live page on which nothing has run yet; a replay has its own),
+// not while a lesson runs: a reset leaves no request behind it, and the card covered the timeline
+// a cold start's loading band is drawn on.
 function start(s) {
   const box = $("start");
-  if (box) box.hidden = !(s.hello && !s.order.length && !replaying());
+  if (box) box.hidden = !(s.hello && !s.order.length && !replaying() && !lessonOn && !tourOn);
 }
 
-// The first screen's form and buttons (the page's own next request gets selected: ui.awaitOwn).
-export function wire(s, ui) {
-  if (!$("start-form")) return;
-  $("start-form").addEventListener("submit", (e) => {
-    e.preventDefault();
-    const prompt = $("start-prompt").value.trim();
-    if (prompt && send({type: "submit", prompt})) { ui.awaitOwn = true; $("start-prompt").value = ""; }
-  });
+// The first screen's buttons (the prompt box above it is the controls', ft-controls.js).
+export function wire(s) {
+  if (!$("start-lesson")) return;
   $("start-lesson").addEventListener("click", () => applyPreset(s, "idle"));
   $("start-tour").addEventListener("click", () => $("btn-tour").click());
 }

@@ -145,8 +145,10 @@ export const timelineLayers = [
 export function lessonFigure(s, t0, throughput) {
   const c = tally(s.steps, (st) => st.start >= t0), x = rates(c);
   if (!c.forwards) return null;
+  // (no guesses yet with speculation on: say so, not "off": the prompt's forward comes first)
+  const on = s.settings.speculation && s.settings.speculation !== "off";
   const guessed = x ? `${c.accepted} of ${c.proposed} guesses accepted (${pct(x.rate)}), ${x.length.toFixed(1)} tokens per ` +
-    "speculating forward" : "speculation off: no guesses";
+    "speculating forward" : on ? `speculation ${s.settings.speculation}: no guesses verified yet` : "speculation off: no guesses";
   return `${guessed} · ${(c.out / c.forwards).toFixed(1)} tokens out per forward` +
     (throughput ? ` · ${throughput.tps.toFixed(1)} tokens/s over ${throughput.n} finished (${fmtS(throughput.span)})` : "");
 }

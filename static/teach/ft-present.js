@@ -12,7 +12,7 @@ import {$, toast} from "ft/util";
 
 function setPresent(on) {
   document.body.classList.toggle("present", on);
-  stage.dock(on);   // the lesson banner across the top, the request panel beside (ft-stage.js)
+  stage.restage();   // the header's row and the banner's height change (ft-stage.js)
   const q = new URLSearchParams(location.search);
   if (on) q.set("present", "1"); else q.delete("present");
   const qs = q.toString();

@@ -58,6 +58,14 @@ export function presetSettings(s, name) {
   return out;
 }
 
+// The lesson running (the last preset applied) for the timeline's window, which fits its requests
+// (ft-window.js): when it was applied and when its last timed action came (engine time), or null.
+export function lessonSpan(s) {
+  if (!active) return null;
+  const p = preset(s, active.name), at = ((p && p.actions) || []).map((a) => a.at || 0);
+  return {t: active.t, last: active.t + Math.max(0, ...at)};
+}
+
 export const focus = () => (lesson && lesson.focus) || (active && FOCUS[active.name]) || "";
 
 function buildPresets(s) {

@@ -18,8 +18,10 @@ import * as weights from "ft/weights";
 // request) as `ui`; a step's text() and live() take both.
 export let index = -1;   // the step shown, -1 when the tour is off
 let since = 0;       // engine time the step began (its figures count from the preset after it)
-let spottedAt = -Infinity;   // page time the step's parts were outlined
-const SETTLE_MS = 2500;
+// Whether the person scrolled since the step began: until then the step keeps its parts in view
+// as the page moves under them (its preset fills the panels, the banner's live line and the
+// legends grow: the timeline drifted off the bottom seconds after it was scrolled to).
+let scrolledByHand = false;
 
 const t0 = (name) => (teach.active && teach.active.name === name ? teach.active.t : since);
 const live = (s, name) => proofText(name, s, t0(name));
@@ -155,8 +157,8 @@ function spot(step) {
   document.body.classList.toggle("touring", !!step);
   if (!step) return;
   mark(step);
-  spottedAt = performance.now();
-  requestAnimationFrame(scrollToSpots);
+  scrolledByHand = false;
+  requestAnimationFrame(() => scrollToSpots(step));
 }
 
 // The step's parts outlined (each with its heading); again on every tick, as a panel that
@@ -171,14 +173,41 @@ function mark(step) {
   }
 }
 
-// What the step points at is on screen: each part scrolled into its panel's view (and the
-// page's); again for a moment while the step's preset fills the panels and moves them.
-function scrollToSpots() {
-  // (the sticky header, and in presenter mode the lesson docked under it, cover the top of the
-  // window: scrolled clear of them, ft-stage.js)
-  document.documentElement.style.scrollPaddingTop = `${dockBottom()}px`;
+// What the step points at is on screen, below the header and the banner docked under it
+// (ft-stage.js): each part scrolled into its panel's view and the page's, the step's first part
+// last, so that it wins where they cannot all be shown (a 1024-px window's one column); the
+// header's figures are always on screen (scrolling to one scrolled the page back up, and the
+// queue strip scrolled to before it ended below the window). Again at every tick while the
+// step is shown, until the person scrolls (scrolledByHand). On a phone nothing stays on screen: the banner
+// is scrolled to the top, the explanation first, and the parts follow it down the page.
+function scrollToSpots(step) {
+  if (index < 0) return;   // ended before this frame
+  const top = dockBottom(), banner = $("lesson");
+  document.documentElement.style.scrollPaddingTop = `${top}px`;
   document.documentElement.style.scrollPaddingBottom = "8px";   // the outline too
-  for (const e of document.querySelectorAll(".spot")) e.scrollIntoView({block: "nearest", inline: "nearest"});
+  if (!top) { banner.scrollIntoView({block: "start"}); return; }
+  for (const sel of [...step.spot].reverse()) {
+    for (const e of document.querySelectorAll(sel)) {
+      if (e.closest("header.top")) continue;
+      // its heading (outlined with it) at the top where both fit, the part whole where they do not
+      const head = e.previousElementSibling;
+      if (head && head.classList.contains("spot")) reveal(head, "start");
+      reveal(e, "nearest");
+    }
+  }
+}
+
+// `e` scrolled into view ("start": at the top; "nearest": the least scroll that shows it, its top
+// where it is too tall) inside the side panel that scrolls it when that panel stays on screen
+// (sticky, ft.css): only the panel moves (scrollIntoView scrolled the page too, and took the
+// centre's part off the screen); else in the page.
+const EDGE = 8;   // px clear of the panel's edges (the outline)
+function reveal(e, block) {
+  const panel = e.parentElement && e.parentElement.closest(".panel");
+  if (!panel || getComputedStyle(panel).position !== "sticky") { e.scrollIntoView({block, inline: "nearest"}); return; }
+  const p = panel.getBoundingClientRect(), r = e.getBoundingClientRect();
+  const up = r.top - p.top - EDGE, down = r.bottom - p.bottom + EDGE;
+  panel.scrollTop += block === "start" || up < 0 ? up : down > 0 ? Math.min(down, up) : 0;
 }
 
 function go(s, ui, i) {
@@ -216,6 +245,12 @@ export function init(s, ui) {
   $("tour-prev").addEventListener("click", () => prev(s, ui));
   $("tour-next").addEventListener("click", () => next(s, ui));
   $("tour-end").addEventListener("click", stop);
+  // the person's own scrolling (not the step's): the tour leaves the page where they put it
+  const byHand = () => { scrolledByHand = true; };
+  for (const type of ["wheel", "touchmove"]) window.addEventListener(type, byHand, {passive: true, capture: true});
+  window.addEventListener("keydown", (e) => {
+    if (["ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End", " "].includes(e.key)) byHand();
+  }, {capture: true});
 }
 
 // What it does on events, with the UI state a step reads (ft-state.js createDispatch gives the state).
@@ -234,5 +269,5 @@ export function update({s, ui}) {
   if (index >= 0 && index >= shown.length) stop();   // a new hello with fewer steps
   if (index >= 0) { lesson(s, ui); mark(shown[index]); }
   // (after this tick's banner is written: its height decides where the parts go)
-  if (index >= 0 && performance.now() - spottedAt < SETTLE_MS) requestAnimationFrame(scrollToSpots);
+  if (index >= 0 && !scrolledByHand) { const step = shown[index]; requestAnimationFrame(() => scrollToSpots(step)); }
 }

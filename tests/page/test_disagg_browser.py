@@ -143,7 +143,7 @@ def test_the_tour_has_a_disaggregation_step_only_when_disaggregated(browser, tmp
         assert "prefill instance" in text and " MB" in text and "waiting: others' prefill" in text, text
         assert page.text_content("#tour-pos") == f"{keys.index('disaggregation') + 1} / {len(keys)}"
         # the lesson and the parts it points at in the window together, as every tour step's (presenter mode)
-        page.wait_for_timeout(SETTLE_MS)   # its parts are scrolled to (ft-tour.js SETTLE_MS); no event ends it
+        page.wait_for_timeout(SETTLE_MS)   # its preset fills the panels, its parts are kept in view; no event ends it
         page.evaluate("firstToken.refresh()")
         check_step(page.evaluate(BOXES), "disaggregation step")
         page.screenshot(path=str(ARTIFACTS / "disagg-tour-present-1366x768.png"))
