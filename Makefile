@@ -52,13 +52,15 @@ schema: $(STAMP)
 # under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching),
 # then speculative decoding on and off through the same API (bench/speculative.py), then the
 # weights read as stored vs dequantised vs transformers' decoder (bench/weights.py), then colocated vs
-# disaggregated on the same load (bench/disagg.py).
+# disaggregated on the same load (bench/disagg.py), then what the tokens' odds cost per step and per
+# viewer (bench/candidates.py).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 	$(BIN)/python -m bench.serve $(ARGS)
 	$(BIN)/python -m bench.speculative $(ARGS)
 	$(BIN)/python -m bench.weights
 	$(BIN)/python -m bench.disagg
+	$(BIN)/python -m bench.candidates
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)

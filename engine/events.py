@@ -130,7 +130,8 @@ class SLOMark(TypedDict):
 # A candidate token (engine/sampler.py Odds): (token id, its text, its probability under the
 # distribution the choice was drawn from, under the model's own). A compact array on the wire:
 # five of them ride on every token event.
-Candidate = tuple[int, str, float, float]
+# Observe mode: the id and `p` are null (an observed server sends texts and its own log-probabilities).
+Candidate = tuple[int | None, str, float | None, float]
 SHOWN = 5      # candidates a token event carries on the wire: the page's bars
 MAX_TOP = 20   # the most a client may ask for (OpenAI's top_logprobs bound, vLLM's max_logprobs)
 
@@ -354,14 +355,17 @@ class Token(Event):
         uncertain marks) and `top` holds the page's SHOWN first candidates; the API reads the
         event itself, at full precision and with every candidate its request asked for."""
         out = Event.to_dict(self)
-        if self.p is not None:
-            out["p"], out["p_raw"] = round(self.p, 4), round(self.p_raw, 4)
+        out["p"], out["p_raw"] = _round(self.p), _round(self.p_raw)
         if self.top is not None:
-            out["top"] = [[i, text, round(p, 4), round(raw, 4)] for i, text, p, raw in self.top[:SHOWN]]
+            out["top"] = [[i, text, _round(p), _round(raw)] for i, text, p, raw in self.top[:SHOWN]]
         if self.rejected is not None:
             i, text, p, raw = self.rejected
-            out["rejected"] = [i, text, round(p, 4), round(raw, 4)]
+            out["rejected"] = [i, text, _round(p), _round(raw)]
         return out
+
+
+def _round(p):
+    return None if p is None else round(p, 4)
 
 
 @dataclass(slots=True, frozen=True)

@@ -76,30 +76,32 @@ class Chance:
 
 class Odds:
     """Each row's odds from one batched pass (`_odds`): read per row with `chance(row)`.
-    `want[row]`: how many candidates that row wants (None: no odds for it)."""
+    `want[row]`: how many candidates that row wants (None: no odds for it); `ids[row]`: the `k`
+    candidates, then the chosen token, then the guess (0 without one); `raw[row]` and
+    `drawn[row]` their probabilities under the model's distribution and the drawn one."""
 
-    def __init__(self, want, top_ids, top_p, top_raw, p, p_raw, guess_id, guess_p, guess_raw):
-        self.want, self.top_ids, self.top_p, self.top_raw = want, top_ids, top_p, top_raw
-        self.p, self.p_raw = p, p_raw
-        self.guess_id, self.guess_p, self.guess_raw = guess_id, guess_p, guess_raw
+    def __init__(self, want, k, ids, raw, drawn):
+        self.want, self.k, self.ids, self.raw, self.drawn = want, k, ids, raw, drawn
 
     @classmethod
     def join(cls, parts, want):
         """One Odds of single-row parts (the one-by-one fallback); a failed row's part is None."""
-        blank = cls([None], [[]], [[]], [[]], [0.0], [0.0], [-1], [0.0], [0.0])
-        rows = [part or blank for part in parts]
-        cat = lambda name: [x for part in rows for x in getattr(part, name)]   # noqa: E731
-        names = ("top_ids", "top_p", "top_raw", "p", "p_raw", "guess_id", "guess_p", "guess_raw")
-        return cls(want, *(cat(n) for n in names))
+        k = max([part.k for part in parts if part is not None] + [0])
+        rows = [(part.ids[0], part.raw[0], part.drawn[0], part.k) if part is not None else None for part in parts]
+        # each part is re-laid as k columns of candidates (its own, its rows wanting at most that)
+        pad = lambda row, n, x: row[:n] + [x] * (k - n) + row[n:]   # noqa: E731
+        return cls(want, k, [pad(r[0], r[3], 0) if r else [0] * (k + 2) for r in rows],
+                   [pad(r[1], r[3], 0.0) if r else [0.0] * (k + 2) for r in rows],
+                   [pad(r[2], r[3], 0.0) if r else [0.0] * (k + 2) for r in rows])
 
     def chance(self, row, rejected=False):
         """Row `row`'s Chance (None when it wanted none); `rejected`: its guess was rejected."""
-        k = self.want[row]
-        if k is None:
+        n = self.want[row]
+        if n is None:
             return None
-        top = list(zip(self.top_ids[row][:k], self.top_p[row][:k], self.top_raw[row][:k]))
-        guess = (self.guess_id[row], self.guess_p[row], self.guess_raw[row]) if rejected else None
-        return Chance(self.p[row], self.p_raw[row], top, guess)
+        k, ids, raw, drawn = self.k, self.ids[row], self.raw[row], self.drawn[row]
+        guess = (ids[k + 1], drawn[k + 1], raw[k + 1]) if rejected else None
+        return Chance(drawn[k], raw[k], list(zip(ids[:n], drawn[:n], raw[:n])), guess)
 
 
 class RowsFailed(Exception):
@@ -210,9 +212,10 @@ def _rewind(generator, state, n, logits):
 
 
 def _sample_batch(logits, params_list, generators, want=None, guesses=None):
-    """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax. With `want`:
-    (tokens, Odds)."""
-    out = torch.argmax(logits, dim=-1)
+    """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax (`max`'s
+    indices: the first maximal one, as argmax's, in a third of its time on a CPU here). With
+    `want`: (tokens, Odds)."""
+    out = torch.max(logits, dim=-1).indices
     hot = [i for i, p in enumerate(params_list) if p.temperature > 0]
     probs = rows = None
     if hot:
@@ -237,27 +240,50 @@ def _sample_batch(logits, params_list, generators, want=None, guesses=None):
 
 
 def _odds(logits, chosen, hot, probs, want, guesses):
-    """Every row's Odds at once: one log_softmax and one top-k over the batch (the largest
-    `want`), then the candidates', the chosen token's and the guess's probabilities gathered
-    from the model's distribution and from the one each row was drawn from (`probs`, the hot
-    rows'; a greedy row's is all on its argmax). Probabilities are float64 from there, so that
-    the API's log-probabilities keep their range."""
+    """Every row's Odds at once: one top-k over the batch (the largest `want`) and one logsumexp,
+    then the candidates', the chosen token's and the guess's probabilities gathered from the
+    model's distribution and from the one each row was drawn from (`probs`, the `hot` rows'; a
+    greedy row's is all on its argmax). Probabilities are float64 from there, so that the API's
+    log-probabilities keep their range."""
     k = max([w for w in want if w is not None] + [0])
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    top_ids = torch.topk(logp, k, dim=-1).indices if k else logp.new_zeros((logp.shape[0], 0), dtype=torch.long)
-    greedy = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device)
-    if hot is not None:
-        greedy[hot] = False
-    if k and bool(greedy.any()):
-        top_ids = torch.where(greedy[:, None], _chosen_first(top_ids, chosen), top_ids)
-    guess = torch.tensor(guesses if guesses is not None else [-1] * len(want), device=logits.device)
-    ids = torch.cat([top_ids, chosen[:, None], guess.clamp(min=0)[:, None]], dim=1)
-    raw = logp.gather(1, ids).double().exp_()
+    x = logits.float()
+    top_ids = _top_ids(x, k)
+    if k and (hot is None or len(hot) < len(want)):
+        greedy = torch.ones(len(want), dtype=torch.bool, device=x.device)
+        if hot is not None:
+            greedy[hot] = False
+        first = top_ids[:, 0] == chosen
+        if not bool(first[greedy].all()):     # an exact tie put another token first
+            top_ids = torch.where(greedy[:, None], _chosen_first(top_ids, chosen), top_ids)
+    # the guesses' column (without guesses: the chosen token's again, never read)
+    guess = chosen if guesses is None else torch.tensor(guesses, device=x.device).clamp_(min=0)
+    ids = torch.cat([top_ids, chosen[:, None], guess[:, None]], dim=1)
+    raw = (x.gather(1, ids) - torch.logsumexp(x, dim=-1, keepdim=True)).double().exp_()
     drawn = (ids == chosen[:, None]).double()
     if hot is not None:     # top-p leaves the nucleus unnormalised (the race needs no more)
         drawn[hot] = (probs.gather(1, ids[hot]) / probs.sum(-1, keepdim=True)).double()
-    return Odds(want, top_ids.tolist(), drawn[:, :k].tolist(), raw[:, :k].tolist(), drawn[:, k].tolist(),
-                raw[:, k].tolist(), guess.tolist(), drawn[:, k + 1].tolist(), raw[:, k + 1].tolist())
+    return Odds(want, k, ids.tolist(), raw.tolist(), drawn.tolist())
+
+
+BLOCK = 1024   # the top-k looks at the blocks of the vocabulary with the largest maxima only
+
+
+def _top_ids(x, k):
+    """Each row's `k` largest entries' indices, largest first. The k largest lie in the k
+    blocks of BLOCK entries whose maxima are largest, so a top-k over those blocks' k x BLOCK
+    entries gives them: measured on one row of 49,152 logits, 37 us against torch.topk's 68."""
+    rows, n = x.shape
+    if not k:
+        return x.new_zeros((rows, 0), dtype=torch.long)
+    blocks = -(-n // BLOCK)
+    if blocks <= k:
+        return torch.topk(x, k, dim=-1).indices
+    if blocks * BLOCK != n:
+        x = torch.nn.functional.pad(x, (0, blocks * BLOCK - n), value=float("-inf"))
+    x = x.view(rows, blocks, BLOCK)
+    best = torch.topk(x.amax(dim=-1), k, dim=-1).indices                     # [rows, k] blocks
+    inside = torch.topk(x.gather(1, best[:, :, None].expand(rows, k, BLOCK)).reshape(rows, k * BLOCK), k, dim=-1).indices
+    return best.gather(1, inside // BLOCK) * BLOCK + inside % BLOCK
 
 
 def _chosen_first(top_ids, chosen):

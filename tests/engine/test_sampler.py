@@ -179,3 +179,29 @@ def test_token_events_carry_the_odds_and_the_wire_rounds_them(tiny):
     by = {seq.id: [e for e in out if isinstance(e, events.Token) and e.id == seq.id] for seq in again}
     assert all(e.p is None and e.top is None for e in by[again[0].id])
     assert all(e.p == 1.0 and e.top == [] and 0 < e.p_raw <= 1 for e in by[again[1].id])
+
+
+def test_a_row_that_fails_costs_the_others_neither_their_tokens_nor_their_odds():
+    """A row whose generator raises: the batched pass falls back to one row at a time, and the
+    rows that sampled keep the odds they get alone (the fallback's odds are joined, laid out to
+    the batch's widest top-k)."""
+    class Broken:
+        def get_state(self):
+            return None
+
+        def set_state(self, state):
+            pass
+    torch.manual_seed(8)
+    logits = torch.randn(3, 300) * 2
+    params = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=0.7, seed=2)]
+    gens = [None, Broken(), sampler.make_generator(2, "cpu")]
+    try:
+        sampler.sample(logits, params, gens, [5, 5, 3])
+        raise AssertionError("the broken row did not raise")
+    except sampler.RowsFailed as e:
+        assert set(e.failed) == {1} and e.tokens[1] is None and e.odds.chance(1) is not None
+        got = e
+    for row, want in ((0, 5), (2, 3)):
+        tok, alone = sampler.sample(logits[row:row + 1], params[row:row + 1],
+                                    [sampler.make_generator(params[row].seed, "cpu")], [want])
+        assert got.tokens[row] == tok[0] and got.odds.chance(row) == alone.chance(0)

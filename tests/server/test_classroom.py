@@ -467,9 +467,11 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
                    {"type": "measure"}, {"type": "clear_queue"}, {"type": "remove_client", "client": "x"}]
         for msg in refused:
             viewer.send(json.dumps(msg))
+        viewer.send(json.dumps({"type": "view", "candidates": True}))   # its own stream: allowed
         viewer.send(json.dumps({"type": "sync", "client_t": 7.0}))
         got = frames(viewer, 10, until=lambda ev: any(e["type"] == "sync" for e in ev) and
                      sum(e["type"] == "error" for e in ev) >= len(refused))
+        assert room.driver.events.candidates_shown()
     finally:
         viewer.close()
     errors = [e for e in got if e["type"] == "error"]
