@@ -351,10 +351,12 @@ class Token(Event):
         return self.text if self.client_text is None else self.client_text
 
     def to_dict(self):
-        """On the wire the probabilities are rounded (4 decimals: a bar's width, and the page's
-        uncertain marks) and `top` holds the page's SHOWN first candidates; the API reads the
-        event itself, at full precision and with every candidate its request asked for."""
+        """On the wire a token is compact, since a busy engine sends a thousand a second to every
+        page: its times to the microsecond, its probabilities to 3 decimals (a bar's width, and
+        the page's uncertain marks), and `top` the page's SHOWN first candidates. The API reads
+        the event itself, at full precision and with every candidate its request asked for."""
         out = Event.to_dict(self)
+        out["t"], out["sampled"], out["sample_s"] = _round(self.t, 6), _round(self.sampled, 6), _round(self.sample_s, 6)
         out["p"], out["p_raw"] = _round(self.p), _round(self.p_raw)
         if self.top is not None:
             out["top"] = [[i, text, _round(p), _round(raw)] for i, text, p, raw in self.top[:SHOWN]]
@@ -364,8 +366,8 @@ class Token(Event):
         return out
 
 
-def _round(p):
-    return None if p is None else round(p, 4)
+def _round(x, places=3):
+    return None if x is None else round(x, places)
 
 
 @dataclass(slots=True, frozen=True)

@@ -64,8 +64,8 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
         assert tokens and tokens[0]["first"] and [t["index"] for t in tokens] == list(range(len(tokens)))
         assert all(req["t"] < a["t"] <= b["t"] for a, b in zip(tokens, tokens[1:]))
         assert fin["reason"] in ("length", "stop") and fin["client_side"]
-        assert fin["ttft"] == pytest.approx(tokens[0]["t"] - req["t"])
-        assert fin["gaps"] == pytest.approx([b["t"] - a["t"] for a, b in zip(tokens, tokens[1:])])
+        assert fin["ttft"] == pytest.approx(tokens[0]["t"] - req["t"], abs=1e-6)   # token times are sent to the microsecond
+        assert fin["gaps"] == pytest.approx([b["t"] - a["t"] for a, b in zip(tokens, tokens[1:])], abs=2e-6)
         assert fin["e2e"] >= fin["ttft"] + sum(fin["gaps"]) - 1e-9
         # What only the server knows comes from its usage report, never from a guess.
         assert fin["prompt_tokens"] > 0 and fin["output_tokens"] <= MAX_NEW
@@ -456,6 +456,6 @@ def test_an_observer_asks_for_logprobs_while_a_page_shows_candidates(tiny):
     for e in server:
         by_text.setdefault(e["text"], []).append(e)
     for e in mine:
-        same = [s for s in by_text.get(e["text"], []) if abs(s["p_raw"] - e["p_raw"]) < 2e-4]
+        same = [s for s in by_text.get(e["text"], []) if abs(s["p_raw"] - e["p_raw"]) < 1.1e-3]
         # chat's candidates are the server's; completions' are keyed by text (a clash keeps one)
         assert same and {c[1] for c in e["top"]} <= {c[1] for c in same[0]["top"]} | {same[0]["text"]}

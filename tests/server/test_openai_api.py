@@ -253,9 +253,9 @@ def test_the_openai_client_reads_chat_top_logprobs(live, client, model, tiny):
     for entry, ev in zip(content, events):
         assert len(entry.top_logprobs) == 5
         assert entry.token == tiny.tokenizer.decode([ev["token_id"]]) and bytes(entry.bytes) == entry.token.encode()
-        assert math.exp(entry.logprob) == pytest.approx(ev["p_raw"], abs=1e-4)
+        assert math.exp(entry.logprob) == pytest.approx(ev["p_raw"], abs=6e-4)
         assert [t.token for t in entry.top_logprobs] == [c[1] for c in ev["top"]]
-        assert [math.exp(t.logprob) for t in entry.top_logprobs] == pytest.approx([c[3] for c in ev["top"]], abs=1e-4)
+        assert [math.exp(t.logprob) for t in entry.top_logprobs] == pytest.approx([c[3] for c in ev["top"]], abs=6e-4)
         assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
         assert all(a.logprob >= b.logprob for a, b in zip(entry.top_logprobs, entry.top_logprobs[1:]))
         assert entry.logprob <= 0
@@ -283,7 +283,7 @@ def test_the_openai_client_reads_completions_logprobs(live, client, model):
     events = token_events(live, r.id.removeprefix("cmpl-"))
     assert any(abs(ev["p"] - ev["p_raw"]) > 1e-3 for ev in events)   # the temperature changed the odds ...
     for i, ev in enumerate(events):
-        assert math.exp(lp.token_logprobs[i]) == pytest.approx(ev["p_raw"], abs=1e-4)   # ... the API gives the raw ones
+        assert math.exp(lp.token_logprobs[i]) == pytest.approx(ev["p_raw"], abs=6e-4)   # ... the API gives the raw ones
         assert lp.tokens[i] in lp.top_logprobs[i] and lp.top_logprobs[i][lp.tokens[i]] == lp.token_logprobs[i]
         assert len(lp.top_logprobs[i]) == len({c[1] for c in ev["top"][:5]} | {lp.tokens[i]})   # keyed by text
     offsets = [0]
