@@ -181,8 +181,8 @@ def _answer(claim, items):
         for ev in items:
             if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
-            elif isinstance(ev, Token):
-                yield oa.sse({"type": "token", "text": ev.client()})
+            elif isinstance(ev, Token):   # p_raw: how sure the model was of it (the phone marks the unsure)
+                yield oa.sse({"type": "token", "text": ev.client(), "p_raw": None if ev.p_raw is None else round(ev.p_raw, 3)})
             elif isinstance(ev, Rejected):
                 yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
             elif ev.reason in ("cancelled", "error"):       # Finished, without an answer

@@ -3,6 +3,7 @@
 // waiting list, and the request detail: state, prefix-cache reuse, preemptions and speculative
 // decoding, TTFT and later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
+import {renderText, requestLine as oddsLine, wireText} from "ft/candidates";
 import {clock, send, setConn} from "ft/connection";
 import {ttftHere, wayOut} from "ft/delivery";
 import {instanceLines, instanceState} from "ft/disagg";
@@ -317,6 +318,7 @@ function detail(s, ui) {
     $("d-title").textContent = "— none yet";
     $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
     $("d-sched").textContent = "";
+    if ($("d-odds")) $("d-odds").textContent = "";
     return;
   }
   const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? r.reason : requeued(r) ? "preempted, waiting" :
@@ -327,7 +329,8 @@ function detail(s, ui) {
   const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
   if (key === detailKey) return;
   detailKey = key;
-  $("d-text").textContent = r.text.join("");
+  renderText($("d-text"), r, s.epoch);   // a span per token, the uncertain ones marked (ft-candidates.js)
+  if ($("d-odds")) $("d-odds").textContent = oddsLine(r) || "";
   // Chips are rebuilt for another request, or when this one's tokenisation arrives.
   const chips = $("d-chips"), chipsKey = `${s.epoch}:${r.id}:${r.pieces ? 1 : 0}`;
   if (chips.dataset.req !== chipsKey) {
@@ -346,6 +349,7 @@ function start(s) {
 
 // The first screen's form and buttons (the page's own next request gets selected: ui.awaitOwn).
 export function wire(s, ui) {
+  wireText($("d-text"), s);   // hover or tap a token of the output: its candidates
   if (!$("start-form")) return;
   $("start-form").addEventListener("submit", (e) => {
     e.preventDefault();

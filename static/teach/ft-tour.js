@@ -1,6 +1,6 @@
 // First Token: the guided tour for a classroom, along the article's path: tokens → prefill →
 // decode → KV cache → batching → queueing → what to look at when it feels slow → speculation →
-// the other suspects: a buffering proxy, a slow network, a cold start. Each step
+// the other suspects: a buffering proxy, a slow network, a cold start → choosing a token. Each step
 // applies a preset, spots the part of the page that shows the idea (the rest is dimmed) and
 // says what to notice, with the live figures inserted (ft-figures.js). Next/back with the
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
@@ -125,6 +125,17 @@ export const STEPS = [
      "memory: requests that arrive meanwhile wait (their 'load' stage). The first forward of each new shape also " +
      "sets up its kernels (outlined on the top lane); a reload keeps those.",
    live: (s) => live(s, "cold-start")},
+  // The article's decode loop: "choose a token from the probabilities (greedily or by sampling)"
+  // (ft-candidates.js: every token's candidates from its event). Last, so the steps before keep their numbers.
+  {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
+   spot: [".timeline-wrap", "#d-text", ".acc-ttft"],
+   watch: "a token's bars (hover it on a row or in the output), the top bar each row took, and the TTFT's first-sample part",
+   text: () => "Each step ends with the model's probabilities for every request's next token; the sampler picks " +
+     "one. The same question runs five ways at once: greedy always takes the tallest bar (the same answer every " +
+     "time), temperature 0.7 makes the tall bars taller, 1.5 flattens them so unlikely tokens get picked, and " +
+     "top-p 0.5 keeps only the few tokens that make up half the mass. Underlined tokens are ones the model " +
+     "itself gave under 30 %. Choosing the first token is the TTFT's 'first sample' stage, measured.",
+   live: (s) => live(s, "sampling")},
 ];
 
 // Shown only when the server is disaggregated (hello.instances): after "When it feels slow", whose

@@ -119,6 +119,9 @@ def test_students_requests_appear_labelled_and_each_answer_reaches_only_its_stud
         # the phone gets exactly its own request's tokens and the engine's own measurements
         mine = [e["text"] for e in events if e["type"] == "token" and e["id"] == rid]
         assert [t["text"] for t in tokens] == mine and len(mine) == engine_fin["output_tokens"] >= 1
+        # and how sure the model was of each (the phone marks the unsure ones), as the page is told
+        assert [t["p_raw"] for t in tokens] == [e["p_raw"] for e in events if e["type"] == "token" and e["id"] == rid]
+        assert all(0 < t["p_raw"] <= 1 for t in tokens)
         assert fin["ttft"] == engine_fin["ttft"] > 0 and fin["tpot"] == engine_fin["tpot"]
         assert fin["output_tokens"] == engine_fin["output_tokens"] and engine_fin["source"] == "join"
         texts.add((rid, "".join(mine)))
