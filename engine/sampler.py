@@ -222,9 +222,10 @@ def _sample_batch(logits, params_list, generators, want=None, guesses=None):
         rows = torch.tensor(hot, device=logits.device)
         temps = torch.tensor([params_list[i].temperature for i in hot], device=logits.device, dtype=logits.dtype)
         probs = torch.softmax(logits[rows] / temps[:, None], dim=-1)
-        top_p = torch.tensor([params_list[i].top_p for i in hot], device=logits.device, dtype=logits.dtype)
-        if bool((top_p < 1).any()):
-            probs = torch.where((top_p < 1)[:, None], _top_p(probs, top_p), probs)
+        cut = [j for j, i in enumerate(hot) if params_list[i].top_p < 1]
+        if cut:     # only those rows: one with top_p 1 would send every row to the full sort
+            top_p = torch.tensor([params_list[hot[j]].top_p for j in cut], device=logits.device, dtype=logits.dtype)
+            probs[cut] = _top_p(probs[cut], top_p)
         uniform = torch.empty_like(probs)
         shared = [j for j, i in enumerate(hot) if generators[i] is None]
         if shared:
