@@ -2,13 +2,15 @@
 
     python -m bench.candidates                  # the bundled model, batch 1 (and 8), 1000 tok/s scaled
     python -m bench.candidates --steps 40       # fewer steps
+    python -m bench.candidates --threads 1      # one model thread (steadier beside other programs)
 
 1. **Per step.** One request decodes alone (batch 1; then eight at once) while the engine's
    `candidates` switch flips every step, so drift in the machine's load hits both sides alike.
    Each step is timed whole as the driver does it: `Engine.step()` and the events' wire JSON
    (what publishing costs; the odds' texts, rounding and second JSON included). Medians of each
    side, and their difference as a share of the step without odds: the criterion for keeping
-   them on by default is under 2 % of a batch-1 step (engine/engine.py `candidates`).
+   them on by default was under 2 % of a batch-1 step (engine/engine.py `candidates`); it is more on
+   a CPU here, so the engine computes them while a page shows them or a request asks.
 2. **Bytes per viewer.** The events of a run of `--requests` streams (every event a page gets:
    steps, stats, tokens), grouped into the page's 50 ms frames, sent to a page that does not show
    candidates (`top` null) and to one that asked (`view`), as JSON and as it goes on the wire
@@ -43,12 +45,12 @@ def step_cost(engine, steps, batch=1, prompt="We hold these truths to be self-ev
     times = {True: [], False: []}
     for i in range(steps):
         on = i % 2 == 0
-        engine.candidates = on
+        engine.candidates = (lambda: True) if on else (lambda: False)
         t0 = time.perf_counter()
         for ev in engine.step():
             Wire(ev.to_dict())
         times[on].append(time.perf_counter() - t0)
-    engine.candidates = True
+    engine.candidates = lambda: True
     while engine.scheduler.running or engine.scheduler.waiting:
         engine.step()
     on_s, off_s = statistics.median(times[True]), statistics.median(times[False])
@@ -72,7 +74,7 @@ def viewer_bytes(engine, requests=16, new_tokens=48):
     as a lean page and a page showing candidates get them: bytes per token, JSON and deflated,
     and per second at RATE tokens/s."""
     from engine.request import GenerateRequest
-    engine.candidates = True
+    engine.candidates = lambda: True
     events = []
     for _ in range(requests):
         text = engine.loadgen.prompt(64)
@@ -100,7 +102,8 @@ def viewer_bytes(engine, requests=16, new_tokens=48):
 
 
 def report(costs, sizes):
-    print(f"the tokens' odds (issue 42) on {machine.describe()}")
+    import torch
+    print(f"the tokens' odds (issue 42) on {machine.describe()}, {torch.get_num_threads()} model threads")
     for c in costs:
         print(f"  decode step, batch {c['batch']}: {c['off_s'] * 1e3:.2f} ms without odds, {c['on_s'] * 1e3:.2f} ms "
               f"with (median of {c['steps'] // 2} steps each, alternating): {c['cost_s'] * 1e6:+.0f} us = "
@@ -117,8 +120,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="decode steps timed per batch size (half on, half off)")
     ap.add_argument("--requests", type=int, default=16, help="streams of the bytes-per-viewer run")
+    ap.add_argument("--threads", type=int, default=None, help="model threads (default: torch's); 1 is steadier on a busy machine")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
     from engine import Engine, EngineConfig
     from engine import model as model_mod
     bundle = model_mod.load()

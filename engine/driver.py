@@ -127,6 +127,7 @@ class EngineDriver:
         self.max_context = engine.max_context
         self.events = Broadcaster(history=engine.config.history)
         engine.subscribers = lambda: self.events.subscribers
+        engine.candidates = self.events.candidates_shown   # the tokens' odds while a page shows them
         self.publishing = True     # off: events are built but not published (the bench's A/B)
         self.failure = None        # why the engine stopped, once it has
         self.inbox_max = inbox

@@ -89,10 +89,12 @@ class Engine:
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._by_id = {}
-        # Every token's odds for the page (its SHOWN candidates, engine/sampler.py): on, since they
-        # cost well under 2 % of a batch-1 decode step (bench/candidates.py); off, only the
-        # requests that ask (the API's logprobs) get them.
-        self.candidates = True
+        # Whether every token's odds are wanted (a page's SHOWN candidates, engine/sampler.py): they
+        # cost more than 2 % of a batch-1 decode step on a CPU (bench/candidates.py), so the driver
+        # asks its pages (a page that shows candidates says so, `view`); off, only the requests that
+        # ask (the API's logprobs, a student's phone) get them. A bare engine (a disaggregated
+        # instance, a test) computes them always.
+        self.candidates = lambda: True
         self.pieces = Pieces(tok)   # the candidates' texts
         if config.release_model_weights:      # after everything above has read the model's shapes
             self.runner.release_model_weights()
@@ -347,9 +349,10 @@ class Engine:
     def _wanted(self, params):
         """How many candidates a request's tokens carry (the page's, or more if its client asked),
         or None for no odds."""
+        shown = self.candidates()
         if params.logprobs is None:
-            return SHOWN if self.candidates else None
-        return max(params.logprobs, SHOWN if self.candidates else 0)
+            return SHOWN if shown else None
+        return max(params.logprobs, SHOWN if shown else 0)
 
     def _deliver_run(self, out, seg, run, chances):
         """One request's tokens from this forward, in order, each with its odds (None: none asked

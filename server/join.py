@@ -159,8 +159,9 @@ def ask():
     backend = model_backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
+            # logprobs 0: each token's own probability, which the phone marks the unsure tokens by
             handle = backend.submit(GenerateRequest(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                                    chat=True, stream=True))
+                                                    chat=True, stream=True, logprobs=0))
         except SettingError as e:
             raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
         claim.started(backend, handle.id)

@@ -8,7 +8,7 @@ def test_the_candidates_bench_runs_and_counts_what_a_page_gets(tiny, capsys):
     engine = Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=256))
     cost = candidates.step_cost(engine, 6, batch=2)
     assert cost["steps"] == 6 and cost["on_s"] > 0 and cost["off_s"] > 0
-    assert engine.candidates and not engine.scheduler.running      # left as it was found, idle
+    assert engine.candidates() and not engine.scheduler.running      # left as it was found, idle
     sizes = candidates.viewer_bytes(engine, requests=3, new_tokens=8)
     assert sizes["tokens"] == 24 and sizes["frames"] >= 1
     lean, full = sizes["lean"], sizes["candidates"]

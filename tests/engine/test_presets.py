@@ -229,6 +229,7 @@ def test_the_sampling_lesson_asks_one_question_five_ways_and_repeats(driver):
     candidate, and run again (seeded) the lesson gives the same tokens."""
     def run():
         sub = driver.events.subscribe(replay=False)
+        sub.candidates = True      # as a page showing candidates (the `view` message): the engine computes them
         driver.apply_preset("sampling")
         events = collect(sub, lambda ev: len(of(ev, "finished")) >= 5)
         driver.events.unsubscribe(sub)
@@ -249,3 +250,19 @@ def test_the_sampling_lesson_asks_one_question_five_ways_and_repeats(driver):
     for name in label.values():
         assert [t["token_id"] for t in tokens[name]] == \
             [t["token_id"] for t in of(again, "token") if label_again.get(t["id"]) == name]
+
+
+def test_the_engine_computes_the_odds_only_while_a_page_shows_candidates(driver):
+    """Off while no subscriber shows candidates (they cost over 2 % of a batch-1 step on a CPU,
+    bench/candidates.py): the tokens carry no odds; a request asking logprobs still gets its own."""
+    from engine.request import GenerateRequest
+    sub = driver.events.subscribe(replay=False)
+    ids = [driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3, logprobs=lp)).id for lp in (None, 2)]
+    events = collect(sub, lambda ev: len(of(ev, "finished")) >= 2)
+    tokens = {rid: [e for e in of(events, "token") if e["id"] == rid] for rid in ids}
+    assert all(e["p_raw"] is None and e["top"] is None for e in tokens[ids[0]])
+    assert all(0 < e["p_raw"] <= 1 and len(e["top"]) == 2 for e in tokens[ids[1]])
+    sub.candidates = True
+    rid = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3)).id
+    events = collect(sub, lambda ev: any(e["type"] == "finished" and e["id"] == rid for e in ev))
+    assert all(len(e["top"]) == 5 for e in of(events, "token") if e["id"] == rid)

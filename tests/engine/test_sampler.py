@@ -169,7 +169,7 @@ def test_token_events_carry_the_odds_and_the_wire_rounds_them(tiny):
         assert len(wire["top"]) == events.SHOWN and wire["p_raw"] == round(e.p_raw, 3)
         assert wire["top"][0] == [e.top[0][0], e.top[0][1], round(e.top[0][2], 3), round(e.top[0][3], 3)]
         assert wire["t"] == round(e.t, 6) and wire["sample_s"] == round(e.sample_s, 6)
-    eng.candidates = False
+    eng.candidates = lambda: False
     again = [eng.new_sequence(GenerateRequest(prompt="He has refused", max_new_tokens=3, temperature=0, logprobs=l))
              for l in (None, 0)]
     out = []
