@@ -88,11 +88,12 @@ gpu-check: $(STAMP)
 # one-file replay pages (examples/html/NAME.html, git-ignored): `make examples` rebuilds the
 # pages from the traces; `make examples-record` records the traces again (on a quiet machine:
 # the figures are measured), then rebuilds the pages.
-EXAMPLES := queueing shared-prefix chunked-prefill disaggregation
+EXAMPLES := queueing shared-prefix chunked-prefill disaggregation sampling
 RECORD_queueing := --preset queueing --seconds 3
 RECORD_shared-prefix := --preset shared-prefix --seconds 8
 RECORD_chunked-prefill := --preset chunked-prefill --seconds 5
 RECORD_disaggregation := --disaggregate --preset disaggregation --seconds 10
+RECORD_sampling := --preset sampling --seconds 4
 
 examples: $(STAMP)
 	mkdir -p examples/html

@@ -145,3 +145,45 @@ def test_a_phone_marks_its_own_answers_uncertain_tokens(room, browser):
         assert errors == []
     finally:
         ctx.close()
+
+
+def test_an_exported_sampling_lesson_shows_its_candidates_offline(browser, tmp_path):
+    """examples/sampling.json (the lesson recorded from the bundled model, `make examples-record`)
+    exported to one file and opened from file:// with every other request refused: its tokens'
+    bars come from the trace (the greedy row's first candidate is each token itself), the text's
+    marks are the trace's uncertain tokens."""
+    import json
+    from helpers import ROOT
+    from server import export
+    trace = json.loads((ROOT / "examples" / "sampling.json").read_text())
+    path = tmp_path / "sampling.html"
+    path.write_text(export.render(trace, "sampling"))
+    url = path.as_uri()
+    ctx = browser.new_context(viewport={"width": 1366, "height": 768})
+    refused = []
+    ctx.route("**/*", lambda route: route.continue_() if route.request.url == url else (refused.append(route.request.url), route.abort()))
+    try:
+        page = ctx.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_function("() => window.firstToken && firstToken.replay.player.mode === 'trace'")
+        page.evaluate("firstToken.replay.setSpeed(4)")
+        page.wait_for_function("() => !firstToken.replay.player.playing", timeout=60_000)
+        labels = {e["id"]: e["label"] for e in trace if e["type"] == "request"}
+        greedy = next(rid for rid, name in labels.items() if name == "greedy")
+        mine = [e for e in trace if e["type"] == "token" and e["id"] == greedy]
+        page.evaluate("id => { firstToken.select(id); firstToken.refresh(); }", greedy)
+        marked = page.evaluate("() => [...document.querySelectorAll('#d-text .tok-out')].map((e) => e.classList.contains('unsure'))")
+        assert marked == [e["p_raw"] < UNSURE for e in mine] and any(marked)
+        span = page.locator("#d-text .tok-out").nth(2)
+        span.scroll_into_view_if_needed()
+        span.hover()
+        page.wait_for_function("() => !document.getElementById('cand-pop').hidden")
+        rows = page.locator("#cand-pop .cand-row")
+        assert rows.count() == 5 and "chosen" in rows.first.get_attribute("class")
+        assert [page.locator("#cand-pop .cand-text").nth(i).text_content() for i in range(5)] == \
+            [c[1].replace(" ", "·").replace("\n", "⏎") or "∅" for c in mine[2]["top"]]
+        assert refused == [] and errors == []
+    finally:
+        ctx.close()
