@@ -135,9 +135,12 @@ export function show(s, r, i, x, y, owner) {
   if (key !== popKey) { pop.replaceChildren(bars(s, r, i)); popKey = key; }
   popOwner = owner;
   pop.hidden = false;
-  const w = pop.offsetWidth, h = pop.offsetHeight;
-  pop.style.left = `${Math.max(4, Math.min(window.innerWidth - w - 6, x + 14))}px`;
-  pop.style.top = `${Math.max(4, y + 14 + h > window.innerHeight ? y - h - 10 : y + 14)}px`;
+  // in window pixels (x, y are), then in the body's (presenter mode zooms it)
+  const z = parseFloat(getComputedStyle(document.body).zoom) || 1, w = pop.offsetWidth * z, h = pop.offsetHeight * z;
+  const left = Math.max(4, Math.min(window.innerWidth - w - 6, x + 14));
+  const top = Math.max(4, y + 14 + h > window.innerHeight ? y - h - 10 : y + 14);
+  pop.style.left = `${left / z}px`;
+  pop.style.top = `${top / z}px`;
 }
 
 export function hide(owner) {
