@@ -127,14 +127,16 @@ export const STEPS = [
    live: (s) => live(s, "cold-start")},
   // The article's decode loop: "choose a token from the probabilities (greedily or by sampling)"
   // (ft-candidates.js: every token's candidates from its event). Last, so the steps before keep their numbers.
+  // The rows and the TTFT bar are outlined (the output is further down the request panel: a
+  // 1366x768 projector does not hold both).
   {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
-   spot: [".timeline-wrap", "#d-text", ".acc-ttft"],
-   watch: "a token's bars (hover it on a row or in the output), the top bar each row took, and the TTFT's first-sample part",
+   spot: [".timeline-wrap", ".acc-ttft"],
+   watch: "a token's bars (hover its tick on a row, or it in the output), the top bar each row took, and the TTFT's first-sample part",
    text: () => "Each step ends with the model's probabilities for every request's next token; the sampler picks " +
      "one. The same question runs five ways at once: greedy always takes the tallest bar (the same answer every " +
      "time), temperature 0.7 makes the tall bars taller, 1.5 flattens them so unlikely tokens get picked, and " +
-     "top-p 0.5 keeps only the few tokens that make up half the mass. Underlined tokens are ones the model " +
-     "itself gave under 30 %. Choosing the first token is the TTFT's 'first sample' stage, measured.",
+     "top-p 0.5 keeps only the few tokens that make up half the mass. In the request's output, the tokens the " +
+     "model itself gave under 30 % are underlined. Choosing the first token is the TTFT's 'first sample' stage, measured.",
    live: (s) => live(s, "sampling")},
 ];
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import collect, wait_until
+from helpers import ask_on_phone, collect, wait_until
 from test_classroom import room  # noqa: F401  (a fixture)
 from test_slo_roofline_browser import events, page_at
 
@@ -124,12 +124,7 @@ def test_a_phone_marks_its_own_answers_uncertain_tokens(room, browser):
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         with events(room) as sub:
-            page.goto(room.url + "/join?code=owl")
-            page.fill("#name", "Ada")
-            page.click("#join-form button")
-            page.wait_for_selector("#ask-form:not([hidden])")
-            page.fill("#prompt", "Write one sentence about the sea.")
-            page.click("#btn-ask")
+            ask_on_phone(page, room.url, "Write one sentence about the sea.")
             page.wait_for_function("document.getElementById('answer-state').textContent.includes('done')", timeout=60_000)
             evs = collect(sub, lambda got: any(e["type"] == "finished" for e in got))
         rid = next(e["id"] for e in evs if e["type"] == "request")

@@ -198,6 +198,14 @@ def observing(url, api_key=None, classroom=None):
     return app
 
 
+def stop_all(conn, obs, observed):
+    """Close the page's socket, the observer and its app, then the observed server."""
+    conn.close()
+    obs.observer.shutdown()
+    obs.stop()
+    observed.stop()
+
+
 def tiny_server(tiny, classroom=None):
     from conftest import LiveApp
     from engine import EngineConfig
@@ -230,10 +238,7 @@ def test_observing_first_token_on_the_tiny_model_draws_server_lanes_and_request_
         conn.send(json.dumps({"type": "burst", "n": n}))
         events = frames(conn, 120, until=settled)
     finally:
-        conn.close()
-        obs.observer.shutdown()
-        obs.stop()
-        observed.stop()
+        stop_all(conn, obs, observed)
     check = schema_validator()
     for e in [hello, *history, *events]:
         check.validate(e)
@@ -435,10 +440,7 @@ def test_an_observer_asks_for_logprobs_while_a_page_shows_candidates(tiny):
         after = frames(conn, 60, until=done(2))
         theirs = collect(server_sub, lambda evs: sum(e["type"] == "finished" for e in evs) >= 3)
     finally:
-        conn.close()
-        obs.observer.shutdown()
-        obs.stop()
-        observed.stop()
+        stop_all(conn, obs, observed)
     check = schema_validator()
     for e in before + after:
         check.validate(e)
