@@ -11,7 +11,7 @@
 import {fmtS} from "ft/util";
 
 export const UNSURE = 0.3;     // a token the model itself gave under 30 % is marked uncertain
-const NEAR_PX = 6;             // a token tick is hovered within this many pixels of the pointer
+const NEAR_PX = 5;             // a token tick is hovered within this many pixels of the pointer (and alone there)
 
 export const unsure = (o) => !!o && typeof o.raw === "number" && o.raw < UNSURE;
 export const pct = (x) => (x === null || x === undefined ? "—" : x > 0 && x < 0.001 ? "<0.1 %" : `${(100 * x).toFixed(1)} %`);
@@ -67,7 +67,7 @@ export function requestLine(r) {
   const c = counts(r);
   if (!c.known) return null;
   return `${c.low} of ${c.known} token${c.known === 1 ? "" : "s"} uncertain (the model gave them under ` +
-    `${Math.round(UNSURE * 100)} %) · hover or tap a token for its candidates`;
+    `${Math.round(UNSURE * 100)} %) · hover a token (in the output, or its tick: zoom in where ticks crowd) for its candidates`;
 }
 
 // ------------------------------------------------------------------ the bars
@@ -180,19 +180,22 @@ export function wireText(box, s) {
 }
 
 // ------------------------------------------------------------------ the timeline
-// The token tick under the pointer on a request's row: {req, index}, or null.
+// The token tick under the pointer on a request's row, {req, index}, when it carries odds and no
+// other tick is as near (where they are denser the row's read-out shows, and says to zoom in); else null.
 export function hit(layout, s, x, y) {
   if (!layout || y < layout.top) return null;
   const lane = layout.lanes[Math.floor((y - layout.top) / layout.rowH)];
   if (!lane) return null;
-  let best = null;
+  let best = null, near = 0;
   for (const r of lane.reqs) {
     for (let k = 0; k < r.tokens.length; k++) {
       const d = Math.abs(layout.f.x(r.tokens[k]) - x);
-      if (d <= NEAR_PX && (!best || d < best.d)) best = {req: r, index: k, d};
+      if (d > NEAR_PX) continue;
+      near++;
+      if (!best || d < best.d) best = {req: r, index: k, d};
     }
   }
-  return best && {req: best.req, index: best.index};
+  return best && near === 1 && best.req.odds[best.index] ? {req: best.req, index: best.index} : null;
 }
 
 // A layer (ft-timeline.js): a small mark over the tick of each uncertain token; returns them.
@@ -227,10 +230,9 @@ export function proof(s, t0) {
     rows.push({r, c: counts(r), drawn: mean((o) => o.top[0][2] ?? o.top[0][3]), own: mean((o) => o.top[0][3])});
   }
   if (!rows.length) return null;
-  const took = rows.map(({r, c}) => `${r.label} ${c.top}/${c.known}`).join(" · ");
-  const tall = rows.filter(({r}) => r.label !== "greedy")
-    .map(({r, drawn, own}) => `${r.label} ${Math.round(drawn * 100)} % (own ${Math.round(own * 100)} %)`).join(" · ");
+  const took = rows.map(({r, c, drawn, own}) => `${r.label} ${c.top}/${c.known}` +
+    (r.label === "greedy" ? "" : ` (${Math.round(drawn * 100)}/${Math.round(own * 100)} %)`)).join(" · ");
   const first = rows.find(({r}) => r.stages);
-  return `took the top bar: ${took} · the top bar as drawn: ${tall}` +
-    (first ? ` · first sampling ${fmtS(first.r.stages.first_sample)} of TTFT ${fmtS(first.r.ttft)} (${first.r.label})` : "");
+  return `took the top bar (its height as drawn / the model's own): ${took}` +
+    (first ? ` · first sample ${fmtS(first.r.stages.first_sample)} of TTFT ${fmtS(first.r.ttft)}` : "");
 }

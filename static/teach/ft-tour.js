@@ -131,12 +131,10 @@ export const STEPS = [
   // 1366x768 projector does not hold both).
   {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
    spot: [".timeline-wrap", ".acc-ttft"],
-   watch: "a token's bars (hover its tick on a row, or it in the output), the top bar each row took, and the TTFT's first-sample part",
-   text: () => "Each step ends with the model's probabilities for every request's next token; the sampler picks " +
-     "one. The same question runs five ways at once: greedy always takes the tallest bar (the same answer every " +
-     "time), temperature 0.7 makes the tall bars taller, 1.5 flattens them so unlikely tokens get picked, and " +
-     "top-p 0.5 keeps only the few tokens that make up half the mass. In the request's output, the tokens the " +
-     "model itself gave under 30 % are underlined. Choosing the first token is the TTFT's 'first sample' stage, measured.",
+   watch: "a hovered token's bars, the top bar each row took, and the TTFT's first sample",
+   text: () => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
+     "five ways: greedy always takes the tallest bar, temperature 0.7 sharpens the bars, 1.5 flattens them, top-p " +
+     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %.",
    live: (s) => live(s, "sampling")},
 ];
 

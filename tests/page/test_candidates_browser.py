@@ -109,7 +109,7 @@ def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(pag
     took = {name: sum(e["top"][0][0] == e["token_id"] for e in tokens[rid]) for rid, name in rows.items()}
     assert f"greedy {took['greedy']}/{took['greedy']}" in banner and took["greedy"] == len(mine)
     assert f"T 1.5 {took['T 1.5']}/{len(tokens[hot])}" in banner
-    assert re.search(r"first sampling [\d.]+ (ms|s) of TTFT", banner)
+    assert re.search(r"first sample [\d.]+ (ms|s) of TTFT", banner)
 
 
 def test_a_phone_marks_its_own_answers_uncertain_tokens(room, browser):
