@@ -52,13 +52,15 @@ schema: $(STAMP)
 # under load through its OpenAI API (scheduling policies, continuous vs static, prefix caching),
 # then speculative decoding on and off through the same API (bench/speculative.py), then the
 # weights read as stored vs dequantised vs transformers' decoder (bench/weights.py), then colocated vs
-# disaggregated on the same load (bench/disagg.py).
+# disaggregated on the same load (bench/disagg.py), then what the tokens' odds cost per step and per
+# viewer (bench/candidates.py).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 	$(BIN)/python -m bench.serve $(ARGS)
 	$(BIN)/python -m bench.speculative $(ARGS)
 	$(BIN)/python -m bench.weights
 	$(BIN)/python -m bench.disagg
+	$(BIN)/python -m bench.candidates
 
 bench-serve: $(STAMP)
 	$(BIN)/python -m bench.serve $(ARGS)
@@ -86,11 +88,12 @@ gpu-check: $(STAMP)
 # one-file replay pages (examples/html/NAME.html, git-ignored): `make examples` rebuilds the
 # pages from the traces; `make examples-record` records the traces again (on a quiet machine:
 # the figures are measured), then rebuilds the pages.
-EXAMPLES := queueing shared-prefix chunked-prefill disaggregation
+EXAMPLES := queueing shared-prefix chunked-prefill disaggregation sampling
 RECORD_queueing := --preset queueing --seconds 3
 RECORD_shared-prefix := --preset shared-prefix --seconds 8
 RECORD_chunked-prefill := --preset chunked-prefill --seconds 5
 RECORD_disaggregation := --disaggregate --preset disaggregation --seconds 10
+RECORD_sampling := --preset sampling --seconds 4
 
 examples: $(STAMP)
 	mkdir -p examples/html

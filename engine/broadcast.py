@@ -5,6 +5,11 @@ dict as `Wire.json` so a thousand websockets do not encode it a thousand times);
 into a bounded replay history and into every subscription's bounded buffer. When a buffer is full its oldest
 events are dropped for that subscriber alone and counted, and the next batch it reads starts
 with a `dropped` event saying how many. In-process listeners (metrics) get the typed event.
+
+A token's candidates (`token.top`, protocol 14) are the one field a page may do without: five of
+them nearly double a token event. Their JSON is made twice, with and without them (`Wire.lean`),
+and each subscription says which it reads (`candidates`, set by the page's `view` message); the
+dict itself, which traces and history keep, has them.
 """
 from collections import deque
 import json
@@ -14,18 +19,21 @@ from .events import Dropped
 
 
 class Wire(dict):
-    """An event's wire dict, with its JSON text (compact separators) made once."""
-    __slots__ = ("json",)
+    """An event's wire dict, with its JSON text (compact separators) made once, and `lean`, the
+    text without a token's candidates (the same text for every other event)."""
+    __slots__ = ("json", "lean")
 
     def __init__(self, fields):
         super().__init__(fields)
         self.json = json.dumps(fields, separators=(",", ":"))
+        self.lean = self.json if fields.get("top") is None else json.dumps({**fields, "top": None}, separators=(",", ":"))
 
 
-def encode(events):
-    """A JSON array of these event dicts, reusing each Wire's text."""
-    return "[" + ",".join(e.json if isinstance(e, Wire) else json.dumps(e, separators=(",", ":"))
-                          for e in events) + "]"
+def encode(events, candidates=True):
+    """A JSON array of these event dicts, reusing each Wire's text (without tokens' candidates
+    unless `candidates`)."""
+    return "[" + ",".join((e.json if candidates else e.lean) if isinstance(e, Wire)
+                          else json.dumps(e, separators=(",", ":")) for e in events) + "]"
 
 
 class Subscription:
@@ -35,6 +43,7 @@ class Subscription:
         self._wake = wake       # called when a push finds the buffer empty: lets a reader wait on several things
         self._unreported = 0   # dropped since the last read: the next batch starts with a `dropped` event
         self.closed = False
+        self.candidates = False   # its reader shows tokens' candidates (a page's `view` message)
 
     def push(self, event):
         with self._cond:
@@ -94,6 +103,11 @@ class Broadcaster:
     @property
     def subscribers(self):
         return len(self._subs)
+
+    def candidates_shown(self):
+        """Whether any subscriber shows tokens' candidates (observe mode then asks for logprobs)."""
+        with self._lock:
+            return any(sub.candidates for sub in self._subs)
 
     def publish(self, event):
         wire = Wire(event.to_dict())

@@ -162,6 +162,22 @@ class Detokenizer:
         return piece
 
 
+class Pieces:
+    """Each token id's own text, decoded alone and remembered (the candidates a token event names,
+    the API's logprob tokens): a vocabulary's ids are few, and the same ones come back all the time.
+    A byte-level token that is part of a character decodes to "\ufffd", as vLLM's logprob tokens do."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._text = {}
+
+    def __call__(self, token_id):
+        text = self._text.get(token_id)
+        if text is None:
+            text = self._text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
 class StopStrings:
     """OpenAI's stop rule for one request's streamed text, the one place it is applied: the text
     its client gets ends just before the first stop string, and text that might be the start of

@@ -127,6 +127,7 @@ class EngineDriver:
         self.max_context = engine.max_context
         self.events = Broadcaster(history=engine.config.history)
         engine.subscribers = lambda: self.events.subscribers
+        engine.candidates = self.events.candidates_shown   # the tokens' odds while a page shows them
         self.publishing = True     # off: events are built but not published (the bench's A/B)
         self.failure = None        # why the engine stopped, once it has
         self.inbox_max = inbox
@@ -313,6 +314,11 @@ class EngineDriver:
                 continue
             s = self.settings.now
             new = a.max_new_tokens or s.sampling.max_new_tokens
+            if a.prompt is not None:    # a fixed question, with its own sampling (the sampling lesson)
+                for _ in range(a.burst):
+                    self.submit(GenerateRequest(prompt=a.prompt, chat=True, source="load", max_new_tokens=new,
+                                                temperature=a.temperature, top_p=a.top_p, seed=a.seed, label=a.label))
+                continue
             n = max(1, min(a.prompt_tokens or s.load.prompt_tokens, self.max_context - new))
             self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)
 

@@ -27,9 +27,9 @@ from dataclasses import replace
 from . import bandwidth, presets, sampler, speculate
 from .disagg import transfer
 from .disagg.messages import Release
-from .detok import Detokenizer, StopStrings
+from .detok import Detokenizer, Pieces, StopStrings
 from .config import EngineConfig
-from .events import PROTOCOL, Clock, Error, Hello, Reset, Settings
+from .events import PROTOCOL, SHOWN, Clock, Error, Hello, Reset, Settings
 from .policies import ROLES
 from .request import RequestHandle
 from .block_manager import BlockManager
@@ -89,6 +89,13 @@ class Engine:
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._by_id = {}
+        # Whether every token's odds are wanted (a page's SHOWN candidates, engine/sampler.py): they
+        # cost more than 2 % of a batch-1 decode step on a CPU (bench/candidates.py), so the driver
+        # asks its pages (a page that shows candidates says so, `view`); off, only the requests that
+        # ask (the API's logprobs, a student's phone) get them. A bare engine (a disaggregated
+        # instance, a test) computes them always.
+        self.candidates = lambda: True
+        self.pieces = Pieces(tok)   # the candidates' texts
         if config.release_model_weights:      # after everything above has read the model's shapes
             self.runner.release_model_weights()
 
@@ -327,32 +334,51 @@ class Engine:
         if not segs:
             return
         start = self.clock.now()
-        runs, failed = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
-                                      [g.draft for g in segs])
+        runs, failed, odds = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
+                                            [g.draft for g in segs], [self._wanted(g.seq.params) for g in segs])
         out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
-        delivered = [(seg.seq, self._deliver_run(out, seg, run)) for seg, run in zip(segs, runs) if run is not None]
+        delivered = [(seg.seq, self._deliver_run(out, seg, run, chances))
+                     for seg, run, chances in zip(segs, runs, odds) if run is not None]
         for i, error in failed.items():
             self._fail(out, [segs[i].seq], error, "sampling")
         for seq, stop in delivered:
             if stop:
                 self._finish(out, seq, stop)
 
-    def _deliver_run(self, out, seg, run):
-        """One request's tokens from this forward, in order; why the request ends, if one ends it."""
+    def _wanted(self, params):
+        """How many candidates a request's tokens carry (the page's, or more if its client asked),
+        or None for no odds."""
+        shown = self.candidates()
+        if params.logprobs is None:
+            return SHOWN if shown else None
+        return max(params.logprobs, SHOWN if shown else 0)
+
+    def _deliver_run(self, out, seg, run, chances):
+        """One request's tokens from this forward, in order, each with its odds (None: none asked
+        for); why the request ends, if one ends it."""
         if seg.draft:       # the rejected guesses' positions are given back first
             self.blocks.accepted(seg, len(run) - 1)
             out.accepted[seg.seq.id] = len(run) - 1
-        kinds = speculate.kinds(len(run), len(seg.draft))   # map is lazy: none delivered after a stop
-        return next(filter(None, map(self._deliver, [out] * len(run), [seg.seq] * len(run), run, kinds)), None)
+        n = len(run)
+        kinds = speculate.kinds(n, len(seg.draft))   # map is lazy: none delivered after a stop
+        return next(filter(None, map(self._deliver, [out] * n, [seg.seq] * n, run, kinds, chances or [None] * n)), None)
 
-    def _deliver(self, out, seq, tid, spec=None):
+    def _deliver(self, out, seq, tid, spec=None, chance=None):
         """Append the token and hand its `token` event out (to pages, and to the request's
-        client: its text under the stop rule, `Sequence.append`); return why it ends the
-        request, if it does."""
+        client: its text under the stop rule, `Sequence.append`), with its odds; return why it
+        ends the request, if it does."""
         text, client_text, stop = seq.append(tid, tid in self.eos)
-        out.hand_out(seq, tid, text, client_text, spec)
+        out.hand_out(seq, tid, text, client_text, spec, self._named(tid, chance))
         return stop
+
+    def _named(self, tid, chance):
+        """Token `tid`'s `sampler.Chance` as its event's fields, each candidate with its text."""
+        if chance is None:
+            return {}
+        name = lambda c: (c[0], self.pieces(c[0]), c[1], c[2])   # noqa: E731
+        return dict(p=chance.p, p_raw=chance.p_raw, top=[name(c) for c in chance.top],
+                    rejected=chance.rejected and name(chance.rejected), own_text=self.pieces(tid))
 
     def _fail(self, out, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with

@@ -9,7 +9,7 @@ check both. Times are seconds on the engine clock (`t = 0` at engine start).
 Observe mode builds the same types from a client's point of view: what a client cannot
 know is `None` (null on the wire), never invented.
 """
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 import time
 from typing import Any, ClassVar, Literal, TypedDict
 
@@ -137,6 +137,15 @@ class SLOMark(TypedDict):
     tpot_target_s: float
 
 
+# A candidate token (engine/sampler.py Odds): (token id, its text, its probability under the
+# distribution the choice was drawn from, under the model's own). A compact array on the wire:
+# five of them ride on every token event.
+# Observe mode: the id and `p` are null (an observed server sends texts and its own log-probabilities).
+Candidate = tuple[int | None, str, float | None, float]
+SHOWN = 5      # candidates a token event carries on the wire: the page's bars
+MAX_TOP = 20   # the most a client may ask for (OpenAI's top_logprobs bound, vLLM's max_logprobs)
+
+
 class Percentiles(TypedDict):
     p50: float | None
     p90: float | None
@@ -144,6 +153,12 @@ class Percentiles(TypedDict):
 
 
 _FIELDS = {}
+IN_PROCESS = {"wire": False}   # a field's metadata: for in-process readers only, never sent (nor in the schema)
+
+
+def wire_fields(cls):
+    """The fields of an event type that go on the wire, in order."""
+    return [f for f in fields(cls) if f.metadata.get("wire", True)]
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,7 +172,7 @@ class Event:
         cls = type(self)
         names = _FIELDS.get(cls)
         if names is None:
-            names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+            names = _FIELDS[cls] = tuple(f.name for f in wire_fields(cls))
         out = {"type": cls.type}
         for name in names:
             out[name] = getattr(self, name)
@@ -329,10 +344,40 @@ class Token(Event):
     # speculative decoding: "accepted" (a guess the model agreed with), "corrected" (its own token
     # where it rejected one), "bonus" (its token after accepting all); None: a plain decode
     spec: Literal["accepted", "corrected", "bonus"] | None = None
+    # What it was chosen from (engine/sampler.py Odds): its probability under the distribution it
+    # was drawn from (temperature, top-p; greedy 1) and under the model's own (temperature 1, no
+    # top-p); the most likely tokens by the model's own, first first; and, where it replaced a
+    # rejected guess, that guess. None where not computed (observe mode: what the server sends).
+    p: float | None = None
+    p_raw: float | None = None
+    top: list[Candidate] | None = None
+    rejected: Candidate | None = None
+    # The token decoded alone, as its candidates' texts are (the API's logprob `token`; `text` is
+    # what it added to the output, "" inside a character). Not sent: the page has `text`.
+    own_text: str | None = field(default=None, metadata=IN_PROCESS)
 
     def client(self):
         """The text the request's client gets with this token (the API forwards it as it is)."""
         return self.text if self.client_text is None else self.client_text
+
+    def to_dict(self):
+        """On the wire a token is compact, since a busy engine sends a thousand a second to every
+        page: its times to the microsecond, its probabilities to 3 decimals (a bar's width, and
+        the page's uncertain marks), and `top` the page's SHOWN first candidates. The API reads
+        the event itself, at full precision and with every candidate its request asked for."""
+        out = Event.to_dict(self)
+        out["t"], out["sampled"], out["sample_s"] = _round(self.t, 6), _round(self.sampled, 6), _round(self.sample_s, 6)
+        out["p"], out["p_raw"] = _round(self.p), _round(self.p_raw)
+        if self.top is not None:
+            out["top"] = [[i, text, _round(p), _round(raw)] for i, text, p, raw in self.top[:SHOWN]]
+        if self.rejected is not None:
+            i, text, p, raw = self.rejected
+            out["rejected"] = [i, text, _round(p), _round(raw)]
+        return out
+
+
+def _round(x, places=3):
+    return None if x is None else round(x, places)
 
 
 @dataclass(slots=True, frozen=True)

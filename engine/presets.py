@@ -35,9 +35,18 @@ class Action:
     # instead of a burst: change these settings at that time (a lesson that switches mid-run: the
     # `weights` preset reads fp32, then the file's 4-bit blocks); a comparison's overrides win
     settings: dict | None = None
+    # a fixed question instead of a corpus window, asked as a chat (the `sampling` lesson's), and
+    # its requests' own sampling (their seed is `seed`) and row name; None: the settings'
+    prompt: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    label: str | None = None
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
+        for name in ("prompt", "temperature", "top_p", "label"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if self.reload:
             out["reload"] = True
         if self.settings:
@@ -117,6 +126,13 @@ BATCHING_WAVES = tuple(Action(at, 2, max_new_tokens=n, seed=i)
 
 # The speculative-decoding pair: the same seeded copy tasks for one user and for eight.
 SPECULATIVE = {"speculation": "ngram", "spec_tokens": 4, "prompt_tokens": 96, "max_new_tokens": 96}
+
+# The sampling lesson: one question, answered at once five ways, side by side (the article's "choose
+# a token from the probabilities (greedily or by sampling)"). Seeded, so it repeats token for token.
+SAMPLING_PROMPT = "Write one sentence about the sea."
+SAMPLING = tuple(Action(0, 1, prompt=SAMPLING_PROMPT, temperature=t, top_p=p, label=name, seed=7)
+                 for name, t, p in (("greedy", 0.0, 1.0), ("T 0.7", 0.7, 1.0), ("T 1", 1.0, 1.0),
+                                    ("T 1.5", 1.5, 1.0), ("top-p 0.5", 1.0, 0.5)))
 
 PRESETS = {p.name: p for p in (
     Preset("idle", "One short prompt, idle server",
@@ -269,6 +285,16 @@ PRESETS = {p.name: p for p in (
            "decode step time, fp32 vs 4-bit, against each format's bandwidth floor",
            {"weights": "dequantised", "prompt_tokens": 32, "max_new_tokens": 192},
            (Action(0, 1), Action(4.0, 0, settings={"weights": "stored"}))),
+    # Every token's odds are on its event (engine/sampler.py): the page draws each token's
+    # candidates as bars, the model's own distribution and the one the draw used.
+    Preset("sampling", "Choosing a token",
+           "The same question five times at once: greedy, temperature 0.7, 1 and 1.5, and top-p 0.5. "
+           "Each step gives every row the model's probabilities for its next token; greedy always "
+           "takes the tallest bar, temperature 0.7 sharpens the bars, 1.5 flattens them so unlikely "
+           "tokens get picked, and top-p 0.5 keeps only the few tokens that make up half the mass. "
+           "Hover a token to see its bars; the first sampling is a measured stage of each TTFT.",
+           "how often each row took the top bar, and how tall the bar it drew from was",
+           {"max_new_tokens": 32}, SAMPLING),
 )}
 
 

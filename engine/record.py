@@ -42,6 +42,7 @@ def record(backend, seconds, settings=None, preset=None, drain=False, clock=time
     `backend.apply_preset`) with `settings` over its own, or `settings` alone (both validate
     them as a whole before anything changes: SettingError and nothing recorded on a bad one)."""
     sub = backend.events.subscribe(replay=False)
+    sub.candidates = True   # a trace keeps every token's candidates (the engine computes them while one is asked)
     try:
         hello = backend.hello().to_dict()
         events = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import queue
 from typing import get_args
 
-from .events import Finished, Rejected, Source
+from .events import MAX_TOP, Finished, Rejected, Source
 from .sequence import SamplingParams
 from .settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce
 
@@ -45,6 +45,10 @@ class GenerateRequest:
     # engine-level names, per request here): {"method": "off" | "ngram" | "suffix",
     # "num_speculative_tokens": 1-8}, either or both; None: the settings'.
     speculative_config: dict | None = None
+    # The odds of each token for its client (the API's logprobs): how many of the most likely
+    # candidates, 0-20 (0: the chosen token's own only); None: not asked (its events still carry
+    # the page's candidates, engine/sampler.py)
+    logprobs: int | None = None
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -55,7 +59,7 @@ class GenerateRequest:
             check_text("label", self.label)
         for name, kind, lo, hi in (("max_new_tokens", "int", 1, None), ("temperature", "float", 0.0, 2.0),
                                    ("top_p", "float", 0.0, 1.0), ("seed", "int", 0, 2**63 - 1),
-                                   ("prompt_tokens", "int", 1, None)):
+                                   ("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP)):
             if getattr(self, name) is not None:
                 fix(name, coerce(name, kind, getattr(self, name), lo, hi))
         if self.top_p is not None and self.top_p <= 0:
@@ -133,7 +137,7 @@ class GenerateRequest:
             min_tokens=self.min_tokens,
             temperature=settings.temperature if self.temperature is None else self.temperature,
             top_p=settings.top_p if self.top_p is None else self.top_p,
-            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"))
+            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs)
 
 
 class RequestHandle:

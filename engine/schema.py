@@ -4,12 +4,11 @@
     python -m engine.schema --check    # exit 1 if the file is stale (a test runs this check)
 
 The schema is derived from the dataclasses' type hints (engine/events.py) by the small
-converter below: the types are few (numbers, strings, booleans, None, lists, dicts,
-TypedDicts, Literals), so the mapping is direct and every field is required, since the
+converter below: the types are few (numbers, strings, booleans, None, lists, fixed-length
+tuples, dicts, TypedDicts, Literals), so the mapping is direct and every field is required, since the
 engine always sends every field (null where unknown).
 """
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 import sys
@@ -34,6 +33,9 @@ def type_schema(tp, defs):
         return {"anyOf": [type_schema(a, defs) for a in args]}
     if origin is typing.Literal:
         return {"enum": list(args)}
+    if origin is tuple:     # a fixed-length array, an item of each type in order
+        return {"type": "array", "prefixItems": [type_schema(a, defs) for a in args], "items": False,
+                "minItems": len(args), "maxItems": len(args)}
     if origin is list:
         return {"type": "array", "items": type_schema(args[0], defs)}
     if origin is dict:
@@ -52,7 +54,7 @@ def type_schema(tp, defs):
 def event_schema(cls, defs):
     hints = typing.get_type_hints(cls)
     props = {"type": {"const": cls.type}}
-    for f in dataclasses.fields(cls):
+    for f in events.wire_fields(cls):
         props[f.name] = type_schema(hints[f.name], defs)
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 

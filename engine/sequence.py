@@ -20,6 +20,7 @@ class SamplingParams:
     min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
     speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
+    logprobs: int | None = None      # candidates its client asks for with each token (the API's); None: none
 
 
 class Status(Enum):

@@ -88,13 +88,14 @@ class StepOutput:
         decode = sum(seg.n for seg in self.segments if seg.decode)
         return decode, sum(seg.n for seg in self.segments) - decode
 
-    def hand_out(self, seq, token_id, text, client_text, spec=None):
+    def hand_out(self, seq, token_id, text, client_text, spec=None, odds=None):
         """Hand the token just appended to `seq.output_ids` to the request's client, as its
         `token` event; `client_text` is carried only where stop strings made it differ from the
-        token's text; `spec`: what speculative decoding made of it (`speculate.kinds`)."""
+        token's text; `spec`: what speculative decoding made of it (`speculate.kinds`); `odds`:
+        what it was chosen from (the event's `p`, `p_raw`, `top`, `rejected`), when computed."""
         index, (_, sampled) = len(seq.output_ids) - 1, self.sampling
         ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
                    first=index == 0, sampled=sampled, sample_s=sampled - self.sampling[0],
-                   client_text=None if client_text == text else client_text, spec=spec)
+                   client_text=None if client_text == text else client_text, spec=spec, **(odds or {}))
         seq.handle.put(ev)
         self.tokens.append(Handed(seq, ev, self.clock.now()))

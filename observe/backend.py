@@ -6,7 +6,7 @@ import time
 
 from engine.backend import Mode
 from engine.broadcast import Broadcaster
-from engine.events import PROTOCOL, Clock, Hello, Reset, Settings
+from engine.events import PROTOCOL, SHOWN, Clock, Hello, Reset, Settings
 from engine.settings import Live, SettingError, coerce, defaults, make_settings, validate
 from .flights import Flights
 from .load import WordLoad
@@ -157,4 +157,10 @@ class Observer:
         return {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
 
     def _launch(self, source, path, body, prompt, **kw):
+        """Send one request; while a page shows candidates, asking for the server's log-probabilities
+        of the page's SHOWN most likely tokens (vLLM, SGLang, llama.cpp and First Token serve them;
+        a server that refuses them answers with an HTTP error, drawn as a rejection)."""
+        if self.events.candidates_shown():
+            body = {**body, **({"logprobs": True, "top_logprobs": SHOWN} if path == "/chat/completions"
+                               else {"logprobs": SHOWN})}
         return self.flights.launch(source, path, body, prompt, self.watch.model, self.watch.scraper.profile, **kw)

@@ -7,9 +7,14 @@ own, streamed, and published as the client sees it:
   counts from `usage`; `rejected` for an HTTP error.
 * What happens inside the server (queueing, prefill, sampling) cannot be seen from here:
   those stages are `null` and the whole TTFT is `other`. Never invented.
+* The odds, when a page shows candidates (`Observer` asks for logprobs then) and the server sends
+  them: a chunk of one token gets its `p_raw` and `top` (texts and probabilities as the server
+  reports them, ids and the transformed `p` unknown: null); a chunk of several tokens the
+  probability of all of them together, and no candidates.
 """
 import http.client
 import itertools
+import math
 import secrets
 import socket
 import threading
@@ -141,12 +146,13 @@ class Flights:
                 if data == b"[DONE]":
                     break
                 now = self.clock.now()
-                texts, chunk_usage, chunk_finish, error = read_chunk(data)
+                texts, chunk_usage, chunk_finish, error, odds = read_chunk(data)
                 if error is not None:
                     break
                 usage, finish = chunk_usage or usage, chunk_finish or finish
                 for text in texts:
-                    flight.put(self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent))
+                    flight.put(self._token(rid, len(chunks), text, now, chunks[-1] if chunks else None, sent,
+                                           odds if len(texts) == 1 else {}))
                     flight.first = True
                     chunks.append(now)
         except ApiError as e:
@@ -166,10 +172,11 @@ class Flights:
             reason = finish if finish in ("stop", "length") else (finish or "error")
         flight.put(self._finished(rid, flight.source, reason, sent, chunks, usage, estimate, error))
 
-    def _token(self, rid, index, text, now, previous, sent):
-        """Publish the `token` event of a chunk with text; return it (for the request's handle)."""
+    def _token(self, rid, index, text, now, previous, sent, odds):
+        """Publish the `token` event of a chunk with text, with its `odds` (`read_chunk`); return
+        it (for the request's handle)."""
         ev = Token(t=now, id=rid, index=index, token_id=None, text=text, first=index == 0, sampled=None,
-                   sample_s=None)
+                   sample_s=None, **odds)
         self.events.publish(ev)
         self.stats.token(now)
         if previous is None:
@@ -202,19 +209,20 @@ class Flights:
 
 
 def read_chunk(data):
-    """One streamed chunk's (texts, usage, finish reason, error message) from its JSON `data`:
-    an observed server is a client too, so its depth and text are checked (ApiError),
-    anything of the wrong shape is skipped, and usage keeps whole-number counts only."""
+    """One streamed chunk's (texts, usage, finish reason, error message, odds) from its JSON
+    `data`: an observed server is a client too, so its depth and text are checked (ApiError),
+    anything of the wrong shape is skipped, and usage keeps whole-number counts only. `odds`:
+    the token event's `p_raw` and `top` from the chunk's log-probabilities ({} without)."""
     msg = inputs.loads(data)
     if not isinstance(msg, dict):
         raise ValueError(f"a stream chunk that is not a JSON object: {data[:80]!r}")
     if msg.get("error"):
-        return [], None, None, error_message(data)
+        return [], None, None, error_message(data), {}
     usage = None
     if isinstance(msg.get("usage"), dict):
         usage = {k: v for k, v in msg["usage"].items()
                  if type(v) is int and v >= 0 and k in ("prompt_tokens", "completion_tokens")}
-    texts, finish = [], None
+    texts, finish, entries = [], None, []
     choices = msg.get("choices")
     for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict):
@@ -225,4 +233,42 @@ def read_chunk(data):
             texts.append(text)
         if isinstance(choice.get("finish_reason"), str) and choice["finish_reason"]:
             finish = choice["finish_reason"]
-    return texts, usage, finish, None
+        entries += _entries(choice.get("logprobs"))
+    return texts, usage, finish, None, _odds(entries)
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x <= 0
+
+
+def _entries(logprobs):
+    """[(logprob, [(text, logprob)] most likely first)] per token of a choice's `logprobs`, in
+    either shape (chat's `content` list, completions' `token_logprobs` and `top_logprobs`);
+    entries of the wrong shape are left out."""
+    if not isinstance(logprobs, dict):
+        return []
+    out = []
+    if isinstance(logprobs.get("content"), list):      # chat
+        for e in logprobs["content"]:
+            if isinstance(e, dict) and _number(e.get("logprob")):
+                top = e.get("top_logprobs") if isinstance(e.get("top_logprobs"), list) else []
+                out.append((e["logprob"], [(t["token"], t["logprob"]) for t in top if isinstance(t, dict)
+                                           and isinstance(t.get("token"), str) and _number(t.get("logprob"))]))
+    elif isinstance(logprobs.get("token_logprobs"), list):   # completions
+        tops = logprobs.get("top_logprobs") if isinstance(logprobs.get("top_logprobs"), list) else []
+        for i, lp in enumerate(logprobs["token_logprobs"]):
+            top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else {}
+            if _number(lp):
+                out.append((lp, sorted(((t, v) for t, v in top.items() if isinstance(t, str) and _number(v)),
+                                       key=lambda tv: -tv[1])))
+    return out
+
+
+def _odds(entries):
+    """A chunk's token-event odds: one token's `p_raw` and `top`; several tokens' joint `p_raw`."""
+    if not entries:
+        return {}
+    if len(entries) > 1:
+        return {"p_raw": math.exp(sum(lp for lp, _ in entries))}
+    lp, top = entries[0]
+    return {"p_raw": math.exp(lp), "top": [(None, text, None, math.exp(v)) for text, v in top]}

@@ -1,8 +1,8 @@
 """Page → backend control messages (the websocket's `set`, `submit`, `load`, `burst`,
-`reset`, `preset`, `measure`, `reload`, `sync`, `leave`; in classroom mode the presenter's `clear_queue`
-and `remove_client`): parsed and validated here, transport-free, so every bad message gets an
-`error` reply naming the field and changes nothing. A classroom viewer may send `sync` and
-`leave` only."""
+`reset`, `preset`, `measure`, `reload`, `sync`, `view`, `leave`; in classroom mode the presenter's
+`clear_queue` and `remove_client`): parsed and validated here, transport-free, so every bad message
+gets an `error` reply naming the field and changes nothing. A classroom viewer may send `sync`,
+`view` (its own stream only) and `leave` only."""
 from engine.events import Error, Sync
 from engine.request import GenerateRequest
 from engine.settings import SettingError, coerce
@@ -98,16 +98,27 @@ COMMANDS = {"set": _set, "load": _load, "burst": _burst, "reset": _reset, "prese
 CLASSROOM_COMMANDS = {"clear_queue": _clear_queue, "remove_client": _remove_client}   # the presenter's
 
 
-def handle(backend, raw, role=Role.SOLO, classroom=None):
+def _view(msg, stream):
+    """This page's own stream: tokens' candidates or not (engine/broadcast.py)."""
+    stream.candidates = coerce("candidates", "bool", msg.get("candidates"))
+
+
+def handle(backend, raw, role=Role.SOLO, classroom=None, stream=None):
     """Apply one raw client message from a page of this `role` (server/classroom.py's Role);
     return the events to send back to that client only, or raise Leave. `classroom`: the
-    Classroom, if any."""
+    Classroom, if any; `stream`: the page's subscription, which `view` sets."""
     msg, refusal = _parse(backend, raw)
     if refusal is not None:
         return [refusal]
     kind = msg.get("type")
     if kind == "leave":
         raise Leave()
+    if kind == "view" and stream is not None:
+        try:
+            _view(msg, stream)
+        except SettingError as e:
+            return [_error(backend, e.message, e.field)]
+        return []
     if role == Role.VIEWER and kind != "sync":
         return [_error(backend, VIEWER_REFUSED, "type")]
     action = None
@@ -115,8 +126,8 @@ def handle(backend, raw, role=Role.SOLO, classroom=None):
         action = COMMANDS.get(kind) or (CLASSROOM_COMMANDS.get(kind) if classroom is not None else None)
     if action is None:
         return [_error(backend, f"unknown message type {kind!r} (expected set, submit, load, burst, "
-                                "reset, preset, measure, reload, sync or leave; clear_queue or remove_client in classroom "
-                                "mode)", "type")]
+                                "reset, preset, measure, reload, sync, view or leave; clear_queue or remove_client in "
+                                "classroom mode)", "type")]
     try:
         return action(backend, msg, classroom) or []
     except SettingError as e:

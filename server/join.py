@@ -159,8 +159,9 @@ def ask():
     backend = model_backend(observed_ok=True)
     with room.claim(request.cookies.get(CLIENT_COOKIE)) as claim:   # any failure in here frees it
         try:
+            # logprobs 0: each token's own probability, which the phone marks the unsure tokens by
             handle = backend.submit(GenerateRequest(prompt=prompt.strip(), source="join", label=claim.student.name,
-                                                    chat=True, stream=True))
+                                                    chat=True, stream=True, logprobs=0))
         except SettingError as e:
             raise ApiError(400, f"{e.field}: {e.message}", e.field, "bad_prompt") from None
         claim.started(backend, handle.id)
@@ -181,8 +182,8 @@ def _answer(claim, items):
         for ev in items:
             if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
-            elif isinstance(ev, Token):
-                yield oa.sse({"type": "token", "text": ev.client()})
+            elif isinstance(ev, Token):   # p_raw: how sure the model was of it (the phone marks the unsure)
+                yield oa.sse({"type": "token", "text": ev.client(), "p_raw": None if ev.p_raw is None else round(ev.p_raw, 3)})
             elif isinstance(ev, Rejected):
                 yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
             elif ev.reason in ("cancelled", "error"):       # Finished, without an answer

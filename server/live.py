@@ -107,8 +107,8 @@ class BoundedSock(Sock):
 sock = BoundedSock()
 
 
-def _send(conn, events):
-    conn.send(encode(events))
+def _send(conn, events, candidates=True):
+    conn.send(encode(events, candidates))
 
 
 def send_every(state, role):
@@ -121,12 +121,13 @@ def send_every(state, role):
     return min(MAX_SEND_EVERY_S, SEND_EVERY_S * max(1.0, state.viewers.open / VIEWERS_PER_TICK))
 
 
-def _through(line, events):
-    """Events on their way to this page through its delivery line (as they are when it is off)."""
+def _through(line, events, candidates):
+    """Events on their way to this page through its delivery line (as they are when it is off),
+    each the size this page gets it at (with tokens' candidates or not)."""
     if not line.active():
         return events
     now = time.monotonic()
-    line.push(events, now, [len(e.json) if hasattr(e, "json") else 0 for e in events])
+    line.push(events, now, [len(e.json if candidates else e.lean) if hasattr(e, "lean") else 0 for e in events])
     return line.take(now)
 
 
@@ -205,7 +206,7 @@ def _serve(conn, state):
             # every message that arrived (receive raises ConnectionClosed once the page is gone)
             while (raw := conn.receive(timeout=0)) is not None:
                 try:
-                    out += [e.to_dict() for e in control.handle(backend, raw, role, room)]
+                    out += [e.to_dict() for e in control.handle(backend, raw, role, room, sub)]
                 except control.Leave:
                     _idle(conn, backend, sub)
                     return
@@ -214,9 +215,9 @@ def _serve(conn, state):
                     out.append(control.internal_error(backend, e).to_dict())
             if not out:   # only events: let more of them join this frame
                 time.sleep(max(0.0, sent + send_every(state, role) - time.monotonic()))
-            out += _through(line, sub.get(timeout=0))
+            out += _through(line, sub.get(timeout=0), sub.candidates)
             if out:
-                _send(conn, out)
+                _send(conn, out, sub.candidates)
                 sent = time.monotonic()
     finally:
         backend.events.unsubscribe(sub)

@@ -19,6 +19,16 @@ reports the prompt tokens found in the prefix cache, as OpenAI's API does. A req
 its own speculative decoding with `speculative_config` (vLLM's field names, which vLLM takes
 per engine only): `{"method": "off" | "ngram" | "suffix", "num_speculative_tokens": 1-8}`.
 
+Log-probabilities, as vLLM serves them: chat `logprobs: true` with `top_logprobs` 0-20, and
+completions' legacy `logprobs: N` (0-20; `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`),
+streamed or not. They are the model's own (`raw_logprobs`, vLLM's default `logprobs_mode`): the
+log-softmax of the logits, before temperature and top-p, whatever the request samples with; the
+token's probability as it was drawn (after them) is the page's (`token.p`). Each token's `token`
+is the token decoded alone (as vLLM's are: part of a character decodes to "\ufffd"), `bytes` its
+UTF-8. Every generated token has its entry, the one that completes a stop string too; a streamed
+token whose text is held back (part of a character, or of a possible stop string) has its entry in
+the next chunk that carries text (or the last). `echo` and prompt log-probabilities are refused.
+
 Stop strings: the engine applies OpenAI's rule (engine/detok.py, `StopStrings`: the text ends
 just before the first stop string, a possible start of one held back until decided), and each
 `token` event carries the text the client gets (`Token.client()`); it is forwarded as it is.
@@ -31,11 +41,12 @@ import contextlib
 from dataclasses import dataclass
 import itertools
 import json
+import math
 import time
 
-from engine.events import Rejected, Token
+from engine.events import MAX_TOP, Rejected, Token
 from engine.request import GenerateRequest
-from engine.settings import SettingError
+from engine.settings import SettingError, coerce
 from . import delivery
 from .errors import ApiError
 
@@ -47,8 +58,9 @@ PROBE_S = 0.5   # how often a waiting request looks for its deadline and its cli
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
-UNSUPPORTED = ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty",
-               "tools", "functions", "response_format", "echo", "best_of", "suffix")
+UNSUPPORTED = ("logit_bias", "presence_penalty", "frequency_penalty", "tools", "functions", "response_format",
+               "echo", "prompt_logprobs", "best_of", "suffix")
+MIN_LOGPROB = -9999.0   # what a probability of 0 is sent as (vLLM's floor), JSON having no -Infinity
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
 
 
@@ -59,6 +71,7 @@ class ApiRequest:
     stream: bool           # whether the client asked for server-sent events
     include_usage: bool
     names: dict            # engine field -> the OpenAI parameter it came from
+    logprobs: int | None = None   # candidates asked with each token's log-probability; None: no logprobs
 
 
 def parse_request(kind, body, model_name):
@@ -90,6 +103,7 @@ def parse_request(kind, body, model_name):
                            "stream_options")
         include_usage = options.get("include_usage", False)
 
+    logprobs = _logprobs(kind, body)
     max_name = "max_tokens"
     if kind == "chat" and body.get("max_completion_tokens") is not None:
         max_name = "max_completion_tokens"   # OpenAI's newer name wins when both are given
@@ -99,15 +113,44 @@ def parse_request(kind, body, model_name):
     fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
-                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"))
+                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
+                  logprobs=logprobs)
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
-    names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt"}
+    names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
+             "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
     with _openai_names(names):
         request = GenerateRequest(**fields)
-    return ApiRequest(kind, request, stream, include_usage, names)
+    return ApiRequest(kind, request, stream, include_usage, names, logprobs)
+
+
+def _logprobs(kind, body):
+    """How many candidates the client asks for with each token's log-probability, or None when
+    it asks for none: chat's `logprobs` (a boolean) and `top_logprobs` (0-20, which needs
+    `logprobs: true`), completions' `logprobs` (0-20). A bad value is a 400 naming its field."""
+    if kind == "chat":
+        on, top = body.get("logprobs"), body.get("top_logprobs")
+        if on is not None and not isinstance(on, bool):
+            raise ApiError(400, f"`logprobs` must be true or false, got {json.dumps(on)[:40]}", "logprobs")
+        if top is not None:
+            top = _count("top_logprobs", top)
+            if not on:
+                raise ApiError(400, "`top_logprobs` needs `logprobs: true`", "top_logprobs")
+        return (top or 0) if on else None
+    if body.get("top_logprobs") is not None:
+        raise ApiError(400, "`top_logprobs` is a chat completions parameter: /v1/completions takes `logprobs` "
+                            f"(0-{MAX_TOP})", "top_logprobs")
+    n = body.get("logprobs")
+    return None if n is None else _count("logprobs", n)
+
+
+def _count(name, value):
+    try:
+        return coerce(name, "int", value, 0, MAX_TOP)
+    except SettingError as e:
+        raise ApiError(400, f"`{name}` must be a whole number from 0 to {MAX_TOP}: {e.message}", name) from None
 
 
 @contextlib.contextmanager
@@ -239,14 +282,63 @@ def usage(event):
             "prompt_tokens_details": {"cached_tokens": event.cached_tokens or 0}}
 
 
-class Reply:
-    """Shapes one request's text into OpenAI responses or stream chunks."""
+def _logprob(p):
+    return math.log(p) if p > 0 else MIN_LOGPROB
 
-    def __init__(self, kind, rid, model):
+
+class Logprobs:
+    """One request's log-probabilities, token by token (`add`), handed out in OpenAI's shapes
+    (`take`: those added since the last take): chat's `{"content": [...]}` entries, or the legacy
+    completions object, whose `text_offset` runs on over the whole output."""
+
+    def __init__(self, kind, k):
+        self.kind, self.k = kind, k
+        self.pending, self.offset = [], 0
+
+    def add(self, event):
+        self.pending.append(event)
+
+    def take(self):
+        events, self.pending = self.pending, []
+        if self.kind == "chat":
+            return {"content": [self._entry(ev.own_text, ev.p_raw) | {"top_logprobs": [
+                self._entry(text, raw) for _, text, _, raw in ev.top[:self.k]]} for ev in events]}
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for ev in events:
+            top = {text: _logprob(raw) for _, text, _, raw in ev.top[:self.k]}
+            # OpenAI: the sampled token's is always there (keyed by text, its own wins a clash)
+            top[ev.own_text] = _logprob(ev.p_raw)
+            out["tokens"].append(ev.own_text)
+            out["token_logprobs"].append(_logprob(ev.p_raw))
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(self.offset)
+            self.offset += len(ev.client())
+        return out
+
+    @staticmethod
+    def _entry(text, p):
+        return {"token": text, "logprob": _logprob(p), "bytes": list(text.encode("utf-8"))}
+
+
+class Reply:
+    """Shapes one request's text into OpenAI responses or stream chunks; with `logprobs` (the
+    candidates asked for), each token's log-probabilities too (`token`, before its text)."""
+
+    def __init__(self, kind, rid, model, logprobs=None):
         self.kind = kind
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + rid
         self.created = int(time.time())
         self.model = model
+        self.logprobs = None if logprobs is None else Logprobs(kind, logprobs)
+
+    def token(self, event):
+        """A token's text for the client (its log-probabilities kept for the next chunk)."""
+        if self.logprobs is not None:
+            self.logprobs.add(event)
+        return event.client()
+
+    def _odds(self):
+        return None if self.logprobs is None else self.logprobs.take()
 
     def _envelope(self, obj, choices):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -255,10 +347,11 @@ class Reply:
     def chunk(self, text=None, finish=None, role=False, usage_field=False):
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            out = self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
+            out = self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta,
+                                                             "logprobs": None if role else self._odds(),
                                                              "finish_reason": finish}])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": None,
+            out = self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": self._odds(),
                                                        "finish_reason": finish}])
         if usage_field:
             out["usage"] = None   # OpenAI sends `usage: null` on every chunk but the last when asked
@@ -272,10 +365,10 @@ class Reply:
     def full(self, text, finish, counts):
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": None, "finish_reason": finish}
+                      "logprobs": self._odds(), "finish_reason": finish}
             out = self._envelope("chat.completion", [choice])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": self._odds(),
                                                       "finish_reason": finish}])
         out["usage"] = counts
         return out
@@ -295,13 +388,13 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     items = outputs(backend, handle, timeout_s, gone)
     with contextlib.closing(items):
         first = first_output(items, req.names["prompt"])
-        reply = Reply(req.kind, handle.id, backend.api_model)
+        reply = Reply(req.kind, handle.id, backend.api_model, req.logprobs)
         text = []
         for event in itertools.chain([first], items):
             if event is None:
                 continue
             if isinstance(event, Token):
-                text.append(event.client())
+                text.append(reply.token(event))
             else:
                 return reply.full("".join(text), finish_reason(event), usage(event))
 
@@ -316,7 +409,7 @@ def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     except BaseException:
         items.close()
         raise
-    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model),
+    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.logprobs),
                    req.include_usage)
 
 
@@ -339,7 +432,7 @@ def _stream_body(items, reply, include_usage):
             yield ": waiting\n\n"
             continue
         if isinstance(event, Token):
-            text = event.client()
+            text = reply.token(event)
             if text:
                 yield sse(reply.chunk(text, usage_field=include_usage))
             continue

@@ -136,6 +136,16 @@ def page_module(page, name):
     return page.evaluate_handle(f"import({json.dumps('ft/' + name)})")
 
 
+def ask_on_phone(page, url, prompt, name="Ada"):
+    """On /join (the code in its address): join as `name`, send `prompt` (the answer then streams)."""
+    page.goto(url + "/join?code=owl")
+    page.fill("#name", name)
+    page.click("#join-form button")
+    page.wait_for_selector("#ask-form:not([hidden])")
+    page.fill("#prompt", prompt)
+    page.click("#btn-ask")
+
+
 def loopback_http(answer_get=None, answer_post=None):
     """A threaded HTTP server on a free loopback port (call `.shutdown()`), its `.url` set.
     `answer_get(handler)` / `answer_post(handler)` -> (status, body bytes) answer each request."""

@@ -3,12 +3,14 @@
 // server-sent events over a POST (server/classroom.py) and the page shows two sets of
 // figures side by side, labelled: the engine's own measurements (its `finished` event; on an
 // observed server, the classroom app's, as a client of that server) and what this phone
-// measured (from pressing Send, so the network is included).
+// measured (from pressing Send, so the network is included). The tokens the model itself was
+// unsure of (under 30 %, ft-candidates.js) are underlined; a tap on one says how sure it was.
+import {UNSURE, pct, shown} from "ft/candidates";
 import {createDispatch} from "ft/state";
 import {$, finishText, fmtS, plural} from "ft/util";
 
 const codeRequired = document.body.dataset.codeRequired === "true";
-const run = {busy: false, sent: 0, arrivals: []};
+const run = {busy: false, sent: 0, arrivals: [], odds: []};
 
 function say(text, bad) {
   const m = $("msg");
@@ -93,7 +95,7 @@ answer.on({
   start(ev) { $("answer-state").textContent = `· ${ev.id} · waiting for the first token…`; },
   token(ev) {
     run.arrivals.push(performance.now());
-    $("answer").textContent += ev.text;
+    addToken(ev);
     $("answer-state").textContent = "· streaming";
     phoneFigures();
   },
@@ -106,6 +108,26 @@ answer.on({
     say(ev.message, true);
   },
 });
+
+// The answer a span per token: one the model gave under UNSURE underlined, its probability on a tap.
+function addToken(ev) {
+  const span = document.createElement("span"), p = typeof ev.p_raw === "number" ? ev.p_raw : null;
+  span.className = p !== null && p < UNSURE ? "tok-out unsure" : "tok-out";
+  span.textContent = ev.text;
+  span.dataset.p = p === null ? "" : String(p);
+  $("answer").append(span);
+  if (p !== null) run.odds.push(p);
+  const low = run.odds.filter((x) => x < UNSURE).length;
+  $("answer-odds").textContent = run.odds.length ? `${low} of ${run.odds.length} tokens the model was unsure of ` +
+    `(under ${Math.round(UNSURE * 100)} %, underlined): tap one` : "";
+}
+
+function tapped(e) {
+  const span = e.target.closest(".tok-out");
+  if (!span || span.dataset.p === "") return;
+  $("answer-odds").textContent = `“${shown(span.textContent)}”: the model gave it ${pct(Number(span.dataset.p))}` +
+    (Number(span.dataset.p) < UNSURE ? " — unsure" : "");
+}
 
 // Server-sent events over fetch: blocks separated by a blank line; `data:` lines carry JSON,
 // `:` lines are keep-alives.
@@ -144,6 +166,8 @@ async function ask(e) {
     }
     $("answer-card").hidden = false;
     $("answer").textContent = "";
+    $("answer-odds").textContent = "";
+    run.odds = [];
     for (const id of ["f-ttft-engine", "f-tps-engine", "f-ttft-phone", "f-tps-phone"]) $(id).textContent = "—";
     $("f-note").textContent = "";
     await read(res);
@@ -161,6 +185,7 @@ function charsLeft() {
 }
 
 $("join-form").addEventListener("submit", join);
+$("answer").addEventListener("click", tapped);
 $("ask-form").addEventListener("submit", ask);
 $("prompt").addEventListener("input", charsLeft);
 $("prompt").addEventListener("keydown", (e) => {

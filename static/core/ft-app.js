@@ -13,6 +13,7 @@
 // A part imports the functions it calls from the modules that own them; the list of imports at
 // the top of a file is everything it may touch.
 import * as busy from "ft/busy";
+import * as candidates from "ft/candidates";
 import * as canvases from "ft/canvases";
 import * as charts from "ft/charts";
 import * as classroom from "ft/classroom";
@@ -48,7 +49,8 @@ const select = (id) => { ui.selected = id; ui.dirtyDom = true; };
 // stage layers draw in this order: the guesses on the lane under the first-shape outlines, the SLO
 // marks under the arrival marks. Disaggregated (protocol 13): the instances and the KV transfers.
 const timeline = createTimeline();
-for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers, ...disaggLayers]) timeline.addLayer(layer);
+for (const layer of [...speculationLayers, ...sloLayers, ...deliveryLayers, ...server.timelineLayers, ...disaggLayers,
+                     ...candidates.timelineLayers]) timeline.addLayer(layer);
 // The canvases' clock: the replay's virtual one while it plays, else the live engine's.
 const engineNow = () => (replay.active() ? replay.now() : connection.engineNow(s));
 // What the canvases and the panels read and write (ft-canvases.js draw and wire, ft-panels.js update).
@@ -69,6 +71,7 @@ if (!embed) {   // their buttons and sheets
 // preset goes out before its settings), then the lessons, then the page's own reactions.
 const dispatch = createDispatch(s);
 dispatch.on(teach.reactions(embed));
+dispatch.on(candidates.reactions(connection.send, () => !replay.active()));   // asks for candidates (`view`)
 if (!embed) for (const table of [tour.reactions(ui), measure.reactions, compare.reactions]) dispatch.on(table);
 dispatch.on({
   hello(ev) {
@@ -140,12 +143,15 @@ const layout = () => ({timeline: ui.layouts.timeline ? ui.layouts.timeline.label
                        // disaggregated: the transfers drawn on the rows and the two lanes of forwards
                        transfers: ui.layouts.timeline ? ui.layouts.timeline.transfers || [] : [],
                        transferLinks: ui.layouts.timeline ? ui.layouts.timeline.transferLinks || [] : [],
-                       stepLanes: ui.layouts.timeline ? ui.layouts.timeline.stepLanes || null : null});
+                       stepLanes: ui.layouts.timeline ? ui.layouts.timeline.stepLanes || null : null,
+                       // the uncertain tokens marked on the rows (ft-candidates.js)
+                       unsure: ui.layouts.timeline ? ui.layouts.timeline.unsure || [] : []});
 window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, perf, send: connection.send,
                                    select, refresh, layout}, replay.api(feed));
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire(s, ui, embed);
+candidates.wire(s, connection.send);
 classroom.wire();
 canvases.wire(page);
 replay.wire(feed);

@@ -87,6 +87,11 @@ function req(s, id, t) {
          // token events; `specFinal`: finished's {drafts, draftTokens, accepted} (null: not reported)
          specRuns: [], specFinal: null,
          tokenSpec: [],  // per token (as r.tokens): its `token.spec` (null: a plain token)
+         // per token (as r.tokens): what it was chosen from (protocol 14), {p, raw, top, rejected} as its
+         // `token.p`, `p_raw`, `top` ([id, text, p, p_raw] or null: not sent to this page) and `rejected`;
+         // null where the event had none (older traces, observe mode without the server's logprobs)
+         odds: [],
+         tokenIds: [],   // per token (as r.tokens): its `token.token_id` (null in observe mode)
          pageFirstDelivery: null,
          arrivals: [],   // per token (as r.tokens): its frame's arrival here on the engine clock, null if unknown
          clientSide: false, gaps: null,   // observe mode: measured by this client (finished.client_side, .gaps)
@@ -240,6 +245,9 @@ const ON = {
     r.tokens.push(ev.t);
     r.text.push(ev.text);
     r.tokenSpec.push(ev.spec ?? null);
+    r.tokenIds.push(ev.token_id ?? null);
+    r.odds.push(typeof ev.p_raw === "number" ? {p: ev.p ?? null, raw: ev.p_raw, top: ev.top ?? null, rejected: ev.rejected ?? null}
+                                             : null);
     if (ev.first) r.first = ev.t;
     // A forward's tokens follow its `step` event (sampled after it ended; observe mode has neither).
     const fw = s.lastForward;

@@ -4,6 +4,7 @@
 // the three time strips (ft-timeline.js, ft-strips.js) and the KV block grid (ft-blocks.js)
 // once per animation frame.
 import {drawBlocks, hitBlocks} from "ft/blocks";
+import {hide as hideBars, hit as hitToken, requestLine as oddsLine, show as showBars} from "ft/candidates";
 import {firstShapeText} from "ft/delivery";
 import {hitTransfer, instanceLines, transferText} from "ft/disagg";
 import {describeClient, drawServer, hitServer, observing} from "ft/server";
@@ -52,6 +53,8 @@ function describeReq(s, r) {
   lines.push(`${plural(r.tokens.length, "token")} out${r.reason ? ` · ${finishText(r.reason)}` : " · running"}`);
   const slo = sloText(r);
   if (slo) lines.push(slo);
+  const odds = oddsLine(r);
+  if (odds) lines.push(odds);
   return lines;
 }
 
@@ -197,7 +200,7 @@ function wireCanvas({view, ui}, id) {
   });
 }
 
-function hideTip() { hover = null; $("tip").hidden = true; }
+function hideTip() { hover = null; $("tip").hidden = true; hideBars("timeline"); }
 
 export function wire(page) {
   const {s, view, ui, select} = page;
@@ -230,6 +233,11 @@ export function draw({s, view, ui, engineNow, timeline, lesson}) {
   if ($("queue")) ui.layouts.queue = drawQueue($("queue"), s, view, now);
   if ($("blocks")) ui.layouts.blocks = drawBlocks($("blocks"), s);
   if ($("server") && observing(s)) ui.layouts.server = drawServer($("server"), s, view, now);
-  if (hover) showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
+  if (!hover) return;
+  // a token's tick on a row: its candidates as bars (ft-candidates.js), else the read-out
+  const tok = hover.id === "timeline" && hitToken(ui.layouts.timeline, s, hover.x, hover.y);
+  if (tok) { $("tip").hidden = true; showBars(s, tok.req, tok.index, hover.cx, hover.cy, "timeline"); return; }
+  hideBars("timeline");
+  showTip(HOVER[hover.id](s, ui.layouts, hover), hover);
 }
 

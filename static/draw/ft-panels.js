@@ -3,6 +3,7 @@
 // waiting list, and the request detail: state, prefix-cache reuse, preemptions and speculative
 // decoding, TTFT and later-token stacked bars, prompt token chips and the output.
 // Text from the model or users is only ever set with textContent.
+import {renderText, requestLine as oddsLine, wireText} from "ft/candidates";
 import {clock, setConn} from "ft/connection";
 import {ttftHere, wayOut} from "ft/delivery";
 import {instanceLines, instanceState} from "ft/disagg";
@@ -323,6 +324,7 @@ function detail(s, ui) {
     $("d-title").textContent = "— none yet";
     $("d-accounting").replaceChildren(); $("d-chips").replaceChildren(); $("d-text").textContent = "";
     $("d-sched").textContent = "";
+    if ($("d-odds")) $("d-odds").textContent = "";
     return;
   }
   const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? finishText(r.reason) : requeued(r) ? "preempted, waiting" :
@@ -333,7 +335,8 @@ function detail(s, ui) {
   const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
   if (key === detailKey) return;
   detailKey = key;
-  $("d-text").textContent = r.text.join("");
+  renderText($("d-text"), r, s.epoch);   // a span per token, the uncertain ones marked (ft-candidates.js)
+  if ($("d-odds")) $("d-odds").textContent = oddsLine(r) || "";
   // Chips are rebuilt for another request, or when this one's tokenisation arrives.
   const chips = $("d-chips"), chipsKey = `${s.epoch}:${r.id}:${r.pieces ? 1 : 0}`;
   if (chips.dataset.req !== chipsKey) {
@@ -352,8 +355,10 @@ function start(s) {
   if (box) box.hidden = !(s.hello && !s.order.length && !replaying() && !lessonOn && !tourOn);
 }
 
-// The first screen's buttons (the prompt box above it is the controls', ft-controls.js).
+// The first screen's buttons (the prompt box above it is the controls', ft-controls.js), and the
+// output's tokens: hover or tap one to see its candidates.
 export function wire(s) {
+  wireText($("d-text"), s);
   if (!$("start-lesson")) return;
   $("start-lesson").addEventListener("click", () => applyPreset(s, "idle"));
   $("start-tour").addEventListener("click", () => $("btn-tour").click());

@@ -3,6 +3,7 @@
 // (`preset.watch`); proof[name](s, t0) measures that number over what happened since the
 // preset was applied at engine time t0, or says what it still waits for. The tour and the
 // presenter read the same functions, so a figure is computed one way everywhere.
+import {proof as samplingProof} from "ft/candidates";
 import {proof as wayOutProof} from "ft/delivery";
 import {proof as disaggProof} from "ft/disagg";
 import {batchCost, costText, ridgeEstimate} from "ft/relations";
@@ -124,6 +125,7 @@ const proof = {
   },
   speculative(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
   disaggregation: disaggProof,   // the engine's `disaggregation` preset (ft-disagg.js): the transfers, no stalls
+  sampling: samplingProof,       // the sampling lesson (ft-candidates.js): the top bar taken, and how tall
   "speculative-busy"(s, t0) { return lessonFigure(s, t0, throughput(finishedSince(s, t0))); },
 };
 

@@ -1,6 +1,6 @@
 // First Token: the guided tour for a classroom, along the article's path: tokens → prefill →
 // decode → KV cache → batching → queueing → what to look at when it feels slow → speculation →
-// the other suspects: a buffering proxy, a slow network, a cold start. Each step
+// the other suspects: a buffering proxy, a slow network, a cold start → choosing a token. Each step
 // applies a preset, spots the part of the page that shows the idea (the rest is dimmed) and
 // says what to notice, with the live figures inserted (ft-figures.js). Next/back with the
 // banner's buttons or ←/→ (ft-present.js); `/?tour=N` opens step N.
@@ -128,6 +128,17 @@ export const STEPS = [
      "memory: requests that arrive meanwhile wait (their 'load' stage). The first forward of each new shape also " +
      "sets up its kernels (outlined on the top lane); a reload keeps those.",
    live: (s) => live(s, "cold-start")},
+  // The article's decode loop: "choose a token from the probabilities (greedily or by sampling)"
+  // (ft-candidates.js: every token's candidates from its event). Last, so the steps before keep their numbers.
+  // The rows and the TTFT bar are outlined (the output is further down the request panel: a
+  // 1366x768 projector does not hold both).
+  {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
+   spot: [".timeline-wrap", ".acc-ttft"],
+   watch: "a hovered token's bars, the top bar each row took, and the TTFT's first sample",
+   text: () => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
+     "five ways: greedy always takes the tallest bar, temperature 0.7 sharpens the bars, 1.5 flattens them, top-p " +
+     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %.",
+   live: (s) => live(s, "sampling")},
 ];
 
 // Shown only when the server is disaggregated (hello.instances): after "When it feels slow", whose

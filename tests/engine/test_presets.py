@@ -228,3 +228,48 @@ def test_speculative_presets_send_the_same_copy_task_and_compare_on_vs_off(drive
     assert outputs["speculative", "ngram"] == outputs["speculative", "off"]
     assert outputs["speculative-busy", "ngram"] == outputs["speculative-busy", "off"]
     assert outputs["speculative", "off"][0] == outputs["speculative-busy", "off"][0]   # the same first prompt
+
+
+def test_the_sampling_lesson_asks_one_question_five_ways_and_repeats(driver):
+    """The `sampling` preset: one chat question, five rows at once (greedy, T 0.7, T 1, T 1.5,
+    top-p 0.5), each named by its label, every token with its odds; greedy always takes its first
+    candidate, and run again (seeded) the lesson gives the same tokens."""
+    def run():
+        sub = driver.events.subscribe(replay=False)
+        sub.candidates = True      # as a page showing candidates (the `view` message): the engine computes them
+        driver.apply_preset("sampling")
+        events = collect(sub, lambda ev: len(of(ev, "finished")) >= 5)
+        driver.events.unsubscribe(sub)
+        return events
+    first, again = run(), run()
+    requests = of(first, "request")
+    assert [r["label"] for r in requests] == ["greedy", "T 0.7", "T 1", "T 1.5", "top-p 0.5"]
+    assert len({r["preview"] for r in requests}) == 1 and requests[0]["preview"] == presets.SAMPLING_PROMPT
+    label = {r["id"]: r["label"] for r in requests}
+    tokens = {name: [e for e in of(first, "token") if label.get(e["id"]) == name] for name in label.values()}
+    assert all(tokens[name] for name in tokens)
+    assert all(t["top"][0][0] == t["token_id"] and t["p"] == 1 for t in tokens["greedy"])
+    assert all(t["p"] == pytest.approx(t["p_raw"], abs=2e-3) for t in tokens["T 1"])     # temperature 1: the model's own
+    # the top bar: 1.5 flattens it below the model's own, 0.7 and the top-p nucleus (renormalised) raise it
+    assert all(t["top"][0][2] <= t["top"][0][3] + 1e-3 for t in tokens["T 1.5"])
+    assert all(t["top"][0][2] >= t["top"][0][3] - 1e-3 for t in tokens["T 0.7"] + tokens["top-p 0.5"])
+    label_again = {r["id"]: r["label"] for r in of(again, "request")}
+    for name in label.values():
+        assert [t["token_id"] for t in tokens[name]] == \
+            [t["token_id"] for t in of(again, "token") if label_again.get(t["id"]) == name]
+
+
+def test_the_engine_computes_the_odds_only_while_a_page_shows_candidates(driver):
+    """Off while no subscriber shows candidates (they cost over 2 % of a batch-1 step on a CPU,
+    bench/candidates.py): the tokens carry no odds; a request asking logprobs still gets its own."""
+    from engine.request import GenerateRequest
+    sub = driver.events.subscribe(replay=False)
+    ids = [driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3, logprobs=lp)).id for lp in (None, 2)]
+    events = collect(sub, lambda ev: len(of(ev, "finished")) >= 2)
+    tokens = {rid: [e for e in of(events, "token") if e["id"] == rid] for rid in ids}
+    assert all(e["p_raw"] is None and e["top"] is None for e in tokens[ids[0]])
+    assert all(0 < e["p_raw"] <= 1 and len(e["top"]) == 2 for e in tokens[ids[1]])
+    sub.candidates = True
+    rid = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3)).id
+    events = collect(sub, lambda ev: any(e["type"] == "finished" and e["id"] == rid for e in ev))
+    assert all(len(e["top"]) == 5 for e in of(events, "token") if e["id"] == rid)

@@ -273,7 +273,7 @@ def test_rejection_sampling_keeps_the_target_distribution(tiny):
     second = torch.zeros_like(p0, dtype=torch.float64)
     for seed in range(n):
         g = sampler.make_generator(seed, "cpu")
-        (run,), failed = sampler.verify(after, [params], [g], [(guess,)])
+        (run,), failed, _ = sampler.verify(after, [params], [g], [(guess,)])
         assert not failed
         first[run[0]] += 1
         if len(run) == 2:
@@ -293,7 +293,7 @@ def test_a_seeded_generator_ends_as_if_it_drew_once_per_token():
     logits = torch.randn(4, 50) * 2
     params = SamplingParams(temperature=1.0, seed=3)
     g = sampler.make_generator(3, "cpu")
-    (run,), _ = sampler.verify(logits, [params], [g], [(1, 2, 3)])
+    (run,), _, _ = sampler.verify(logits, [params], [g], [(1, 2, 3)])
     plain = sampler.make_generator(3, "cpu")
     for _ in run:
         sampler._draw(plain, logits[:1])
@@ -397,3 +397,49 @@ def test_a_forward_that_gives_several_tokens_is_one_inter_token_gap(tiny, engine
     gaps = engine.timing.stats.itl
     assert len(gaps) == sum(n - 1 for n in forwards.values())
     assert min(gaps) > 0
+
+
+def odds_by_position(run, rid):
+    """Each token's odds as its event carries them: (id, p, p_raw, [(candidate, p, p_raw)])."""
+    return [(e.token_id, e.p, e.p_raw, [(i, p, raw) for i, _, p, raw in e.top]) for e in run.of(ev.Token, rid)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_accepted_tokens_carry_the_odds_plain_decoding_gives(tiny, engine, temperature):
+    """Greedy and seeded sampling, with an oracle that gets some guesses wrong: every token of the
+    speculating run has the same odds (its chosen token's probabilities, the candidates and
+    theirs) as the same token of a plain run, accepted guesses included, since each comes from
+    its own row of logits; a corrected token names the guess it replaced, with that guess's
+    probability at its position (greedy: 0 as drawn, what the plain run's logits give it raw)."""
+    prompts = PROMPTS[:3]
+    kw = dict(max_new_tokens=20, temperature=temperature, seed=3, ignore_eos=True)
+    refs = {p: reference(tiny, p, 20) for p in prompts}
+    plain, spec = Run(engine), None
+    for p in prompts:
+        plain.add(p, **kw)
+    plain.until_idle()
+    other = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, block_size=16, max_context=512))
+    other.apply_settings(validate(other.specs, {"speculation": "ngram", "spec_tokens": 4}))
+    truth = {p: plain.tokens(rid) for p, rid in zip(prompts, plain.ids)}
+    other.scheduler.speculator.propose = Oracle(other, truth if temperature else refs)
+    spec = Run(other)
+    for p in prompts:
+        spec.add(p, **kw)
+    spec.until_idle()
+    kinds = [e.spec for e in spec.of(ev.Token)]
+    assert "accepted" in kinds and "corrected" in kinds
+    for a, b in zip(plain.ids, spec.ids):
+        assert spec.tokens(b) == plain.tokens(a)                  # seeded: the same tokens either way
+        for (ta, pa, ra, top_a), (tb, pb, rb, top_b) in zip(odds_by_position(plain, a), odds_by_position(spec, b)):
+            assert ta == tb and pa == pytest.approx(pb, abs=1e-5) and ra == pytest.approx(rb, abs=1e-5)
+            assert [i for i, _, _ in top_a] == [i for i, _, _ in top_b]
+            assert [x for _, x, _ in top_a] == pytest.approx([x for _, x, _ in top_b], abs=1e-5)
+            assert [x for _, _, x in top_a] == pytest.approx([x for _, _, x in top_b], abs=1e-5)
+    corrected = [e for e in spec.of(ev.Token) if e.spec == "corrected"]
+    assert all(e.rejected is not None and e.rejected[0] != e.token_id for e in corrected)
+    assert all(e.rejected is None for e in spec.of(ev.Token) if e.spec != "corrected")
+    for e in corrected:
+        guess, _, p_guess, raw_guess = e.rejected
+        assert 0.0 < raw_guess < 1.0 and 0.0 <= p_guess < 1.0
+        if temperature == 0:
+            assert p_guess == 0.0 and raw_guess <= e.p_raw       # greedy rejects all but the argmax

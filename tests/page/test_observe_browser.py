@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ARTIFACTS, start_app
+from helpers import ARTIFACTS, ask_on_phone, start_app
 
 LLAMACPP_TRACE = Path(__file__).parents[1] / "data" / "traces" / "observe-llamacpp.json"
 GAUGE_NAMES = ("batch_size", "prefix_hit_rate", "spec_accept_rate", "spec_accept_length")
@@ -228,12 +228,7 @@ def test_a_students_phone_on_an_observed_server_says_the_classroom_app_measured(
     page.on("pageerror", lambda e: errors.append(str(e)))
     sub = app.observer.events.subscribe(replay=False)
     try:
-        page.goto(app.url + "/join?code=owl")
-        page.fill("#name", "Ada")
-        page.click("#join-form button")
-        page.wait_for_selector("#ask-form:not([hidden])")
-        page.fill("#prompt", "What is a token?")
-        page.click("#btn-ask")
+        ask_on_phone(page, app.url, "What is a token?")
         page.wait_for_function("document.getElementById('f-ttft-engine').textContent !== '—'", timeout=30_000)
         events = sub.get(timeout=1)
         (fin,) = [e for e in events if e["type"] == "finished"]

@@ -119,6 +119,9 @@ def test_students_requests_appear_labelled_and_each_answer_reaches_only_its_stud
         # the phone gets exactly its own request's tokens and the engine's own measurements
         mine = [e["text"] for e in events if e["type"] == "token" and e["id"] == rid]
         assert [t["text"] for t in tokens] == mine and len(mine) == engine_fin["output_tokens"] >= 1
+        # and how sure the model was of each (the phone marks the unsure ones), as the page is told
+        assert [t["p_raw"] for t in tokens] == [e["p_raw"] for e in events if e["type"] == "token" and e["id"] == rid]
+        assert all(0 < t["p_raw"] <= 1 for t in tokens)
         assert fin["ttft"] == engine_fin["ttft"] > 0 and fin["tpot"] == engine_fin["tpot"]
         assert fin["output_tokens"] == engine_fin["output_tokens"] and engine_fin["source"] == "join"
         texts.add((rid, "".join(mine)))
@@ -467,9 +470,11 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
                    {"type": "measure"}, {"type": "clear_queue"}, {"type": "remove_client", "client": "x"}]
         for msg in refused:
             viewer.send(json.dumps(msg))
+        viewer.send(json.dumps({"type": "view", "candidates": True}))   # its own stream: allowed
         viewer.send(json.dumps({"type": "sync", "client_t": 7.0}))
         got = frames(viewer, 10, until=lambda ev: any(e["type"] == "sync" for e in ev) and
                      sum(e["type"] == "error" for e in ev) >= len(refused))
+        assert room.driver.events.candidates_shown()
     finally:
         viewer.close()
     errors = [e for e in got if e["type"] == "error"]

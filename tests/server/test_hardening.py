@@ -291,10 +291,10 @@ def test_a_sampling_fault_fails_only_its_request(tiny, monkeypatch):
     from engine import sampler
     batch = sampler._sample_batch
 
-    def faulty(logits, params_list, generators):
+    def faulty(logits, params_list, generators, *odds):
         if any(p.seed == 666 for p in params_list):
             raise RuntimeError("injected sampling fault")
-        return batch(logits, params_list, generators)
+        return batch(logits, params_list, generators, *odds)
 
     def run(with_bad):
         eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))

@@ -9,6 +9,7 @@ from simple_websocket import Client
 
 from engine import Engine, EngineConfig, EngineDriver
 from engine.events import Error, Sync
+from engine.request import GenerateRequest
 from helpers import collect, frames, schema_validator, wait_until
 from server import control
 
@@ -119,3 +120,32 @@ def test_every_event_a_page_receives_under_load_follows_the_schema(live):
     assert any(e["type"] == "request" and e["source"] == "load" for e in received)
     for e in received:
         check.validate(e)
+
+
+def test_only_a_page_that_asked_gets_the_candidates(live):
+    """The `view` message: a page that sent `candidates: true` gets each token's `top`, every other
+    page `null` (both get the chosen token's `p` and `p_raw`, and the same events otherwise); a
+    bad value is an error naming `candidates`, the stream unchanged."""
+    shows, plain = Client.connect(live.ws_url), Client.connect(live.ws_url)
+    try:
+        shows.send(json.dumps({"type": "view", "candidates": "yes"}))
+        shows.send(json.dumps({"type": "view", "candidates": True}))
+        wait_until(lambda: live.driver.events.candidates_shown(), 10, "the page's view to be set")
+        rid = live.driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=5, source="page")).id
+        done = lambda evs: any(e["type"] == "finished" and e.get("id") == rid for e in evs)   # noqa: E731
+        got_shows, got_plain = frames(shows, 30, until=done), frames(plain, 30, until=done)
+    finally:
+        shows.close()
+        plain.close()
+    (err,) = [e for e in got_shows if e["type"] == "error"]
+    assert err["field"] == "candidates"
+    mine = [e for e in got_shows if e["type"] == "token" and e["id"] == rid]
+    theirs = [e for e in got_plain if e["type"] == "token" and e["id"] == rid]
+    assert len(mine) == len(theirs) == 5
+    assert all(len(e["top"]) == 5 and e["top"][0][0] == e["token_id"] for e in mine)   # greedy: its own first
+    assert all(e["top"] is None for e in theirs)
+    assert [{**e, "top": None} for e in mine] == theirs
+    check = schema_validator()
+    for e in mine + theirs:
+        check.validate(e)
+    wait_until(lambda: not live.driver.events.candidates_shown(), 10, "the page's subscription to end")

@@ -64,8 +64,8 @@ def test_observe_page_sees_every_request_from_the_client_side(server, observer):
         assert tokens and tokens[0]["first"] and [t["index"] for t in tokens] == list(range(len(tokens)))
         assert all(req["t"] < a["t"] <= b["t"] for a, b in zip(tokens, tokens[1:]))
         assert fin["reason"] in ("length", "stop") and fin["client_side"]
-        assert fin["ttft"] == pytest.approx(tokens[0]["t"] - req["t"])
-        assert fin["gaps"] == pytest.approx([b["t"] - a["t"] for a, b in zip(tokens, tokens[1:])])
+        assert fin["ttft"] == pytest.approx(tokens[0]["t"] - req["t"], abs=1e-6)   # token times are sent to the microsecond
+        assert fin["gaps"] == pytest.approx([b["t"] - a["t"] for a, b in zip(tokens, tokens[1:])], abs=2e-6)
         assert fin["e2e"] >= fin["ttft"] + sum(fin["gaps"]) - 1e-9
         # What only the server knows comes from its usage report, never from a guess.
         assert fin["prompt_tokens"] > 0 and fin["output_tokens"] <= MAX_NEW
@@ -198,6 +198,14 @@ def observing(url, api_key=None, classroom=None):
     return app
 
 
+def stop_all(conn, obs, observed):
+    """Close the page's socket, the observer and its app, then the observed server."""
+    conn.close()
+    obs.observer.shutdown()
+    obs.stop()
+    observed.stop()
+
+
 def tiny_server(tiny, classroom=None):
     from conftest import LiveApp
     from engine import EngineConfig
@@ -230,10 +238,7 @@ def test_observing_first_token_on_the_tiny_model_draws_server_lanes_and_request_
         conn.send(json.dumps({"type": "burst", "n": n}))
         events = frames(conn, 120, until=settled)
     finally:
-        conn.close()
-        obs.observer.shutdown()
-        obs.stop()
-        observed.stop()
+        stop_all(conn, obs, observed)
     check = schema_validator()
     for e in [hello, *history, *events]:
         check.validate(e)
@@ -410,3 +415,49 @@ def test_clear_queue_cancels_what_has_had_no_chunk_yet():
         obs.events.unsubscribe(sub)
         obs.shutdown()
         httpd.shutdown()
+
+
+def test_an_observer_asks_for_logprobs_while_a_page_shows_candidates(tiny):
+    """Observing First Token on the tiny model: while no page shows candidates the observer asks
+    for none (its token events have no odds); once a page sends `view`, its load (completions)
+    and page prompts (chat) ask for 5, and each one-token chunk's event carries the server's
+    log-probabilities as probabilities, the same as the server's own token events (p_raw,
+    and the candidates' texts), ids and the transformed p unknown (null)."""
+    observed = tiny_server(tiny)
+    obs = observing(observed.url)
+    conn = Client.connect(obs.ws_url)
+    server_sub = observed.driver.events.subscribe(replay=False)
+    try:
+        json.loads(conn.receive(timeout=10))
+        done = lambda k: lambda evs: sum(e["type"] == "finished" for e in evs) >= k   # noqa: E731
+        conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": 6, "temperature": 0}}))
+        conn.send(json.dumps({"type": "burst", "n": 1}))
+        before = frames(conn, 60, until=done(1))
+        conn.send(json.dumps({"type": "view", "candidates": True}))
+        wait_until(obs.observer.events.candidates_shown, 10, "the page's view")
+        conn.send(json.dumps({"type": "burst", "n": 1}))
+        conn.send(json.dumps({"type": "submit", "prompt": "Name three colours."}))
+        after = frames(conn, 60, until=done(2))
+        theirs = collect(server_sub, lambda evs: sum(e["type"] == "finished" for e in evs) >= 3)
+    finally:
+        stop_all(conn, obs, observed)
+    check = schema_validator()
+    for e in before + after:
+        check.validate(e)
+    assert all(e["p_raw"] is None and e["top"] is None for e in before if e["type"] == "token")
+    mine = [e for e in after if e["type"] == "token"]
+    server = [e for e in theirs if e["type"] == "token"]
+    assert len({e["id"] for e in mine}) == 2 and all(e["p"] is None and 0 < e["p_raw"] <= 1 for e in mine)
+    one = [e for e in mine if e["top"] is not None]     # a chunk of several tokens has no candidates
+    assert len(one) >= len(mine) - 2
+    for e in one:
+        assert e["token_id"] is None and 1 <= len(e["top"]) <= 5    # completions key them by text: a clash is one
+        assert all(c[0] is None and c[2] is None and 0 < c[3] <= 1 for c in e["top"])
+    mine = one
+    by_text = {}
+    for e in server:
+        by_text.setdefault(e["text"], []).append(e)
+    for e in mine:
+        same = [s for s in by_text.get(e["text"], []) if abs(s["p_raw"] - e["p_raw"]) < 1.1e-3]
+        # chat's candidates are the server's; completions' are keyed by text (a clash keeps one)
+        assert same and {c[1] for c in e["top"]} <= {c[1] for c in same[0]["top"]} | {same[0]["text"]}

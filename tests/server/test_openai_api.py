@@ -2,6 +2,7 @@
 from `create_app` on the tiny random model (validation through Flask's test client), plus one
 end-to-end test of the real app on the real model."""
 import json
+import math
 
 import openai
 import pytest
@@ -154,7 +155,18 @@ def test_bad_requests_get_openai_shaped_errors(live, model):
         (chat, {"model": model, "messages": user, "n": 2}, 400, "n", None),
         (chat, {"model": model, "messages": user, "speculative_config": {"method": "eagle"}}, 400,
          "speculative_config", None),
-        (chat, {"model": model, "messages": user, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+        (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", None),
+        (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs", None),
+        (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": "5"}, 400, "top_logprobs", None),
+        (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": 2.5}, 400, "top_logprobs", None),
+        (chat, {"model": model, "messages": user, "top_logprobs": 3}, 400, "top_logprobs", None),
+        (chat, {"model": model, "messages": user, "logprobs": "yes"}, 400, "logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "logprobs": 50}, 400, "logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "logprobs": -1}, 400, "logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "logprobs": "five"}, 400, "logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "logprobs": True}, 400, "logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "top_logprobs": 5}, 400, "top_logprobs", None),
+        (comp, {"model": model, "prompt": "hi", "logprobs": 2, "echo": True}, 400, "echo", "unsupported_parameter"),
         (chat, {"messages": user}, 400, "model", None),
         (chat, {"model": "gpt-9", "messages": user}, 404, "model", "model_not_found"),
         (comp, {"model": model, "prompt": ""}, 400, "prompt", None),
@@ -217,3 +229,69 @@ def test_a_rows_preview_is_what_was_asked_not_the_chat_template(live, client, mo
     events = collect(sub, lambda evs: sum(e["type"] == "request" for e in evs) >= 2)
     previews = [e["preview"] for e in events if e["type"] == "request"]
     assert previews == ["Name a colour, please.", "Once upon a time"]
+
+
+# ------------------------------------------------------------------ log-probabilities (protocol 14)
+def token_events(live, rid):
+    """The engine's own token events of request `rid` (the broadcaster's history)."""
+    sub = live.driver.events.subscribe(replay=True)
+    try:
+        return [e for e in sub.get(timeout=0) if e["type"] == "token" and e["id"] == rid]
+    finally:
+        live.driver.events.unsubscribe(sub)
+
+
+def test_the_openai_client_reads_chat_top_logprobs(live, client, model, tiny):
+    """Chat `logprobs: true, top_logprobs: 5`, greedy: every token's entry is the model's own
+    log-probability (the engine's `p_raw`), its five candidates are the engine's, most likely
+    first with the chosen one on top, and the stream carries the same entries."""
+    r = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0, logprobs=True,
+                                       top_logprobs=5)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 8
+    events = token_events(live, r.id.removeprefix("chatcmpl-"))
+    for entry, ev in zip(content, events):
+        assert len(entry.top_logprobs) == 5
+        assert entry.token == tiny.tokenizer.decode([ev["token_id"]]) and bytes(entry.bytes) == entry.token.encode()
+        assert math.exp(entry.logprob) == pytest.approx(ev["p_raw"], abs=6e-4)
+        assert [t.token for t in entry.top_logprobs] == [c[1] for c in ev["top"]]
+        assert [math.exp(t.logprob) for t in entry.top_logprobs] == pytest.approx([c[3] for c in ev["top"]], abs=6e-4)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+        assert all(a.logprob >= b.logprob for a, b in zip(entry.top_logprobs, entry.top_logprobs[1:]))
+        assert entry.logprob <= 0
+    assert "".join(e.token for e in content) == r.choices[0].message.content   # plain text: the pieces add up
+    stream = client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0, logprobs=True,
+                                            top_logprobs=5, stream=True)
+    streamed = [e for c in stream if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [t.logprob for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.logprob, [t.logprob for t in e.top_logprobs]) for e in content]
+    plain = client.chat.completions.create(model=model, messages=CHAT, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+    zero = client.chat.completions.create(model=model, messages=CHAT, max_tokens=2, temperature=0, logprobs=True)
+    assert [e.top_logprobs for e in zero.choices[0].logprobs.content] == [[], []]
+
+
+def test_the_openai_client_reads_completions_logprobs(live, client, model):
+    """Completions `logprobs: 5` in OpenAI's legacy shape, sampled (temperature 1.2, seeded): the
+    chosen token's log-probability is the model's own (before temperature: the engine's
+    `p_raw`, not `p`), up to five candidates plus the chosen one, text offsets that run over the
+    output; the stream gives the same."""
+    kw = dict(model=model, prompt=PROMPT, max_tokens=10, temperature=1.2, seed=4, logprobs=5)
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
+    events = token_events(live, r.id.removeprefix("cmpl-"))
+    assert any(abs(ev["p"] - ev["p_raw"]) > 1e-3 for ev in events)   # the temperature changed the odds ...
+    for i, ev in enumerate(events):
+        assert math.exp(lp.token_logprobs[i]) == pytest.approx(ev["p_raw"], abs=6e-4)   # ... the API gives the raw ones
+        assert lp.tokens[i] in lp.top_logprobs[i] and lp.top_logprobs[i][lp.tokens[i]] == lp.token_logprobs[i]
+        assert len(lp.top_logprobs[i]) == len({c[1] for c in ev["top"][:5]} | {lp.tokens[i]})   # keyed by text
+    offsets = [0]
+    for ev in events[:-1]:
+        offsets.append(offsets[-1] + len(ev["text"]))
+    assert lp.text_offset == offsets
+    chunks = list(client.completions.create(**kw, stream=True))
+    assert [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs] == \
+        lp.token_logprobs
+    assert [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset] == \
+        lp.text_offset
