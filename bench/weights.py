@@ -49,10 +49,13 @@ def child(out):
     if os.environ.get("BENCH_WEIGHTS"):
         eng.apply_settings({"weights": os.environ["BENCH_WEIGHTS"]})
     runner, vocab = eng.runner, bundle.model.config.vocab_size
+    # the synthetic requests take blocks from the pool (engine/measure.py); a tree from before the
+    # block manager handed its pool out as `eng.blocks`
+    pool = getattr(eng.blocks, "pool", eng.blocks)
     rss = psutil.Process().memory_info().rss
     steps = {}
     for batch in BATCHES:
-        with _Synthetic(eng.blocks, vocab) as syn:
+        with _Synthetic(pool, vocab) as syn:
             segs = [Segment(syn.seq(CONTEXT + 1), CONTEXT, 1, cached=True, logits=True) for _ in range(batch)]
             for _ in range(3):
                 runner.forward(segs)
@@ -62,7 +65,7 @@ def child(out):
                 runner.forward(segs)
                 times.append(time.perf_counter() - w0)
             steps[batch] = statistics.median(times)
-    with _Synthetic(eng.blocks, vocab) as syn:
+    with _Synthetic(pool, vocab) as syn:
         segs = [Segment(syn.seq(CONTEXT + 1), CONTEXT, 1, cached=True, logits=True)]
         with torch.profiler.profile() as prof:
             for _ in range(10):

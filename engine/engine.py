@@ -36,6 +36,7 @@ from .block_manager import BlockManager
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
+from .memory import rss_bytes
 from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
@@ -206,8 +207,8 @@ class Engine:
         self.scheduler.apply(s.scheduling)
         self.intake.sampling = s.sampling
         self.timing.targets = s.targets
-        self.runner.formats.stored = s.scheduling.weights == "stored"
-        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes)))
+        made = self.runner.formats.use(s.scheduling.weights)   # the fp32 copy made (timed) or freed
+        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made))
         return self._take()
 
     def reset(self):
@@ -304,7 +305,7 @@ class Engine:
         out.admitted = [Placed.of(seq) for seq in plan.admitted]
         now = self.clock.now()
         if self.timing.stats_due(now):
-            out.stats = stats_view(self.scheduler, kv_cache_on, self.subscribers(), now)
+            out.stats = {**stats_view(self.scheduler, kv_cache_on, self.subscribers(), now), "rss_bytes": rss_bytes()}
         out.running, out.segments = list(self.scheduler.running), plan.segments
 
     def _run(self, out):

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from .settings import wire_type
 
-PROTOCOL = 13  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 14  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts
@@ -216,6 +216,9 @@ class Settings(Event):
     type: ClassVar[str] = "settings"
     settings: SettingValues
     changed: list[str]
+    # this change switched the weights to `dequantised` and the fp32 copy was made from the blocks
+    # for it: how long that took, s (None: nothing was made; switching back frees the copy)
+    fp32_made_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -405,6 +408,7 @@ class Stats(Event):
     prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
     measured_by: dict[str, str] | None = None   # observe mode: each figure -> "server" or "client"
     instance: Instance | None = None        # disaggregated: whose queue, slots and blocks these are
+    rss_bytes: int | None = None            # engine mode: the server process's resident memory, measured (None: the OS does not say)
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,7 +3,7 @@ with the plain-torch computation it must equal beside it.
 
 `quant_linear(x, w)`: x [rows, cols] fp32 times a `QuantWeight`'s blocks (engine/weights.py),
 transposed, = x @ w.dequantise().T up to summation order (fp32 throughout; the activations are
-never rounded to int8). The instruction-set path is picked once per process from what the CPU
+never rounded to int8), at any number of rows. `quant_rows(w, ids)`: rows of w.dequantise(). The instruction-set path is picked once per process from what the CPU
 has (AVX-512, else AVX2+FMA+F16C, else portable C++); FIRST_TOKEN_ISA=avx2|portable picks a
 lower one, FIRST_TOKEN_KERNELS=off none (the engine then reads dequantised fp32 weights).
 """
@@ -48,7 +48,12 @@ def describe():
 def quant_linear(x, w, isa=None):
     """x [rows, w.cols] fp32 -> [rows, w.rows]: x times the blocks of `w`, transposed."""
     code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
-    return torch.ops.first_token.quant_linear(x, w.data, w.kind, code)
+    return torch.ops.first_token.quant_linear(x, w.data, w.kind, w.rows, code)
+
+
+def quant_rows(w, ids):
+    """Rows `ids` (a long tensor) of the matrix `w`'s blocks mean, fp32: an embedding lookup."""
+    return torch.ops.first_token.quant_rows(w.data, w.kind, w.rows, ids)
 
 
 def quant_linear_reference(x, w):

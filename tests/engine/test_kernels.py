@@ -52,6 +52,38 @@ def test_quant_linear_equals_fp32_matmul_on_the_dequantised_blocks(isas, kind, r
             assert relative_error(y, ref) < 1e-5, (isa, m)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_chunk_of_hundreds_of_rows_equals_fp32_matmul(isas, kind):
+    """Past one tile of rows each group is unpacked into an fp32 panel a slice of K at a time and
+    the rows come in chunks of 96: 97 and 300 rows cross those chunks, 576 columns three slices."""
+    w = QuantWeight.from_blocks(kind, random_blocks(kind, 45, 576, seed=3))
+    dense = w.dequantise()
+    for m in (97, 300):
+        x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+        for isa in isas:
+            if isa != "portable" or m == 97:
+                assert relative_error(kernels.quant_linear(x, w, isa), x @ dense.T) < 1e-5, (isa, m)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_groups_of_16_hold_the_files_blocks_unchanged(kind):
+    """Regrouping 16 rows at a time moves bytes only: the file's blocks come back byte for byte,
+    rows taken or stacked are the same rows, and a row lookup (the embedding's) equals the
+    dequantised matrix's row exactly."""
+    raw = random_blocks(kind, 37, 96, seed=5)
+    w = QuantWeight.from_blocks(kind, raw)
+    assert torch.equal(w.file_blocks(), raw)
+    order = torch.randperm(37, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(w.take_rows(order).dequantise(), w.dequantise()[order])
+    both = weights.stack_rows([w, QuantWeight.from_blocks(kind, random_blocks(kind, 32, 96, seed=6))])
+    assert both.rows == 69 and torch.equal(both.dequantise()[:37], w.dequantise())
+    ids = torch.tensor([0, 36, 17, 17, 5])
+    assert torch.equal(kernels.quant_rows(w, ids), w.dequantise()[ids])
+    assert torch.equal(w.dequantise(ids), w.dequantise()[ids])
+    with pytest.raises(RuntimeError, match="outside 0..36"):
+        kernels.quant_rows(w, torch.tensor([37]))
+
+
 def test_every_path_this_cpu_should_have_is_built(isas):
     """The portable path always; AVX2 and AVX-512 whenever the CPU has them (read from /proc)."""
     flags = set(open("/proc/cpuinfo").read().split())
@@ -81,7 +113,7 @@ def test_quantise_rounds_to_the_nearest_level(kind):
     the largest magnitude), plus the fp16 rounding of the scales."""
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
     w = weights.quantise(x, kind)
-    assert w.nbytes == 8 * 2 * weights.BLOCK_BYTES[kind]
+    assert w.nbytes == 16 * 2 * weights.BLOCK_BYTES[kind]      # 8 rows padded to a group of 16 with zero blocks
     blocks = x.reshape(8, 2, 32)
     step = (blocks.amax(2) - blocks.amin(2)) / 15 if kind == Q4_1 else blocks.abs().amax(2) / 127
     err = (w.dequantise() - x).reshape(8, 2, 32).abs().amax(2)

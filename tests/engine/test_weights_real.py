@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig
-from engine.linears import HEAD_MAX_ROWS
 from engine.loadgen import CORPUS
 from engine.request import SamplingParams
 from engine.runner import Segment
@@ -11,6 +10,7 @@ from engine.sequence import Sequence
 from engine.weights import Q4_1, Q8_0
 
 POSITIONS = 2048
+ROWS = 16          # positions a forward: the decode batch the issue measures at
 
 
 def test_real_blocks_are_the_file_types_and_the_model_is_made_of_them(real):
@@ -37,8 +37,8 @@ def test_teacher_forced_top1_agreement_over_2048_positions(real, record_property
     seq = Sequence(id="tf", source="load", prompt="", prompt_ids=ids, params=SamplingParams())
     eng.blocks.may_append(seq, POSITIONS)
     ours, paths = [], set()
-    for start in range(0, POSITIONS, HEAD_MAX_ROWS):
-        n = min(HEAD_MAX_ROWS, POSITIONS - start)
+    for start in range(0, POSITIONS, ROWS):
+        n = min(ROWS, POSITIONS - start)
         seg = Segment(seq, start, n, cached=True, logits=True)
         eng.runner.path = eng.runner.formats.path(n, n)
         paths.add(eng.runner.path.kernel)
