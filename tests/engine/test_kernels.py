@@ -178,17 +178,30 @@ def test_norms_rotary_and_silu_equal_their_references(isas):
     OPS.rotary_(a, pos, cos, sin, heads, d)
     kernels.rotary_reference(b, pos, cos, sin, heads, d)
     assert close(a, b) and torch.equal(a[:, heads * d:], qkv[:, heads * d:])
-    gu = torch.randn(4, 2 * 48, generator=g)
+    gu = torch.randn(4, 2 * 53, generator=g) * 6              # 53: a tail past the vectors; large |g| too
     assert close(OPS.silu_mul(gu), kernels.silu_mul_reference(gu))
     with pytest.raises(RuntimeError, match="beyond the table"):
         OPS.rotary_(a, torch.tensor([0, 0, 0, 0, 128]), cos, sin, heads, d)
 
 
+@pytest.mark.parametrize("path", ["avx2", "portable"])
+def test_the_fused_ops_lower_paths_equal_their_references_too(isas, path):
+    """The fused ops pick their path when the library loads (FIRST_TOKEN_ISA caps it): the tests
+    above run again in a process on each lower path this CPU has."""
+    if path not in isas:
+        pytest.skip(f"this CPU has no {path} path")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "norms_rotary or paged_decode_reads"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FIRST_TOKEN_ISA": path})
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("d", [24, 32, 64])   # 24: no vector path (the plain loops); 64: SmolLM2's heads
 @pytest.mark.parametrize("lengths", [[1], [5, 17, 33], [64, 2, 40, 16]])
-def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths):
+def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths, d):
     """Grouped-query attention (6 query heads, 2 key heads) over scattered blocks of 16 slots."""
     g = torch.Generator().manual_seed(len(lengths))
-    q_heads, kv_heads, d, bs, blocks = 6, 2, 32, 16, 20
+    q_heads, kv_heads, bs, blocks = 6, 2, 16, 20
     k_store, v_store = (torch.randn(blocks + 1, bs, kv_heads, d, generator=g) for _ in range(2))
     nb = max(-(-n // bs) for n in lengths)
     tables = torch.stack([torch.randperm(blocks, generator=g)[:nb] for _ in lengths])
