@@ -25,6 +25,7 @@ instance to let them go (a `Release`).
 from dataclasses import replace
 
 from . import bandwidth, presets, sampler, speculate
+from .agreement import measure as agreement_of
 from .disagg import transfer
 from .disagg.messages import Release
 from .detok import Detokenizer, StopStrings
@@ -76,11 +77,14 @@ class Engine:
         self.runner = Runner(model, self.store, bundle.quant)
         # What a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
-        self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
+        self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype,
+                                          int8="int8" in self.runner.formats.activations)
         self.timing = StepRecorder(self.clock, self.roofline)
         self.timing.instance = self.role.name
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
-                                   config.block_size, self.max_context, self.runner.formats.available)
+                                   config.block_size, self.max_context, self.runner.formats.available,
+                                   self.runner.formats.activations)
+        self.int8_agreement = None   # int8 against fp32 activations, measured when int8 is first chosen
         self.settings = Live(defaults(self.specs))   # the driver and the web threads read it too
         self.apply_settings(self.settings.now.wire())   # each part to its owner
         self._take()   # the defaults' `settings` event: `hello` carries them
@@ -208,7 +212,14 @@ class Engine:
         self.intake.sampling = s.sampling
         self.timing.targets = s.targets
         made = self.runner.formats.use(s.scheduling.weights)   # the fp32 copy made (timed) or freed
-        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made))
+        self.runner.formats.int8 = s.scheduling.activations == "int8"
+        self.roofline.int8 = self.runner.formats.stored and self.runner.formats.int8
+        # int8 is another arithmetic: how close it stays is measured, here, the first time it is chosen
+        agreement = None
+        if self.runner.formats.int8 and self.int8_agreement is None:
+            agreement = self.int8_agreement = agreement_of(self)
+        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made,
+                            int8_agreement=agreement))
         return self._take()
 
     def reset(self):

@@ -219,6 +219,9 @@ class Settings(Event):
     # this change switched the weights to `dequantised` and the fp32 copy was made from the blocks
     # for it: how long that took, s (None: nothing was made; switching back frees the copy)
     fp32_made_s: float | None = None
+    # this change chose int8 activations for the first time: their agreement with fp32 ones,
+    # measured (engine/agreement.py): {positions, top1, max_logit_diff, seconds}; None otherwise
+    int8_agreement: dict[str, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,6 +7,9 @@ verification rows and prompt chunks alike. The fp32 matrices they mean (`dequant
 step, prepacked for oneDNN) exist only while the live `weights` setting asks for them: made from
 the blocks when it is switched to `dequantised` (the time it took is said in the `settings`
 event), freed when it is switched back. A model without blocks has only its own fp32 copy.
+The `activations` setting picks the stored layers' arithmetic: fp32 activations (the default:
+results equal fp32 matmul on the dequantised weights) or int8 ones, rounded as llama.cpp rounds
+them, with integer dot products (engine/kernels `quant_linear_int8`; Q4_1 layers, the head keeps fp32).
 """
 from dataclasses import dataclass
 import time
@@ -15,6 +18,7 @@ import torch
 
 from . import kernels
 from .memory import return_freed_memory
+from .weights import Q4_1
 
 FORMATS = ("stored", "dequantised")
 
@@ -27,6 +31,7 @@ class Path:
     weights: str
     kernel: str
     weight_bytes: int
+    int8: bool = False           # the 4-bit layers multiplied int8 activations (`activations`)
 
 
 class Formats:
@@ -46,6 +51,12 @@ class Formats:
         self.other = other_bytes     # norms: read every forward in either format
         self.layers = []             # QuantLinear / OutputHead with blocks: their fp32 copies on demand
         self.made_s = None           # how long the fp32 copy took to make, the last time it was made
+        self.int8 = False            # the `activations` setting is int8 (read while `stored`)
+
+    @property
+    def activations(self):
+        """The `activations` choices: int8 only where there are Q4_1 blocks to read so."""
+        return ("fp32", "int8") if any(w.kind == Q4_1 for w in self.quant.values()) else ("fp32",)
 
     @property
     def available(self):
@@ -78,7 +89,9 @@ class Formats:
         head = 1 if logit_rows > 0 else 0
         if not self.stored:
             return Path("dequantised", self.dense, self.fp32[0] + head * self.fp32[1] + self.other)
-        return Path("stored", f"4-bit {kernels.status()['isa']}", self.q[0] + head * self.q[1] + self.other)
+        isa = kernels.status()["isa"]
+        kernel = f"4-bit {isa}, int8 activations ({kernels.int8_path()})" if self.int8 else f"4-bit {isa}"
+        return Path("stored", kernel, self.q[0] + head * self.q[1] + self.other, self.int8)
 
     def describe(self, bandwidth_bps):
         """What `hello.weights` carries: each format's bytes per decode step and its estimated floor."""
@@ -89,7 +102,8 @@ class Formats:
             out[name] = {"decode_bytes": p.weight_bytes, "floor_s": p.weight_bytes / bandwidth_bps,
                          "blocks": kinds}
         return {"formats": out, "kernel": kernels.status()["isa"], "why": kernels.status()["why"],
-                "fp32_on_demand": bool(self.quant)}
+                "fp32_on_demand": bool(self.quant),
+                "int8_path": kernels.int8_path() if "int8" in self.activations else None}
 
 
 def on_cpu(t):
@@ -139,7 +153,9 @@ class QuantLinear(torch.nn.Module):
     def forward(self, x):
         if self.formats.stored:
             rows = x.reshape(-1, x.shape[-1])
-            return kernels.quant_linear(rows, self.blocks).view(*x.shape[:-1], self.blocks.rows)
+            int8 = self.formats.int8 and self.blocks.kind == Q4_1
+            y = (kernels.quant_linear_int8 if int8 else kernels.quant_linear)(rows, self.blocks)
+            return y.view(*x.shape[:-1], self.blocks.rows)
         return self.fp32(x)
 
 

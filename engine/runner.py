@@ -241,6 +241,14 @@ class Runner:
             self.wall_s += time.perf_counter() - w0
             self.cpu_s += time.thread_time() - c0
 
+    @torch.inference_mode()
+    def logits_everywhere(self, seq, start, n):
+        """Logits [n, vocab] at each of positions start..start+n-1 of `seq` (teacher forcing: the
+        next token after each of them), its keys/values kept in its blocks; engine/agreement.py."""
+        seg = Segment(seq, start, n, cached=True, logits=True)
+        self.path = self.formats.path(n, n)
+        return self._forward(seq.token_ids(start, n), list(range(start, start + n)), list(range(n)), [seg])
+
     def _forward(self, ids, pos, last, segments):
         plan = Plan(self.store, segments, self.device)
         if self.fused:

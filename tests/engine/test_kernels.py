@@ -84,6 +84,37 @@ def test_the_groups_of_16_hold_the_files_blocks_unchanged(kind):
         kernels.quant_rows(w, torch.tensor([37]))
 
 
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_int8_activations_equal_their_reference_with_the_same_bits_on_every_path(isas, rows, cols):
+    """The `activations: int8` product (Q4_1 only): x rounded per row and block as llama.cpp rounds
+    it, integer dot products, two FMAs a block; every path (VNNI, AVX2, portable) gives the same
+    bits, and the plain-torch reference agrees to float rounding."""
+    w = QuantWeight.from_blocks(Q4_1, random_blocks(Q4_1, rows, cols, seed=rows + 1))
+    for m in (1, 2, 3, 4, 5, 12, 13, 30, 64):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+        outs = [kernels.quant_linear_int8(x, w, isa) for isa in isas]
+        assert relative_error(outs[0], kernels.quant_linear_int8_reference(x, w)) < 1e-5, m
+        assert all(torch.equal(o, outs[0]) for o in outs), m
+        assert relative_error(outs[0], x @ w.dequantise().T) > 1e-5     # another arithmetic: not fp32's
+    with pytest.raises(RuntimeError, match="is not Q4_1"):
+        kernels.quant_linear_int8(torch.randn(1, 64), QuantWeight.from_blocks(Q8_0, random_blocks(Q8_0, 4, 64, 0)))
+
+
+def test_int8_rows_round_as_llamacpp():
+    """Per block of 32: d = max|x| / 127 (stored as fp16), q = round(x * 127 / max|x|) with halves to
+    even (llama.cpp's x86 paths), s = d * sum(q) (fp16); an all-zero block is all zeros."""
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([254.0, -127.0, 1.0, 5.0])     # 127 / 254 = 0.5 exactly: -63.5 -> -64, 0.5 -> 0, 2.5 -> 2
+    q, d, s = kernels.int8_rows_reference(x)
+    assert q[0, 0, :4].tolist() == [127, -64, 0, 2] and q[0, 1].abs().sum() == 0
+    assert d[0].tolist() == [2.0, 0.0] and s[0, 0].item() == 65 * 2.0
+    w = QuantWeight.from_blocks(Q4_1, random_blocks(Q4_1, 16, 64, seed=9))
+    dw, mw, qw = w._parts()
+    want = (dw[:, 0] * 2.0 * (qw[:, 0, :4] * torch.tensor([127.0, -64, 0, 2])).sum(-1) + mw[:, 0] * 130.0)
+    assert torch.allclose(kernels.quant_linear_int8(x, w)[0], want, rtol=1e-6)   # the zero block adds m * 0
+    assert kernels.int8_peak(0.05) > 1e8                    # the int8 path's rate, measured
+
+
 def test_every_path_this_cpu_should_have_is_built(isas):
     """The portable path always; AVX2 and AVX-512 whenever the CPU has them (read from /proc)."""
     flags = set(open("/proc/cpuinfo").read().split())

@@ -132,3 +132,39 @@ def test_a_bfloat16_model_with_blocks_reads_only_its_own_copy():
     run.add(PROMPTS[0], max_new_tokens=4, temperature=0.0, ignore_eos=True)
     run.until_idle()
     assert {(s.weights, s.kernel) for s in run.of(ev.Step)} == {("dequantised", "torch bfloat16 on cpu")}
+
+
+def test_int8_activations_are_their_own_setting_measured_against_fp32_and_counted_at_their_rate():
+    """`activations: int8` (Q4_1 blocks only): offered beside fp32, off by default; choosing it
+    first measures its teacher-forced agreement with fp32 on the engine's runner (the settings
+    event carries it; the blocks it took are back); the steps then say int8, and the roofline
+    counts the linear layers' flops at the measured int8 rate."""
+    bundle = tiny_quant_bundle()
+    e = make(bundle)
+    assert e.specs["activations"].choices == ("fp32", "int8") and e.settings.now.scheduling.activations == "fp32"
+    assert e.hello().weights["int8_path"] in ("vnni", "avx2", "portable") and e.hello().roofline["int8_peak_gops"] > 0
+    used = e.blocks.used
+    (change,) = e.apply_settings(validate(e.specs, {"activations": "int8"}))
+    a = change.int8_agreement
+    assert a["positions"] == 511 and 0 < a["top1"] <= 1 and a["max_logit_diff"] > 0 and a["seconds"] > 0
+    assert e.blocks.used == used
+    run = Run(e)
+    rid = run.add(PROMPTS[0], max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    run.until_idle()
+    assert len(run.tokens(rid)) == 6
+    steps = run.of(ev.Step)
+    assert {s.kernel for s in steps} == {f"4-bit {kernels.status()['isa']}, int8 activations ({kernels.int8_path()})"}
+    roof, parts = e.roofline, [(0, 256, True)]
+    assert roof.int8
+    linear, other, nbytes = roof._cost(parts, None)
+    assert roof.predict(parts)[0] == pytest.approx(max(nbytes / roof.bandwidth_bps,
+                                                       linear / roof.int8_ops_per_s + other / roof.flops_per_s))
+    (again,) = e.apply_settings(validate(e.specs, {"activations": "fp32"}))
+    assert again.int8_agreement is None and not e.roofline.int8       # measured once a process
+
+
+def test_a_model_with_q8_0_blocks_only_offers_fp32_activations():
+    e = make(tiny_quant_bundle(kind=Q8_0))
+    assert e.specs["activations"].choices == ("fp32",)
+    with pytest.raises(SettingError, match="must be one of fp32"):
+        validate(e.specs, {"activations": "int8"})

@@ -38,6 +38,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <string>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -87,6 +90,8 @@ struct Tile {
   int64_t nb;            // blocks per row (K / 32), or in the panel
   bool add;              // panel tiles: add to y (a later slice of K) instead of storing
   const float* x;        // the tile's activations, position-major: x[k * rows + r]
+  const int32_t* xq;     // ... or rounded to int8 (`pack_int8`): four at a time, [block][chunk][even|odd][r]
+  const float* xs;       // ... their scales: [block][r] pairs {d, s}
   float* y;              // y[m0][g * 16]
   int64_t N;             // columns of y (its row stride)
   int64_t valid;         // output rows of y from this tile's first group on (the last group may be partial)
@@ -395,6 +400,147 @@ FT_AVX512 void panel_avx512(const Tile& t) {
   for (int r = 0; r < MR; ++r) store_avx512(t, r, 0, acc[r]);
 }
 
+// ---- int8 activations: llama.cpp's arithmetic (the `activations` setting) ----------------------
+// x rounded per row and block of 32 as llama.cpp's Q8_1 rounds it: d = max|x| / 127 (kept as fp16),
+// q = round(x · 127 / max|x|), s = d·Σq (fp16). A Q4_1 block's dot product is then d_w·d·Σ q_w·q + m_w·s:
+// integer multiply-adds (VNNI's VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes an instruction),
+// then two FMAs a block. Each dword of the groups' quants holds 8 nibbles; masking it gives the
+// bytes of weights 8c, 8c+2, 8c+4, 8c+6 and shifting first 8c+1, +3, +5, +7, so x is repacked in
+// that order once (ktransformers permutes the activations, not the weights, the same way).
+
+// One tile, portable: the same integer sums and the same two FMAs a block as the vector paths,
+// so every path gives the same bits.
+void int8_portable(int rows, int groups, const Tile& t) {
+  for (int v = 0; v < groups; ++v) {
+    for (int r = 0; r < rows; ++r) {
+      float acc[kGroup] = {};
+      for (int64_t b = 0; b < t.nb; ++b) {
+        const uint8_t* gb = t.w + v * t.gstride + b * group_bytes(kQ4_1);
+        const float dx = t.xs[(b * rows + r) * 2], sx = t.xs[(b * rows + r) * 2 + 1];
+        for (int lane = 0; lane < kGroup; ++lane) {
+          int32_t sum = 0;
+          for (int c = 0; c < 4; ++c) {
+            uint32_t dw;
+            std::memcpy(&dw, gb + 64 + 64 * c + 4 * lane, 4);
+            for (int h = 0; h < 2; ++h) {
+              int32_t x4 = t.xq[((b * 4 + c) * 2 + h) * rows + r];
+              const int8_t* xb = reinterpret_cast<const int8_t*>(&x4);
+              for (int j = 0; j < 4; ++j) sum += int32_t((dw >> (8 * j + 4 * h)) & 0xfu) * xb[j];
+            }
+          }
+          const float d = half_to_float(load_u16(gb + 2 * lane)), m = half_to_float(load_u16(gb + 32 + 2 * lane));
+          acc[lane] = std::fma(float(sum), d * dx, acc[lane]);
+          acc[lane] = std::fma(m, sx, acc[lane]);
+        }
+      }
+      const int64_t valid = std::min<int64_t>(kGroup, t.valid - v * kGroup);
+      for (int64_t i = 0; i < valid; ++i) t.y[r * t.N + v * kGroup + i] = acc[i];
+    }
+  }
+}
+
+#define FT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// MR rows x NV groups; 32 registers: 2 * MR * NV (int and float sums) + 4 * NV + 1, so MR <= 12 at NV = 1.
+template <int MR, int NV>
+FT_VNNI void int8_vnni(const Tile& t) {
+  constexpr int64_t GB = group_bytes(kQ4_1);
+  __m512 out[MR][NV];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) out[r][v] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb[NV];
+    __m512 d[NV], m[NV];
+    __m512i acc[MR][NV];
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) {
+      gb[v] = t.w + v * t.gstride + b * GB;
+      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB + GB / 2), _MM_HINT_T0);
+      d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
+      m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)));
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) acc[r][v] = _mm512_setzero_si512();
+    }
+    const int32_t* xb = t.xq + b * 8 * MR;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo[NV], hi[NV];
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) {
+        const __m512i raw = _mm512_loadu_si512(gb[v] + 64 + 64 * c);
+        lo[v] = _mm512_and_si512(raw, nib);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi32(raw, 4), nib);
+      }
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) {
+        const __m512i xe = _mm512_set1_epi32(xb[(2 * c) * MR + r]), xo = _mm512_set1_epi32(xb[(2 * c + 1) * MR + r]);
+#pragma GCC unroll 32
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[r][v], lo[v], xe), hi[v], xo);
+      }
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m512 dx = _mm512_set1_ps(t.xs[(b * MR + r) * 2]), sx = _mm512_set1_ps(t.xs[(b * MR + r) * 2 + 1]);
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) {
+        out[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), _mm512_mul_ps(d[v], dx), out[r][v]);
+        out[r][v] = _mm512_fmadd_ps(m[v], sx, out[r][v]);
+      }
+    }
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, out[r][v]);
+}
+
+// The same on AVX2 without VNNI (llama.cpp's way: VPMADDUBSW to 16-bit pairs, VPMADDWD to 32 bits;
+// 2 x 15 x 127 stays far from 16-bit saturation); a group is two vectors. 16 registers: MR <= 3.
+template <int MR>
+FT_AVX2 void int8_avx2(const Tile& t) {
+  constexpr int64_t GB = group_bytes(kQ4_1);
+  __m256 out[MR][2];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r) out[r][0] = out[r][1] = _mm256_setzero_ps();
+  const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb = t.w + b * GB;
+    __m256 d[2], m[2];
+    scales_avx2<kQ4_1>(gb, d, m);
+    __m256i acc[MR][2];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int32_t* xb = t.xq + b * 8 * MR;
+    for (int c = 0; c < 4; ++c) {
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 + 64 * c + 32 * h));
+        lo[h] = _mm256_and_si256(raw, nib);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi32(raw, 4), nib);
+      }
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xe = _mm256_set1_epi32(xb[(2 * c) * MR + r]), xo = _mm256_set1_epi32(xb[(2 * c + 1) * MR + r]);
+        for (int h = 0; h < 2; ++h) {
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(lo[h], xe), ones));
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(hi[h], xo), ones));
+        }
+      }
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m256 dx = _mm256_set1_ps(t.xs[(b * MR + r) * 2]), sx = _mm256_set1_ps(t.xs[(b * MR + r) * 2 + 1]);
+      for (int h = 0; h < 2; ++h) {
+        out[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(d[h], dx), out[r][h]);
+        out[r][h] = _mm256_fmadd_ps(m[h], sx, out[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) store_avx2(t, r, 0, out[r][0], out[r][1]);
+}
+
 // ---- picking a tile ----------------------------------------------------------------------------
 using TileFn = void (*)(const Tile&);
 using UnpackFn = void (*)(const uint8_t*, int64_t, float*);
@@ -452,6 +598,30 @@ TileFn panel_tile(int64_t isa, int rows) {
   return nullptr;
 }
 
+template <int NV> struct Vnni { template <int R> struct At { static constexpr TileFn fn = int8_vnni<R, NV>; }; };
+template <int R> struct Int8Avx2 { static constexpr TileFn fn = int8_avx2<R>; };
+
+bool has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+}
+
+// The int8 paths: VNNI where the CPU has it beside AVX-512, else AVX2's multiply-adds, else portable.
+int int8_rows(int64_t isa) { return isa == kAvx512 && has_vnni() ? 12 : isa >= kAvx2 ? 3 : 8; }
+int int8_groups(int64_t isa, int rows) { return isa == kAvx512 && has_vnni() ? (rows == 1 ? 4 : rows <= 3 ? 2 : 1) : 1; }
+
+TileFn int8_tile(int64_t isa, int rows, int groups) {
+  if (isa == kAvx512 && has_vnni()) {
+    switch (groups) {
+      case 4: return for_rows<Vnni<4>::template At, 1>(rows);
+      case 3: return for_rows<Vnni<3>::template At, 1>(rows);
+      case 2: return for_rows<Vnni<2>::template At, 1, 2, 3>(rows);
+      default: return for_rows<Vnni<1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows);
+    }
+  }
+  return isa >= kAvx2 ? for_rows<Int8Avx2, 1, 2, 3>(rows) : nullptr;
+}
+
 UnpackFn unpacker(int64_t isa, int64_t type) {
   if (isa == kAvx512) return type == kQ4_1 ? unpack_avx512<kQ4_1> : unpack_avx512<kQ8_0>;
   if (isa == kAvx2) return type == kQ4_1 ? unpack_avx2<kQ4_1> : unpack_avx2<kQ8_0>;
@@ -483,16 +653,68 @@ constexpr int64_t kPanelK = 256;
 // Tasks per chunk of rows: small enough for the threads to even out, large enough to stream.
 constexpr int64_t kTasks = 16;
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa) {
+// One row block of 32 rounded as llama.cpp's Q8_1 (above), into the int8 tiles' order: dwords
+// {q[8c], q[8c+2], q[8c+4], q[8c+6]} and {q[8c+1], ...} for c = 0..3, `stride` dwords apart, and
+// {d, s}. Halves round to even (llama.cpp's x86 paths do; its C reference rounds them away from 0).
+void round_block(const float* xb, int32_t* xq, int64_t stride, float* ds) {
+  float amax = 0.f;
+  for (int k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(xb[k]));
+  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  int8_t q[kBlock];
+  int32_t sum = 0;
+  for (int k = 0; k < kBlock; ++k) sum += q[k] = int8_t(std::nearbyint(xb[k] * id));
+  for (int c = 0; c < 4; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const int8_t four[4] = {q[8 * c + h], q[8 * c + 2 + h], q[8 * c + 4 + h], q[8 * c + 6 + h]};
+      std::memcpy(xq + (2 * c + h) * stride, four, 4);
+    }
+  ds[0] = float(c10::Half(amax / 127.f));
+  ds[1] = float(c10::Half(float(sum) * (amax / 127.f)));
+}
+
+FT_AVX512 void round_block_avx512(const float* xb, int32_t* xq, int64_t stride, float* ds) {
+  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  // the bytes of each 8 reordered even positions first, then odd: one shuffle within 128-bit lanes
+  const __m256i bytes = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  alignas(32) int32_t dw[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dw), _mm256_shuffle_epi8(bytes, order));
+  for (int j = 0; j < 8; ++j) xq[j * stride] = dw[j];
+  ds[0] = float(c10::Half(amax / 127.f));
+  ds[1] = float(c10::Half(float(sum) * (amax / 127.f)));
+}
+
+// Rows r of one tile rounded and packed for the int8 tiles: [block][chunk][even|odd][r] dwords,
+// [block][r] pairs {d, s}.
+void pack_int8(int64_t isa, const float* x, int64_t K, int64_t r, int32_t* xq, float* xs) {
+  const int64_t nb = K / kBlock;
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t* q = xq + b * 8 * r + i;
+      float* ds = xs + (b * r + i) * 2;
+      if (isa == kAvx512) round_block_avx512(x + i * K + b * kBlock, q, r, ds);
+      else round_block(x + i * K + b * kBlock, q, r, ds);
+    }
+}
+
+// y = x · Wᵀ: fp32 activations (`int8` false), or rounded to int8 first (Q4_1 weights only).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa, bool int8) {
+  const char* op = int8 ? "quant_linear_int8" : "quant_linear";
   const int64_t gbytes = group_bytes(type);
-  TORCH_CHECK(gbytes > 0, "quant_linear: block type ", type, " is not Q4_1 (3) or Q8_0 (8)");
-  TORCH_CHECK(supported(isa), "quant_linear: instruction set ", isa, " is not available on this CPU");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_linear: x must be a 2-D fp32 CPU tensor");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), "quant_linear: w must be contiguous 2-D uint8 groups");
+  TORCH_CHECK(gbytes > 0 && (!int8 || type == kQ4_1), op, ": block type ", type,
+              int8 ? " is not Q4_1 (3)" : " is not Q4_1 (3) or Q8_0 (8)");
+  TORCH_CHECK(supported(isa), op, ": instruction set ", isa, " is not available on this CPU");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), op, ": x must be a 2-D fp32 CPU tensor");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), op, ": w must be contiguous 2-D uint8 groups");
   const int64_t M = x.size(0), K = x.size(1), G = w.size(0), N = rows;
   TORCH_CHECK(K % kBlock == 0 && w.size(1) == K / kBlock * gbytes,
-              "quant_linear: x has ", K, " columns, w's groups hold ", w.size(1), " bytes");
-  TORCH_CHECK(N > (G - 1) * kGroup && N <= G * kGroup, "quant_linear: ", N, " rows do not fill ", G, " groups of 16");
+              op, ": x has ", K, " columns, w's groups hold ", w.size(1), " bytes");
+  TORCH_CHECK(N > (G - 1) * kGroup && N <= G * kGroup, op, ": ", N, " rows do not fill ", G, " groups of 16");
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const uint8_t* wp = w.data_ptr<uint8_t>();
@@ -500,27 +722,33 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
   const int64_t gstride = w.size(1), nb = K / kBlock;
 
   // One tile of rows unpacks in registers; more read each group from a panel unpacked once.
-  const bool panel = M > fused_rows(isa) && panel_rows(isa) > 0;
-  const int most = panel ? panel_rows(isa) : fused_rows(isa);
+  const bool panel = !int8 && M > fused_rows(isa) && panel_rows(isa) > 0;
+  const int most = int8 ? int8_rows(isa) : panel ? panel_rows(isa) : fused_rows(isa);
   // Tiles of nearly equal size (25 rows: 13 + 12, not 24 + 1), a chunk of them (~kChunkRows rows) a pass.
   const int64_t tiles = (M + most - 1) / most, per_chunk = std::max<int64_t>(1, kChunkRows / most);
   auto tile_start = [&](int64_t t) { return t * M / tiles; };
-  const int gpt = panel ? 1 : tile_groups(isa, int(tile_start(1) - tile_start(0)));   // the smallest tile's
+  const int smallest = int(tile_start(1) - tile_start(0));
+  const int gpt = panel ? 1 : int8 ? int8_groups(isa, smallest) : tile_groups(isa, smallest);
   const int64_t task_groups = std::max<int64_t>(1, (G + kTasks - 1) / kTasks + gpt - 1) / gpt * gpt;
   const int64_t chunks = (tiles + per_chunk - 1) / per_chunk, per_pass = (G + task_groups - 1) / task_groups;
 
-  // Each tile's activations position-major (x[k][r], as a GEMM packs its A operand).
-  at::Tensor packed = at::empty({M * K}, x.options());
+  // Each tile's activations position-major (x[k][r], as a GEMM packs its A operand), or as int8.
+  const at::Tensor xc = x.contiguous();
+  const float* src = xc.data_ptr<float>();
+  at::Tensor packed = at::empty({int8 ? M * K / 4 : M * K}, x.options());
+  at::Tensor scales = at::empty({int8 ? 2 * M * nb : 0}, x.options());
   float* xp = packed.data_ptr<float>();
-  {
-    const at::Tensor xc = x.contiguous();
-    const float* src = xc.data_ptr<float>();
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = tile_start(t), r = tile_start(t + 1) - m0;
-      for (int64_t i = 0; i < r; ++i)
-        for (int64_t k = 0; k < K; ++k) xp[m0 * K + k * r + i] = src[(m0 + i) * K + k];
+  int32_t* xq = reinterpret_cast<int32_t*>(xp);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t m0 = tile_start(t), r = tile_start(t + 1) - m0;
+    if (int8) {
+      pack_int8(isa, src + m0 * K, K, r, xq + m0 * K / 4, scales.data_ptr<float>() + 2 * m0 * nb);
+      continue;
     }
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t k = 0; k < K; ++k) xp[m0 * K + k * r + i] = src[(m0 + i) * K + k];
   }
+  const float* xs = scales.data_ptr<float>();
   const UnpackFn unpack = panel ? unpacker(isa, type) : nullptr;
   std::atomic<int64_t> next{0};
   const int64_t ntasks = chunks * per_pass;
@@ -539,9 +767,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
             const int64_t m0 = tile_start(t);
             const int r = int(tile_start(t + 1) - m0);
             const Tile tile{wp + g * gstride, buf.data(), gstride, kn / kBlock, k0 > 0, xp + m0 * K + k0 * r,
-                            yp + m0 * N + g * kGroup, N, N - g * kGroup};
-            const TileFn fn = panel ? panel_tile(isa, r) : fused_tile(isa, type, r, groups);
+                            xq + m0 * K / 4, xs + 2 * m0 * nb, yp + m0 * N + g * kGroup, N, N - g * kGroup};
+            const TileFn fn = int8 ? int8_tile(isa, r, groups) : panel ? panel_tile(isa, r) : fused_tile(isa, type, r, groups);
             if (fn) fn(tile);
+            else if (int8) int8_portable(r, groups, tile);
             else tile_portable(type, r, groups, tile);
           }
         }
@@ -549,6 +778,84 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
     }
   });
   return y;
+}
+
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa) {
+  return linear(x, w, type, rows, isa, false);
+}
+
+at::Tensor quant_linear_int8(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa) {
+  return linear(x, w, type, rows, isa, true);
+}
+
+// ---- the int8 path's arithmetic rate: the roofline's compute roof for int8 activations ---------
+// A register-resident loop of the path's multiply-adds (16 independent sums, no memory), on every
+// thread at once: u8 x s8 products a second, 2 ops each (as a matmul's flops count a multiply-add).
+FT_VNNI int64_t loop_vnni(int64_t iters) {
+  __m512i acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_epi32(j);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+  int64_t sum = 0;
+  for (int j = 0; j < 16; ++j) sum += _mm512_reduce_add_epi32(acc[j]);
+  return sum;
+}
+
+FT_AVX2 int64_t loop_avx2(int64_t iters) {
+  __m256i acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_set1_epi32(j);
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+  alignas(32) int32_t out[8];
+  int64_t sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), acc[j]);
+    for (int i = 0; i < 8; ++i) sum += out[i];
+  }
+  return sum;
+}
+
+int64_t loop_portable(int64_t iters) {
+  volatile uint8_t a = 3;
+  volatile int8_t b = -2;
+  int32_t acc[16] = {};
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 16; ++j) acc[j] += int32_t(a) * b;
+  int64_t sum = 0;
+  for (int j = 0; j < 16; ++j) sum += acc[j];
+  return sum;
+}
+
+double int8_peak(int64_t isa, double seconds) {
+  TORCH_CHECK(supported(isa), "int8_peak: instruction set ", isa, " is not available on this CPU");
+  const std::string path = isa == kAvx512 && has_vnni() ? "vnni" : isa >= kAvx2 ? "avx2" : "portable";
+  // products a loop iteration does: 16 x 64 (VNNI), 8 x 32 (AVX2), 16 (portable)
+  const double per_iter = path == "vnni" ? 1024 : path == "avx2" ? 256 : 16;
+  auto run = [&](int64_t iters) {
+    std::atomic<int64_t> sink{0};
+    const int64_t threads = at::get_num_threads();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, threads, 1, [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i)
+        sink += path == "vnni" ? loop_vnni(iters) : path == "avx2" ? loop_avx2(iters) : loop_portable(iters);
+    });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return 2 * per_iter * double(iters) * double(threads) / std::max(dt, 1e-9) + 0 * double(sink.load());
+  };
+  int64_t iters = 1000;
+  while (2 * per_iter * double(iters) / run(iters) < seconds / 8 && iters < (int64_t(1) << 40)) iters *= 4;
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) best = std::max(best, run(iters));
+  return best;
+}
+
+// Which int8 path `isa` runs here: "vnni" (AVX-512 VNNI), "avx2" (VPMADDUBSW) or "portable".
+std::string int8_path(int64_t isa) {
+  return isa == kAvx512 && has_vnni() ? "vnni" : isa >= kAvx2 ? "avx2" : "portable";
 }
 
 // Rows `ids` of the matrix the blocks mean, fp32 [n, K]: an embedding lookup reads only its
@@ -597,10 +904,14 @@ at::Tensor quant_rows(const at::Tensor& w, int64_t type, int64_t rows, const at:
 TORCH_LIBRARY(first_token, m) {
   m.def("quant_linear(Tensor x, Tensor w, int type, int rows, int isa) -> Tensor");
   m.def("quant_rows(Tensor w, int type, int rows, Tensor ids) -> Tensor");
+  m.def("quant_linear_int8(Tensor x, Tensor w, int type, int rows, int isa) -> Tensor");
+  m.def("int8_path(int isa) -> str", &int8_path);
+  m.def("int8_peak(int isa, float seconds) -> float", &int8_peak);
   m.def("isas() -> int[]", &isas);
 }
 
 TORCH_LIBRARY_IMPL(first_token, CPU, m) {
   m.impl("quant_linear", &quant_linear);
   m.impl("quant_rows", &quant_rows);
+  m.impl("quant_linear_int8", &quant_linear_int8);
 }
