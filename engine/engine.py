@@ -110,7 +110,8 @@ class Engine:
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=self.settings.now.wire(),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
             roofline=self.roofline.describe(), bench=self.bench,
-            weights=self.runner.formats.describe(self.roofline.bandwidth_bps),
+            weights={**self.runner.formats.describe(self.roofline.bandwidth_bps), "int8_agreement": self.int8_agreement,
+                     "fp32_made_s": self.runner.formats.made_s},
             presets=[p.describe() for p in presets.PRESETS.values()])
 
     @property

@@ -104,8 +104,11 @@ export function showModel(s, h) {
   // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
   const w = el("span", "model-weights", h.dtype);
   w.id = "model-weights";
+  // the server process's resident memory, from each `stats` event (ft-weights.js update)
+  const rss = el("span", "model-rss", "");
+  rss.id = "model-rss";
   $("model").replaceChildren(`${h.model} · ${h.device} · `, w, ` · ${(h.params / 1e6).toFixed(0)} M params · ` +
-    `${h.layers} layers · ${h.max_slots} slots`);
+    `${h.layers} layers · ${h.max_slots} slots`, rss);
 }
 
 function headline(s) {
