@@ -7,8 +7,9 @@ change in the machine's load hits all alike; figures are the median over rounds)
     dequantised   this tree: the fused Llama forward, linears and head on oneDNN fp32
     transformers  this tree with FIRST_TOKEN_KERNELS=off: transformers' decoder, oneDNN fp32
                   (the path a machine without a compiler runs)
-    before        `--before REV` (e.g. the commit before the kernels): that tree's code as it was,
-                  from a temporary git worktree
+    before        `--before REV` (e.g. main): that tree's code as it was, from a temporary git
+                  worktree, reading its stored blocks; `before-dequantised` the same tree on its
+                  fp32 copy
 
 Each process loads the bundled model as the server does (its load time: a warm start, the cache
 made beforehand; `--first-start` also times this tree's and `--before`'s first start, into an
@@ -153,7 +154,9 @@ def main(argv=None):
         if args.before:
             subprocess.run(["git", "worktree", "add", "--detach", tmp + "/before", args.before], cwd=ROOT,
                            check=True, capture_output=True)
-            arrangements["before"] = (Path(tmp) / "before", {})
+            # the tree as it was, in both of its formats (a tree from before the setting: its one)
+            arrangements["before"] = (Path(tmp) / "before", {"BENCH_WEIGHTS": "stored"})
+            arrangements["before-dequantised"] = (Path(tmp) / "before", {"BENCH_WEIGHTS": "dequantised"})
         try:
             if not args.smoke:
                 for tree, env in arrangements.values():     # a warm start for every arrangement's cache

@@ -289,14 +289,35 @@ FT_AVX512 inline __m512 levels_avx512() {
 
 // MR activation rows x NV groups unpacked in registers; 32 registers: MR * NV accumulators + 3 *
 // NV for the groups' scales and quants + the lookup table, so MR <= 24 at NV = 1, MR * NV <= 8 beyond.
-template <int64_t TYPE, int MR, int NV>
+// FACTORED (a few rows, MR * NV <= 8, where the FMA pipes wait on unpacking, not on rows): the
+// block's scale taken out of the sum, d·Σ q·x + m·Σ x (Σ x per row and block from the packing,
+// `t.xs`), so a weight position costs a shift, a lookup and one FMA instead of two: 3 instructions
+// for 16 weights, not 4. The same real number; its rounding differs from d·q + m in the last bits
+// (tests/engine/test_kernels.py: within 1e-5 of fp32 matmul all the same).
+// Weight position k of NV groups (q or d·q + m) into every row's sums (x: that position's MR values).
+template <int MR, int NV>
+FT_AVX512 inline void into_rows(__m512 (&acc)[MR][NV], const __m512 (&w)[NV], const float* x) {
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r) {
+    const __m512 xk = _mm512_set1_ps(x[r]);
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w[v], xk, acc[r][v]);
+  }
+}
+
+template <int64_t TYPE, int MR, int NV, bool FACTORED>
 FT_AVX512 void fused_avx512(const Tile& t) {
   constexpr int64_t GB = group_bytes(TYPE);
-  __m512 acc[MR][NV];
+  constexpr int OR = FACTORED ? MR : 1, OV = FACTORED ? NV : 1;   // `out` exists only when factored
+  __m512 acc[MR][NV], out[OR][OV];
 #pragma GCC unroll 32
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 32
+  for (int r = 0; r < OR; ++r)
+#pragma GCC unroll 32
+    for (int v = 0; v < OV; ++v) out[r][v] = _mm512_setzero_ps();
   const __m512 levels = levels_avx512();
   for (int64_t b = 0; b < t.nb; ++b) {
     const uint8_t* gb[NV];
@@ -308,8 +329,8 @@ FT_AVX512 void fused_avx512(const Tile& t) {
       _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB + GB / 2), _MM_HINT_T0);
       d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
-      if constexpr (TYPE == kQ4_1)
-        m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)));
+      m[v] = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)))
+                           : _mm512_setzero_ps();
     }
     const float* xb = t.x + b * kBlock * MR;
     if constexpr (TYPE == kQ4_1) {
@@ -322,15 +343,11 @@ FT_AVX512 void fused_avx512(const Tile& t) {
           __m512 w[NV];
 #pragma GCC unroll 32
           for (int v = 0; v < NV; ++v) {
-            w[v] = _mm512_fmadd_ps(_mm512_permutexvar_ps(raw[v], levels), d[v], m[v]);
+            w[v] = _mm512_permutexvar_ps(raw[v], levels);
+            if constexpr (!FACTORED) w[v] = _mm512_fmadd_ps(w[v], d[v], m[v]);
             raw[v] = _mm512_srli_epi32(raw[v], 4);
           }
-#pragma GCC unroll 32
-          for (int r = 0; r < MR; ++r) {
-            const __m512 xk = _mm512_set1_ps(xb[(8 * c + s) * MR + r]);
-#pragma GCC unroll 32
-            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w[v], xk, acc[r][v]);
-          }
+          into_rows<MR, NV>(acc, w, xb + (8 * c + s) * MR);
         }
       }
     } else {
@@ -339,98 +356,28 @@ FT_AVX512 void fused_avx512(const Tile& t) {
         __m512 w[NV];
 #pragma GCC unroll 32
         for (int v = 0; v < NV; ++v) {
-          const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb[v] + 32 + 16 * k));
-          w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d[v]);
+          w[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb[v] + 32 + 16 * k))));
+          if constexpr (!FACTORED) w[v] = _mm512_mul_ps(w[v], d[v]);
         }
+        into_rows<MR, NV>(acc, w, xb + k * MR);
+      }
+    }
+    if constexpr (FACTORED) {
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v)
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r) {
-          const __m512 xk = _mm512_set1_ps(xb[k * MR + r]);
-#pragma GCC unroll 32
-          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w[v], xk, acc[r][v]);
+          out[r][v] = _mm512_fmadd_ps(acc[r][v], d[v], out[r][v]);
+          if constexpr (TYPE == kQ4_1) out[r][v] = _mm512_fmadd_ps(m[v], _mm512_set1_ps(t.xs[b * MR + r]), out[r][v]);
+          acc[r][v] = _mm512_setzero_ps();
         }
-      }
     }
   }
   for (int v = 0; v < NV; ++v)
-    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, acc[r][v]);
-}
-
-// A few activation rows (MR * NV <= 8), where the FMA pipes wait on unpacking, not on rows: the
-// block's scale is taken out of the sum, d·Σ q·x + m·Σ x (Σ x per row and block from the packing,
-// `t.xs`), so a weight position costs a shift, a lookup and one FMA instead of two: 3 instructions
-// for 16 weights, 4 before. The sum is the same real number; its rounding differs from d·q + m
-// in the last bits (tests/engine/test_kernels.py: within 1e-5 of fp32 matmul all the same).
-template <int64_t TYPE, int MR, int NV>
-FT_AVX512 void factored_avx512(const Tile& t) {
-  constexpr int64_t GB = group_bytes(TYPE);
-  __m512 out[MR][NV];
-#pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) out[r][v] = _mm512_setzero_ps();
-  const __m512 levels = levels_avx512();
-  for (int64_t b = 0; b < t.nb; ++b) {
-    const uint8_t* gb[NV];
-    __m512 acc[MR][NV];
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) {
-      gb[v] = t.w + v * t.gstride + b * GB;
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB + GB / 2), _MM_HINT_T0);
-#pragma GCC unroll 32
-      for (int r = 0; r < MR; ++r) acc[r][v] = _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      if constexpr (FACTORED) store_avx512(t, r, v, out[r][v]);
+      else store_avx512(t, r, v, acc[r][v]);
     }
-    const float* xb = t.x + b * kBlock * MR;
-    if constexpr (TYPE == kQ4_1) {
-      for (int c = 0; c < 4; ++c) {
-        __m512i raw[NV];
-#pragma GCC unroll 32
-        for (int v = 0; v < NV; ++v) raw[v] = _mm512_loadu_si512(gb[v] + 64 + 64 * c);
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; ++s) {
-          __m512 q[NV];
-#pragma GCC unroll 32
-          for (int v = 0; v < NV; ++v) {
-            q[v] = _mm512_permutexvar_ps(raw[v], levels);
-            raw[v] = _mm512_srli_epi32(raw[v], 4);
-          }
-#pragma GCC unroll 32
-          for (int r = 0; r < MR; ++r) {
-            const __m512 xk = _mm512_set1_ps(xb[(8 * c + s) * MR + r]);
-#pragma GCC unroll 32
-            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(q[v], xk, acc[r][v]);
-          }
-        }
-      }
-    } else {
-#pragma GCC unroll 4
-      for (int k = 0; k < kBlock; ++k) {
-        __m512 q[NV];
-#pragma GCC unroll 32
-        for (int v = 0; v < NV; ++v)
-          q[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb[v] + 32 + 16 * k))));
-#pragma GCC unroll 32
-        for (int r = 0; r < MR; ++r) {
-          const __m512 xk = _mm512_set1_ps(xb[k * MR + r]);
-#pragma GCC unroll 32
-          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(q[v], xk, acc[r][v]);
-        }
-      }
-    }
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
-      const __m512 m = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)))
-                                     : _mm512_setzero_ps();
-#pragma GCC unroll 32
-      for (int r = 0; r < MR; ++r) {
-        out[r][v] = _mm512_fmadd_ps(acc[r][v], d, out[r][v]);
-        if constexpr (TYPE == kQ4_1) out[r][v] = _mm512_fmadd_ps(m, _mm512_set1_ps(t.xs[b * MR + r]), out[r][v]);
-      }
-    }
-  }
-  for (int v = 0; v < NV; ++v)
-    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, out[r][v]);
 }
 
 // One group unpacked to fp32, position-major: panel[k * 16 + lane].
@@ -630,8 +577,7 @@ TileFn for_rows(int rows) {
   ((rows == R ? (out = F<R>::fn, 0) : 0), ...);
   return out;
 }
-template <int64_t T, int NV> struct Fused512 { template <int R> struct At { static constexpr TileFn fn = fused_avx512<T, R, NV>; }; };
-template <int64_t T, int NV> struct Factored512 { template <int R> struct At { static constexpr TileFn fn = factored_avx512<T, R, NV>; }; };
+template <int64_t T, int NV, bool F = false> struct Fused512 { template <int R> struct At { static constexpr TileFn fn = fused_avx512<T, R, NV, F>; }; };
 template <int64_t T, int NV> struct Fused2 { template <int R> struct At { static constexpr TileFn fn = fused_avx2<T, R, NV>; }; };
 template <int R> struct Panel512 { static constexpr TileFn fn = panel_avx512<R>; };
 template <int R> struct Panel2 { static constexpr TileFn fn = panel_avx2<R>; };
@@ -651,9 +597,9 @@ int tile_groups(int64_t isa, int rows) {
 template <int64_t T>
 TileFn fused512(int rows, int groups) {
   switch (groups) {
-    case 4: return for_rows<Factored512<T, 4>::template At, 1>(rows);
-    case 3: return for_rows<Factored512<T, 3>::template At, 1>(rows);
-    case 2: return for_rows<Factored512<T, 2>::template At, 1, 2, 3, 4>(rows);
+    case 4: return for_rows<Fused512<T, 4, true>::template At, 1>(rows);
+    case 3: return for_rows<Fused512<T, 3, true>::template At, 1>(rows);
+    case 2: return for_rows<Fused512<T, 2, true>::template At, 1, 2, 3, 4>(rows);
     default: return for_rows<Fused512<T, 1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
                              17, 18, 19, 20, 21, 22, 23, 24>(rows);
   }
