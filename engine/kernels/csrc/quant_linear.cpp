@@ -165,11 +165,7 @@ template <int64_t TYPE, int MR, int NV>
 FT_AVX2 void fused_avx2(const Tile& t) {
   constexpr int V = 2 * NV;
   constexpr int64_t GB = group_bytes(TYPE);
-  __m256 acc[MR][V];
-#pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 32
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
+  __m256 acc[MR][V] = {};      // zeros
   const __m256i nib = _mm256_set1_epi32(0xf);
   for (int64_t b = 0; b < t.nb; ++b) {
     const uint8_t* gb[NV];
@@ -470,11 +466,7 @@ void int8_portable(int rows, int groups, const Tile& t) {
 template <int MR, int NV>
 FT_VNNI void int8_vnni(const Tile& t) {
   constexpr int64_t GB = group_bytes(kQ4_1);
-  __m512 out[MR][NV];
-#pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v) out[r][v] = _mm512_setzero_ps();
+  __m512 out[MR][NV] = {};      // zeros
   const __m512i nib = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < t.nb; ++b) {
     const uint8_t* gb[NV];
