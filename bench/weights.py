@@ -55,6 +55,10 @@ def child(out, plan):
     """Runs inside the arrangement's process (its tree first on sys.path): one JSON line."""
     t0 = time.perf_counter()
     import torch
+    if os.environ.get("BENCH_THREADS"):
+        torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
+    # one thread: its CPU time, which other processes on a shared machine do not stretch
+    clock = time.thread_time if os.environ.get("BENCH_CLOCK") == "cpu" else time.perf_counter
     from engine import model
     from engine.engine import Engine
     from engine.measure import _Synthetic
@@ -78,9 +82,9 @@ def child(out, plan):
             runner.forward(segs)
         times = []
         for _ in range(repeats):
-            w0 = time.perf_counter()
+            w0 = clock()
             runner.forward(segs)
-            times.append(time.perf_counter() - w0)
+            times.append(clock() - w0)
         return statistics.median(times)
 
     def predicted(segs):
@@ -114,7 +118,7 @@ def child(out, plan):
     out.write(json.dumps({"load_s": load_s, "rss_mb": rss / 2 ** 20, "rss_after_mb": _rss() / 2 ** 20,
                           "steps": steps, "predicted": roof, "prefill": prefill, "profiles": profiles,
                           "decode_bytes": getattr(path, "weight_bytes", None) or eng.weight_bytes,
-                          "threads": torch.get_num_threads()}) + "\n")
+                          "threads": torch.get_num_threads(), "clock": os.environ.get("BENCH_CLOCK", "wall")}) + "\n")
 
 
 def _rss():
@@ -145,8 +149,18 @@ def main(argv=None):
     ap.add_argument("--only", default=",".join(ARRANGEMENTS),
                     help=f"arrangements of this tree to run, comma-separated (default: {','.join(ARRANGEMENTS)})")
     ap.add_argument("--smoke", action="store_true", help="one round of the smallest configuration (a check, not a figure)")
+    ap.add_argument("--threads", type=int, default=None, help="model threads in each process (default: torch's)")
+    ap.add_argument("--cpu-clock", action="store_true",
+                    help="with --threads 1: time each forward by the thread's CPU time, not the wall clock "
+                         "(a shared machine's other processes then do not stretch it; memory stalls still count)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-weights.json"))
     args = ap.parse_args(argv)
+    if args.cpu_clock and args.threads != 1:
+        ap.error("--cpu-clock needs --threads 1 (the thread's CPU time is one thread's)")
+    if args.threads:
+        os.environ["BENCH_THREADS"] = str(args.threads)
+    if args.cpu_clock:
+        os.environ["BENCH_CLOCK"] = "cpu"
     plan = SMOKE if args.smoke else FULL
     rounds = 1 if args.smoke else args.rounds
     arrangements = {name: (ROOT, ARRANGEMENTS[name]) for name in args.only.split(",")}
@@ -177,6 +191,7 @@ def main(argv=None):
                 subprocess.run(["git", "worktree", "remove", "--force", tmp + "/before"], cwd=ROOT)
     med = {name: _median(rs) for name, rs in runs.items()}
     result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "processor": machine.processor(),
+              "threads": next(iter(med.values()))["threads"], "clock": "thread CPU" if args.cpu_clock else "wall",
               "load_before": os.getloadavg(), "before": args.before, "rounds": rounds, "context": CONTEXT,
               "repeats": plan["repeats"], "first_start_s": first, "median": med, "runs": runs}
     print(report(result))
@@ -201,7 +216,8 @@ def report(r):
     prompts = list(next(iter(r["median"].values()))["prefill"])
     lines = ["", f"decode step (context {r['context']}, median of {r['repeats']}, median of {r['rounds']} rounds) on "
                  f"{p['model']} ({p['isa']}, {p['cores']} cores; load average before {r['load_before'][0]:.1f}), "
-                 "each arrangement in its own process; x: step / the roofline's estimate",
+                 f"{r.get('threads')} model threads, {r.get('clock', 'wall')} clock, each arrangement in its own "
+                 "process; x: step / the roofline's estimate (its rates measured with those threads)",
              f"{'arrangement':14s} {'MB/step':>8s} " + " ".join(f"{'b' + b:>14s}" for b in batches) +
              " " + " ".join(f"{'prefill ' + n:>13s}" for n in prompts) + f" {'RSS MB':>7s} {'after':>6s} {'load s':>7s}"]
     for name, m in r["median"].items():

@@ -82,6 +82,17 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+// Positions of K per panel (256: 16 KB of fp32 a group, in L1 beside the activations it meets).
+constexpr int64_t kPanelK = 256;
+
+// A group's block a few blocks ahead of its use, every cache line of it (one stream per group:
+// a tile walks 1-4 groups' blocks side by side).
+constexpr int64_t kAheadBlocks = 4;
+template <int64_t GB>
+inline void prefetch_block(const uint8_t* p) {
+  for (int64_t o = 0; o < GB; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
 // What one tile computes: `rows` activation rows times `groups` groups, written to y.
 struct Tile {
   const uint8_t* w;      // the first group's blocks (fused tiles)
@@ -321,9 +332,7 @@ FT_AVX512 void fused_avx512(const Tile& t) {
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       gb[v] = t.w + v * t.gstride + b * GB;
-      // this group's blocks a few iterations ahead of their use (one stream per group)
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB + GB / 2), _MM_HINT_T0);
+      prefetch_block<GB>(gb[v] + kAheadBlocks * GB);
       d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
       m[v] = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)))
                            : _mm512_setzero_ps();
@@ -402,23 +411,37 @@ FT_AVX512 void unpack_avx512(const uint8_t* w, int64_t nb, float* panel) {
   }
 }
 
-// MR activation rows x one group read from its fp32 panel: a load and MR FMAs a position.
-template <int MR>
+// MR activation rows x NV groups read from their fp32 panels (kPanelK positions each, one after
+// the other): NV loads and MR * NV FMAs a position, each broadcast serving NV groups (a GEMM
+// micro-kernel's 12 x 32 shape at NV = 2: 24 accumulators).
+template <int MR, int NV>
 FT_AVX512 void panel_avx512(const Tile& t) {
-  __m512 acc[MR];
-  const int64_t valid = std::min<int64_t>(kGroup, t.valid);
-  const __mmask16 keep = __mmask16((1u << valid) - 1);
+  __m512 acc[MR][NV];
+  __mmask16 keep[NV];
 #pragma GCC unroll 32
-  for (int r = 0; r < MR; ++r) acc[r] = t.add ? _mm512_maskz_loadu_ps(keep, t.y + r * t.N) : _mm512_setzero_ps();
+  for (int v = 0; v < NV; ++v) {
+    const int64_t valid = std::clamp<int64_t>(t.valid - v * kGroup, 0, kGroup);
+    keep[v] = __mmask16((1u << valid) - 1);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+      acc[r][v] = t.add ? _mm512_maskz_loadu_ps(keep[v], t.y + r * t.N + v * kGroup) : _mm512_setzero_ps();
+  }
   const float* w = t.panel;
   const float* x = t.x;
 #pragma GCC unroll 2
   for (int64_t k = 0; k < t.nb * kBlock; ++k, w += kGroup, x += MR) {
-    const __m512 wk = _mm512_loadu_ps(w);
+    __m512 wk[NV];
 #pragma GCC unroll 32
-    for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(wk, _mm512_set1_ps(x[r]), acc[r]);
+    for (int v = 0; v < NV; ++v) wk[v] = _mm512_loadu_ps(w + v * kPanelK * kGroup);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r]);
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wk[v], xr, acc[r][v]);
+    }
   }
-  for (int r = 0; r < MR; ++r) store_avx512(t, r, 0, acc[r]);
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, acc[r][v]);
 }
 
 // ---- int8 activations: llama.cpp's arithmetic (the `activations` setting) ----------------------
@@ -475,8 +498,7 @@ FT_VNNI void int8_vnni(const Tile& t) {
 #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       gb[v] = t.w + v * t.gstride + b * GB;
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(gb[v] + 4 * GB + GB / 2), _MM_HINT_T0);
+      prefetch_block<GB>(gb[v] + kAheadBlocks * GB);
       d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
       m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)));
 #pragma GCC unroll 32
@@ -571,12 +593,13 @@ TileFn for_rows(int rows) {
 }
 template <int64_t T, int NV, bool F = false> struct Fused512 { template <int R> struct At { static constexpr TileFn fn = fused_avx512<T, R, NV, F>; }; };
 template <int64_t T, int NV> struct Fused2 { template <int R> struct At { static constexpr TileFn fn = fused_avx2<T, R, NV>; }; };
-template <int R> struct Panel512 { static constexpr TileFn fn = panel_avx512<R>; };
+template <int NV> struct Panel512 { template <int R> struct At { static constexpr TileFn fn = panel_avx512<R, NV>; }; };
 template <int R> struct Panel2 { static constexpr TileFn fn = panel_avx2<R>; };
 
 // The most activation rows one tile takes, unpacking in registers and reading a panel.
 int fused_rows(int64_t isa) { return isa == kAvx512 ? 24 : isa == kAvx2 ? 4 : 8; }
-int panel_rows(int64_t isa) { return isa == kAvx512 ? 24 : isa == kAvx2 ? 6 : 0; }
+int panel_rows(int64_t isa) { return isa == kAvx512 ? 12 : isa == kAvx2 ? 6 : 0; }
+int panel_groups(int64_t isa) { return isa == kAvx512 ? 2 : 1; }
 
 // Groups per fused tile for `rows` activation rows: enough independent accumulators for the FMA
 // pipes (about 8 in flight) without running out of registers.
@@ -608,9 +631,11 @@ TileFn fused_tile(int64_t isa, int64_t type, int rows, int groups) {
   return nullptr;
 }
 
-TileFn panel_tile(int64_t isa, int rows) {
-  if (isa == kAvx512) return for_rows<Panel512, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
-                                      20, 21, 22, 23, 24>(rows);
+TileFn panel_tile(int64_t isa, int rows, int groups) {
+  if (isa == kAvx512) {
+    return groups == 2 ? for_rows<Panel512<2>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows)
+                       : for_rows<Panel512<1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows);
+  }
   if (isa == kAvx2) return for_rows<Panel2, 1, 2, 3, 4, 5, 6>(rows);
   return nullptr;
 }
@@ -665,8 +690,6 @@ std::vector<int64_t> isas() {
 // Activation rows walked per pass over the groups: their fp32 rows stay in L2 (96 rows of 1536
 // columns: 590 KB) while each group, in L1/L2, serves all their tiles.
 constexpr int64_t kChunkRows = 96;
-// Positions of K per panel (256: 16 KB of fp32, in L1 beside the activations it meets).
-constexpr int64_t kPanelK = 256;
 // Tasks per chunk of rows: small enough for the threads to even out, large enough to stream.
 constexpr int64_t kTasks = 16;
 
@@ -745,7 +768,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_
   const int64_t tiles = (M + most - 1) / most, per_chunk = std::max<int64_t>(1, kChunkRows / most);
   auto tile_start = [&](int64_t t) { return t * M / tiles; };
   const int smallest = int(tile_start(1) - tile_start(0));
-  const int gpt = panel ? 1 : int8 ? int8_groups(isa, smallest) : tile_groups(isa, smallest);
+  const int gpt = panel ? panel_groups(isa) : int8 ? int8_groups(isa, smallest) : tile_groups(isa, smallest);
   const int64_t task_groups = std::max<int64_t>(1, (G + kTasks - 1) / kTasks + gpt - 1) / gpt * gpt;
   const int64_t chunks = (tiles + per_chunk - 1) / per_chunk, per_pass = (G + task_groups - 1) / task_groups;
 
@@ -776,7 +799,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_
   std::atomic<int64_t> next{0};
   const int64_t ntasks = chunks * per_pass;
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ntasks), 1, [&](int64_t, int64_t) {
-    std::vector<float> buf(panel ? kPanelK * kGroup : 0);
+    std::vector<float> buf(panel ? gpt * kPanelK * kGroup : 0);   // the tiles' groups' panels
     for (int64_t task; (task = next.fetch_add(1)) < ntasks;) {
       const int64_t c = task / per_pass, g0 = task % per_pass * task_groups, g1 = std::min(G, g0 + task_groups);
       const int64_t t0 = c * per_chunk, t1 = std::min(tiles, t0 + per_chunk);
@@ -785,13 +808,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_
         // a panel covers K a slice at a time; the tiles of a later slice add to y
         for (int64_t k0 = 0; k0 < (panel ? K : 1); k0 += kPanelK) {
           const int64_t kn = panel ? std::min(kPanelK, K - k0) : K;
-          if (panel) unpack(wp + g * gstride + k0 / kBlock * gbytes, kn / kBlock, buf.data());
+          for (int v = 0; panel && v < groups; ++v)
+            unpack(wp + (g + v) * gstride + k0 / kBlock * gbytes, kn / kBlock, buf.data() + v * kPanelK * kGroup);
           for (int64_t t = t0; t < t1; ++t) {
             const int64_t m0 = tile_start(t);
             const int r = int(tile_start(t + 1) - m0);
             const Tile tile{wp + g * gstride, buf.data(), gstride, kn / kBlock, k0 > 0, xp + m0 * K + k0 * r,
                             xq + m0 * K / 4, xs + (int8 ? 2 : 1) * m0 * nb, yp + m0 * N + g * kGroup, N, N - g * kGroup};
-            const TileFn fn = int8 ? int8_tile(isa, r, groups) : panel ? panel_tile(isa, r) : fused_tile(isa, type, r, groups);
+            const TileFn fn = int8 ? int8_tile(isa, r, groups) : panel ? panel_tile(isa, r, groups) : fused_tile(isa, type, r, groups);
             if (fn) fn(tile);
             else if (int8) int8_portable(r, groups, tile);
             else tile_portable(type, r, groups, tile);
