@@ -90,7 +90,7 @@ def model_flags():
     p.add_argument("--slots", type=positive_int("--slots"), default=16,
                    help="most requests decoded together (the batch-slots slider's maximum)")
     p.add_argument("--kv-tokens", type=positive_int("--kv-tokens"), default=None,
-                   help="KV-cache capacity in tokens (default 1024 per slot)")
+                   help="KV-cache capacity in tokens (default 512 per slot: engine/config.py)")
     p.add_argument("--block-size", type=positive_int("--block-size"), default=16,
                    help="KV-cache block size in tokens")
     p.add_argument("--max-context", type=positive_int("--max-context"), default=4096,

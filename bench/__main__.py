@@ -18,6 +18,7 @@ import time
 import torch
 
 from bench import coldstart, contenders, roofline, tables
+from bench.launch import load_bundle
 from engine import model as model_mod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,9 @@ TARGETS = {"vs_generate_batch": 1.5, "vs_sequential": 4.0, "floor_ratio": 1.5, "
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="short run (~2 min): fewer requests, tokens, table rows")
-    p.add_argument("--model", default=None, help="model directory or .gguf (default: the bundled GGUF)")
+    p.add_argument("--model", default=None, help="model directory or .gguf (default: the bundled GGUF, "
+                                                 "or FIRST_TOKEN_BENCH_MODEL: bench/launch.py)")
+    p.add_argument("--smoke", action="store_true", help="the smallest configuration (a check, not a figure)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--first-start", action="store_true",
@@ -41,7 +44,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def plan(quick):
+def plan(quick, smoke=False):
+    if smoke:                       # the smallest configuration (tests/engine/test_bench.py): a check, not a figure
+        return dict(requests=2, prompt=16, new=4, prefill=[16], batches=[1, 2], repeats=1, events_runs=1, kv_read=[16])
     if quick:
         return dict(requests=8, prompt=64, new=16, prefill=[16, 128, 512], batches=[1, 4, 16],
                     repeats=2, events_runs=1, kv_read=[128, 1024])
@@ -90,19 +95,19 @@ def agreement(runs):
 
 def main(argv=None):
     args = parse_args(argv)
-    p = plan(args.quick)
+    p = plan(args.quick, args.smoke)
     for key in ("batches", "prefill"):
         if getattr(args, key):
             p[key] = [int(x) for x in getattr(args, key).split(",")]
     t_start = time.perf_counter()
-    bundle = model_mod.load(args.model, device=args.device, dtype=args.dtype)
-    weight_bytes = sum(t.numel() * t.element_size() for t in bundle.model.parameters())
+    bundle = model_mod.load(args.model, device=args.device, dtype=args.dtype) if args.model else \
+        load_bundle(device=args.device, dtype=args.dtype)
+    model_bytes = sum(t.numel() * t.element_size() for t in bundle.model.parameters())
     log(f"{bundle.name} on {bundle.device}, {torch.get_num_threads()} threads")
 
     log("memory read bandwidth and peak matmul rate")
-    roof = roofline.measured_roofline(bundle, weight_bytes)
+    roof = roofline.measured_roofline(bundle, model_bytes, args.smoke)
     bw = roof.bandwidth_bps
-    floor_s = weight_bytes / bw
 
     runs = throughput(bundle, p, args.skip_hf)
     log("prefill vs prompt length")
@@ -110,6 +115,8 @@ def main(argv=None):
     log("decode step vs batch size")
     decode = tables.decode_table(bundle, p["batches"], context=p["prompt"] + p["new"] // 2, repeats=p["repeats"] + 2)
     roofline.annotate(roof, prefill, decode, p["prompt"] + p["new"] // 2)
+    weight_bytes = decode[0]["weight_bytes"]       # what a decode step read (the blocks, where the model has them)
+    floor_s = weight_bytes / bw
     log("paged vs contiguous KV reads")
     kv_read = tables.kv_read_table(bundle, 16, p["kv_read"], p["repeats"] + 2)
     log("cold start of app.py" + (" (first and second)" if args.first_start else ""))

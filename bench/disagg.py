@@ -28,7 +28,7 @@ import time
 
 from bench import machine
 from bench.contenders import prompts
-from bench.launch import ROOT, App
+from bench.launch import ROOT, App, bench_tokenizer
 from bench.serve import Events, percentile, settle, stream, write_results
 
 SIDES = {"colocated": ("--threads", "2"), "disaggregated": ("--disaggregate",)}
@@ -92,9 +92,7 @@ def main(argv=None):
     ap.add_argument("--tpot-ms", type=float, default=50.0, help="goodput's tight per-token objective")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-disagg.json"))
     args = ap.parse_args(argv)
-    from transformers import AutoTokenizer
-    from engine import model
-    tok = AutoTokenizer.from_pretrained(model._gguf_cache_dir(model.default_model_path()))
+    tok = bench_tokenizer()
     lengths, rates = [int(x) for x in args.prompts.split(",")], [float(x) for x in args.rates.split(",")]
     apps = {side: App(*flags) for side, flags in SIDES.items()}
     events = {side: Events(app.ws_url) for side, app in apps.items()}

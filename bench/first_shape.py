@@ -29,7 +29,7 @@ import time
 import torch
 
 from bench.tables import _ids, _seq, _setup
-from engine import model as model_mod
+from bench.launch import load_bundle
 from engine.runner import Runner, Segment
 
 CONTEXT = 128
@@ -89,7 +89,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rounds = min(args.rounds, 14)
-    load = lambda: model_mod.load(device="cpu", dtype="float32")   # noqa: E731
+    load = lambda: load_bundle(device="cpu", dtype="float32")   # noqa: E731
     bundle = load()
     blocks, store, runner = _setup(bundle, 2048)
     seq = _seq(_ids(bundle.model.config.vocab_size, 1024), blocks, 1024)
@@ -116,7 +116,8 @@ def main(argv=None):
     # oneDNN's account, on shapes none of the above ran: a chunk of 96-99 tokens, a decode of 16-19 rows
     new = [created(chunk(96 + i)) for i in range(4)] + [created(decode(16 + i)) for i in range(4)]
     t0 = time.perf_counter()
-    runner = Runner(load().model, store)                  # engine/reload.py's swap
+    again_bundle = load()
+    runner = Runner(again_bundle.model, store, again_bundle.quant)   # engine/reload.py's swap
     reload_s = time.perf_counter() - t0
     again = [created(chunk(96)), created(decode(16))]
     for i in range(rounds):

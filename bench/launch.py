@@ -1,6 +1,12 @@
 """`python app.py` as users start it: in a subprocess on a free loopback port, waited on until
 /healthz answers ok. Used by the benchmarks (cold start, page frame rate) and by the tests
-that need the real app in its own process (browser, observe mode, restarts)."""
+that need the real app in its own process (browser, observe mode, restarts).
+
+Every bench runs the bundled model unless FIRST_TOKEN_BENCH_MODEL names another (`bench_model`):
+a model directory or .gguf (passed to app.py as --model and loaded in process), or
+`module:function` returning a model bundle (in-process benches only). The smoke test
+(tests/engine/test_bench.py) runs each bench's smallest configuration on the tiny model so.
+"""
 import json
 import os
 from pathlib import Path
@@ -16,6 +22,33 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+MODEL_ENV = "FIRST_TOKEN_BENCH_MODEL"
+
+
+def bench_model():
+    """The model the benches run instead of the bundled one (FIRST_TOKEN_BENCH_MODEL), or None."""
+    return os.environ.get(MODEL_ENV) or None
+
+
+def load_bundle(**kw):
+    """The benches' model bundle, loaded in this process (`engine.model.load` keywords)."""
+    import importlib
+    from engine import model
+    spec = bench_model()
+    if spec and ":" in spec and not Path(spec).exists():
+        module, _, fn = spec.partition(":")
+        return getattr(importlib.import_module(module), fn)()
+    return model.load(spec, **kw)
+
+
+def bench_tokenizer():
+    """The tokenizer of the model the benches' app serves (its cache directory for the bundled GGUF)."""
+    from transformers import AutoTokenizer
+    from engine import model
+    spec = bench_model()
+    return AutoTokenizer.from_pretrained(spec or model._gguf_cache_dir(model.default_model_path()))
 
 
 def free_port():
@@ -49,6 +82,8 @@ class App:
         self.log = log
         out = open(log, "w") if log else subprocess.DEVNULL
         self.started = time.perf_counter()
+        if bench_model() and not {"--model", "--observe"} & set(args):
+            args = ("--model", bench_model(), *args)
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(self.port), *args],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env={**os.environ, **(env or {})})

@@ -17,13 +17,13 @@ page replays.
 import argparse
 import json
 from pathlib import Path
-import subprocess
 import threading
 import time
 import urllib.request
 
-from bench.launch import CHROMIUM, CHROMIUM_ARGS, App, free_port
+from bench.launch import CHROMIUM, CHROMIUM_ARGS, App
 from bench import reference
+from bench.vs_reference import ReferenceServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "metrics"
@@ -34,20 +34,6 @@ MAX_NEW = 96
 def get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()
-
-
-def wait_up(url, proc, timeout=120):
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}")
-        try:
-            if json.loads(get(url + "/health", 2)).get("status") == "ok":
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("llama-server did not become healthy")
 
 
 def gauges_of(text):
@@ -63,17 +49,16 @@ def main(argv=None):
     ap.add_argument("--shot", default=str(ROOT / "test-artifacts" / "observe-llamacpp.png"))
     ap.add_argument("--out", default=str(ROOT / "test-artifacts" / "observe-llamacpp.json"))
     ap.add_argument("--trace", help="write the observer's events here as a trace (hello first)")
+    ap.add_argument("--smoke", action="store_true", help="two short requests, a screenshot soon after (a check)")
     a = ap.parse_args(argv)
-    binary = reference.build()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = Path(a.out).with_suffix(".server.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = reference.serve_cmd(port)
-    server = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    burst, max_new, mid_s = (2, 4, 1.0) if a.smoke else (BURST, MAX_NEW, 6.0)
+    reference.build()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    # started as vs_reference starts it: again with --no-repack where its repacking path crashes
+    server = ReferenceServer(threads=1, slots=4)
+    url, cmd = server.url, reference.serve_cmd(server.port) + server.extra
     app = None
     try:
-        wait_up(url, server)
         props = json.loads(get(url + "/props"))
         app = App("--observe", url + "/v1", log=Path(a.out).with_suffix(".observer.log"))
         direct, stop = [], threading.Event()
@@ -93,7 +78,7 @@ def main(argv=None):
         from simple_websocket import Client
         conn = Client.connect(app.ws_url)
         (hello, *history) = json.loads(conn.receive(timeout=10))
-        conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": MAX_NEW, "prompt_tokens": 64}}))
+        conn.send(json.dumps({"type": "set", "settings": {"max_new_tokens": max_new, "prompt_tokens": 64}}))
         time.sleep(0.5)
         shot = {}
 
@@ -105,13 +90,13 @@ def main(argv=None):
                 page.goto(app.url + "/")
                 page.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
                 time.sleep(1.0)
-                conn.send(json.dumps({"type": "burst", "n": BURST}))
-                time.sleep(6.0)      # mid-run: slots full, some deferred, tokens streaming
+                conn.send(json.dumps({"type": "burst", "n": burst}))
+                time.sleep(mid_s)    # mid-run: slots full, some deferred, tokens streaming
                 Path(a.shot).parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=a.shot)
                 shot["unix"] = time.time()
                 page.wait_for_function("n => firstToken.state.order.length >= n && [...firstToken.state.reqs.values()]"
-                                       ".every(r => r.end !== null)", arg=BURST, timeout=300_000, polling=500)
+                                       ".every(r => r.end !== null)", arg=burst, timeout=300_000, polling=500)
                 page.screenshot(path=str(Path(a.shot).with_name(Path(a.shot).stem + "-end.png")))
                 b.close()
         events, done = [], threading.Event()
@@ -134,8 +119,7 @@ def main(argv=None):
     finally:
         if app is not None:
             app.stop()
-        server.terminate()
-        server.wait(10)
+        server.stop()
     # The observer's clock -> unix: hello.server_time is unix seconds at hello.t.
     to_unix = lambda t: hello["server_time"] + (t - hello["t"])   # noqa: E731
     rows = []

@@ -9,6 +9,7 @@ measured more than 2x its prediction is flagged: that is overhead the roofline d
 import argparse
 
 from bench import tables
+from bench.launch import load_bundle
 from engine import bandwidth, model as model_mod
 from engine.kv_cache import kv_bytes_per_token
 from engine.roofline import Roofline, peak_flops
@@ -18,19 +19,21 @@ BATCHES = (1, 2, 4, 8, 16)
 CONTEXT = 128
 
 
-def measured_roofline(bundle, weight_bytes):
-    """A Roofline with this machine's rates, each the best of three longer measurements."""
-    bw = max(bandwidth.read_bandwidth(bundle.device, budget_s=2.0, passes=20) for _ in range(3))
-    flops = max(peak_flops(bundle.device, bundle.dtype, budget_s=1.0, passes=10) for _ in range(3))
+def measured_roofline(bundle, weight_bytes, smoke=False):
+    """A Roofline with this machine's rates, each the best of three longer measurements (one short
+    one each for a smoke run)."""
+    runs, scale = (1, 0.1) if smoke else (3, 1.0)
+    bw = max(bandwidth.read_bandwidth(bundle.device, budget_s=2.0 * scale, passes=20) for _ in range(runs))
+    flops = max(peak_flops(bundle.device, bundle.dtype, budget_s=1.0 * scale, passes=10) for _ in range(runs))
     return Roofline(bundle.model, weight_bytes, kv_bytes_per_token(bundle.model.config, bundle.dtype), bw, flops)
 
 
 def annotate(roof, prefill, decode, context):
     """Add `predicted_s` and `bound` to `tables.prefill_table` and `tables.decode_table` rows."""
     for row in prefill:
-        row["predicted_s"], row["bound"] = roof.predict([(0, row["tokens"], True)])
+        row["predicted_s"], row["bound"] = roof.predict([(0, row["tokens"], True)], row.get("weight_bytes"))
     for row in decode:
-        row["predicted_s"], row["bound"] = roof.predict([(context, 1, True)] * row["batch"])
+        row["predicted_s"], row["bound"] = roof.predict([(context, 1, True)] * row["batch"], row.get("weight_bytes"))
 
 
 def markdown(roof, prefill, decode, context):
@@ -52,14 +55,17 @@ def markdown(roof, prefill, decode, context):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.roofline", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
+    p.add_argument("--smoke", action="store_true", help="one prompt length and two batches (a check, not a figure)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     args = p.parse_args(argv)
-    bundle = model_mod.load(args.model, device=args.device, dtype=args.dtype)
+    bundle = model_mod.load(args.model, device=args.device, dtype=args.dtype) if args.model else \
+        load_bundle(device=args.device, dtype=args.dtype)
     weight_bytes = sum(t.numel() * t.element_size() for t in bundle.model.parameters())
-    roof = measured_roofline(bundle, weight_bytes)
-    prefill = tables.prefill_table(bundle, list(PREFILL), 3)
-    decode = tables.decode_table(bundle, list(BATCHES), context=CONTEXT, repeats=5)
+    roof = measured_roofline(bundle, weight_bytes, args.smoke)
+    prefill = tables.prefill_table(bundle, [16] if args.smoke else list(PREFILL), 1 if args.smoke else 3)
+    decode = tables.decode_table(bundle, [1, 2] if args.smoke else list(BATCHES), context=CONTEXT,
+                                 repeats=1 if args.smoke else 5)
     annotate(roof, prefill, decode, CONTEXT)
     print("\n".join(markdown(roof, prefill, decode, CONTEXT)))
 

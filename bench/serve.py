@@ -29,7 +29,7 @@ import urllib.request
 from simple_websocket import Client
 
 from bench.contenders import prompts
-from bench.launch import ROOT, App, healthz
+from bench.launch import ROOT, App, bench_tokenizer, healthz
 from engine.loadgen import CORPUS
 
 
@@ -198,7 +198,8 @@ def prefix_run(app, events, system, questions, caching):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke check, ~3 min)")
+    ap.add_argument("--quick", action="store_true", help="smaller runs (~3 min)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest runs (a check of the bench, not a figure)")
     ap.add_argument("--out", default=None, help="JSON results (default bench/results-serve.json, "
                                                 "or bench/results-reference.json with --reference)")
     ap.add_argument("--reference", action="store_true",
@@ -208,11 +209,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.reference:
         return _reference(args)
-    n_l1, n_cont = (8, 8) if args.quick else (32, 16)
+    n_l1, n_cont = (2, 2) if args.smoke else (8, 8) if args.quick else (32, 16)
     app = App()
-    from transformers import AutoTokenizer
-    from engine import model
-    tok = AutoTokenizer.from_pretrained(model._gguf_cache_dir(model.default_model_path()))
+    tok = bench_tokenizer()
     events = Events(app.ws_url)
     result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": args.quick, "L1": {}}
     try:
@@ -237,7 +236,7 @@ def main(argv=None):
         settle(events, {"schedule": "mixed", "slots": events.hello["max_slots"]})
         # from the corpus' end, which no earlier prompt here came from (no accidental prefix hits)
         system = tok.decode(tok(CORPUS.read_text()[-6000:], add_special_tokens=False)["input_ids"][-500:])
-        questions = [f"\n\nQuestion {i}: what happens next in the story?" for i in range(4 if args.quick else 8)]
+        questions = [f"\n\nQuestion {i}: what happens next in the story?" for i in range(2 if args.smoke else 4 if args.quick else 8)]
         result["prefix"] = [prefix_run(app, events, system, questions, caching) for caching in (True, False)]
     finally:
         events.close()

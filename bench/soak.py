@@ -23,6 +23,7 @@ import argparse
 import itertools
 from collections import Counter
 import json
+from pathlib import Path
 import socket
 import statistics
 import threading
@@ -205,6 +206,7 @@ def main(argv=None):
     p.add_argument("--minutes", type=float, default=10.0, help="how long to load the app (default 10)")
     p.add_argument("--clients", type=int, default=3, help="API client threads (default 3)")
     p.add_argument("--rate", type=float, default=1.0, help="load generator arrivals per second (default 1)")
+    p.add_argument("--out", default=str(ROOT / "test-artifacts" / "soak.json"))
     p.add_argument("app_args", nargs="*", help="arguments for app.py, after --")
     args = p.parse_args(argv)
     (ROOT / "test-artifacts").mkdir(exist_ok=True)
@@ -213,7 +215,7 @@ def main(argv=None):
         result = Soak(app, args).run()
     finally:
         app.stop()
-    out = ROOT / "test-artifacts" / "soak.json"
+    out = Path(args.out)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     print(f"wrote {out}")

@@ -25,7 +25,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.contenders import prompts
-from bench.launch import ROOT, App
+from bench.launch import ROOT, App, bench_tokenizer
 from bench.serve import Events, run_load, settle, write_results
 from engine.loadgen import TASKS, LoadGenerator
 
@@ -88,7 +88,8 @@ def summarise(rounds):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench.speculative", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one round, fewer requests (a smoke check)")
+    ap.add_argument("--quick", action="store_true", help="one round, fewer requests")
+    ap.add_argument("--smoke", action="store_true", help="one round of the fewest requests and tokens (a check, not a figure)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, nargs=2, default=(4, 16), metavar=("AT_1", "AT_8"),
                     help="requests per run at 1 and at 8 in flight")
@@ -98,11 +99,11 @@ def main(argv=None):
                     help="the app's model threads (1: on a shared 2-core machine, two contending threads stall)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results-speculative.json"))
     args = ap.parse_args(argv)
-    rounds_n, (n_one, n_many) = (1, (2, 8)) if args.quick else (args.rounds, args.requests)
+    rounds_n, (n_one, n_many) = (1, (1, 2)) if args.smoke else (1, (2, 8)) if args.quick else (args.rounds, args.requests)
+    if args.smoke:
+        args.max_tokens = 8
     app = App("--threads", str(args.threads))
-    from transformers import AutoTokenizer
-    from engine import model
-    tok = AutoTokenizer.from_pretrained(model._gguf_cache_dir(model.default_model_path()))
+    tok = bench_tokenizer()
     events = Events(app.ws_url)
     loads, rounds = workloads(tok, n_one, n_many), {}
     try:

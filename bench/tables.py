@@ -2,7 +2,9 @@
 and what reading keys/values from paged blocks costs against contiguous rows.
 
 Timed at the `Runner` level (one forward, logits included), best of N, because these are
-the figures the page charts: what one prefill or one decode step costs on this machine.
+the figures the page charts: what one prefill or one decode step costs on this machine. The
+runner reads what the engine reads by default: the file's blocks where the model has them.
+Each row says the bytes of weights its forward read (`weight_bytes`, for the roofline).
 """
 import time
 
@@ -34,7 +36,7 @@ def _ids(vocab, n, seed=0):
 def _setup(bundle, tokens, block_size=16):
     blocks = BlockPool(block_size, -(-tokens // block_size) + 1)
     store = PagedKVStore(bundle.model.config, blocks.capacity, block_size, bundle.dtype, bundle.device)
-    return blocks, store, Runner(bundle.model, store)
+    return blocks, store, Runner(bundle.model, store, bundle.quant)
 
 
 def _seq(ids, blocks, tokens):
@@ -54,7 +56,7 @@ def prefill_table(bundle, lengths, repeats):
         s = _best(lambda: runner.forward([Segment(seq, 0, n, cached=True, logits=True)]),
                   repeats if n <= 512 else max(1, repeats - 1))
         blocks.release(seq.block_table)
-        rows.append({"tokens": n, "s": s, "ms_per_token": 1e3 * s / n})
+        rows.append({"tokens": n, "s": s, "ms_per_token": 1e3 * s / n, "weight_bytes": runner.path.weight_bytes})
     return rows
 
 
@@ -72,7 +74,7 @@ def decode_table(bundle, batches, context, repeats):
         rows = [Segment(seq, context, 1, cached=True, logits=True) for _ in range(b)]
         runner.forward(rows)                                            # warm-up
         s = _best(lambda: runner.forward(rows), repeats)
-        out.append({"batch": b, "step_s": s, "tokens_per_s": b / s})
+        out.append({"batch": b, "step_s": s, "tokens_per_s": b / s, "weight_bytes": runner.path.weight_bytes})
     return out
 
 

@@ -19,7 +19,8 @@ llama.cpp built with GGML_NATIVE=ON dies with SIGILL in its weight-repacking pat
 say so. Where it exits between requests ("cleaning up before exit"), it is restarted and the
 load run again (counted in the results). The processor is named in the results and the table.
 
-`--quick`: at most two requests per slot in flight (a smoke check). Only loopback addresses are
+`--quick`: at most two requests per slot in flight; `--smoke`: one short request a load (a check
+of the bench, not a figure). Only loopback addresses are
 used; both processes are stopped at the end.
 """
 import json
@@ -100,6 +101,8 @@ def run(args, run_load, set_weights):
     try:
         for r in range(args.rounds):
             for load, (in_flight, prompt_tokens, new, n) in LOADS.items():
+                if getattr(args, "smoke", False):       # one short request a load (a check, not a figure)
+                    n, prompt_tokens, new = 1, 16, 4
                 batch = prompts(tok, min(n, in_flight * 2) if args.quick else n, prompt_tokens)
                 order = list(servers) if r % 2 == 0 else list(reversed(servers))
                 for name in order:

@@ -27,6 +27,7 @@ from .backend import Mode
 from .broadcast import Broadcaster
 from .events import Error
 from .loadgen import TASKS
+from .memory import rss_bytes
 from .request import GenerateRequest
 from . import presets
 from .settings import SettingError, coerce, validate
@@ -156,7 +157,7 @@ class EngineDriver:
         return {"status": "ok", "model": b.name, "device": b.device, "dtype": b.dtype_name,
                 "load_s": round(loads[-1][1] - loads[-1][0] if loads else b.load_s, 3),
                 "loaded_at": round(eng.clock.wall0 + (loads[-1][1] if loads else 0.0), 3),
-                "weights_from_cache": b.from_cache, "weights": self._weights(),
+                "weights_from_cache": b.from_cache, "weights": self._weights(), "memory": self._memory(),
                 "running": len(eng.scheduler.running), "waiting": len(eng.scheduler.waiting),
                 "engine_thread": {"between_forwards_s": self.between_wall_s,
                                   "between_forwards_cpu_s": self.between_cpu_s}}, 200
@@ -169,6 +170,15 @@ class EngineDriver:
         path = formats.path(1, 1)
         return {"format": path.weights, "decode_bytes": path.weight_bytes, "kernel": path.kernel,
                 "formats": list(formats.available)}
+
+    def _memory(self):
+        """/healthz's `memory`: the process's resident bytes (measured), and what the engine holds
+        of them: the 4-bit blocks, the fp32 copy (only while the `dequantised` format is read, or
+        always for a model without blocks) and the KV store."""
+        eng, formats = self.engine, self.engine.runner.formats
+        return {"rss_bytes": rss_bytes(), "blocks_bytes": sum(formats.q) if formats.quant else 0,
+                "fp32_copy": formats.fp32_resident, "fp32_made_s": formats.made_s,
+                "kv_store_bytes": eng.store.nbytes}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, load=True):

@@ -25,6 +25,7 @@ instance to let them go (a `Release`).
 from dataclasses import replace
 
 from . import bandwidth, presets, sampler, speculate
+from .agreement import measure as agreement_of
 from .disagg import transfer
 from .disagg.messages import Release
 from .detok import Detokenizer, Pieces, StopStrings
@@ -36,6 +37,7 @@ from .block_manager import BlockManager
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
 from .loadgen import LoadGenerator
+from .memory import rss_bytes
 from .runner import Runner
 from .roofline import Roofline
 from .scheduler import Scheduler
@@ -75,11 +77,14 @@ class Engine:
         self.runner = Runner(model, self.store, bundle.quant)
         # What a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
-        self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype)
+        self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype,
+                                          int8="int8" in self.runner.formats.activations)
         self.timing = StepRecorder(self.clock, self.roofline)
         self.timing.instance = self.role.name
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
-                                   config.block_size, self.max_context, self.runner.formats.available)
+                                   config.block_size, self.max_context, self.runner.formats.available,
+                                   self.runner.formats.activations)
+        self.int8_agreement = None   # int8 against fp32 activations, measured when int8 is first chosen
         self.settings = Live(defaults(self.specs))   # the driver and the web threads read it too
         self.apply_settings(self.settings.now.wire())   # each part to its owner
         self._take()   # the defaults' `settings` event: `hello` carries them
@@ -112,7 +117,8 @@ class Engine:
             max_slots=self.scheduler.max_slots, max_context=self.max_context, settings=self.settings.now.wire(),
             limits={n: s.describe() for n, s in self.specs.items()}, bandwidth=self.bandwidth,
             roofline=self.roofline.describe(), bench=self.bench,
-            weights=self.runner.formats.describe(self.roofline.bandwidth_bps),
+            weights={**self.runner.formats.describe(self.roofline.bandwidth_bps), "int8_agreement": self.int8_agreement,
+                     "fp32_made_s": self.runner.formats.made_s},
             presets=[p.describe() for p in presets.PRESETS.values()])
 
     @property
@@ -213,8 +219,15 @@ class Engine:
         self.scheduler.apply(s.scheduling)
         self.intake.sampling = s.sampling
         self.timing.targets = s.targets
-        self.runner.formats.stored = s.scheduling.weights == "stored"
-        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes)))
+        made = self.runner.formats.use(s.scheduling.weights)   # the fp32 copy made (timed) or freed
+        self.runner.formats.int8 = s.scheduling.activations == "int8"
+        self.roofline.int8 = self.runner.formats.stored and self.runner.formats.int8
+        # int8 is another arithmetic: how close it stays is measured, here, the first time it is chosen
+        agreement = None
+        if self.runner.formats.int8 and self.int8_agreement is None:
+            agreement = self.int8_agreement = agreement_of(self)
+        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made,
+                            int8_agreement=agreement))
         return self._take()
 
     def reset(self):
@@ -311,7 +324,7 @@ class Engine:
         out.admitted = [Placed.of(seq) for seq in plan.admitted]
         now = self.clock.now()
         if self.timing.stats_due(now):
-            out.stats = stats_view(self.scheduler, kv_cache_on, self.subscribers(), now)
+            out.stats = {**stats_view(self.scheduler, kv_cache_on, self.subscribers(), now), "rss_bytes": rss_bytes()}
         out.running, out.segments = list(self.scheduler.running), plan.segments
 
     def _run(self, out):

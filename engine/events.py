@@ -241,6 +241,12 @@ class Settings(Event):
     type: ClassVar[str] = "settings"
     settings: SettingValues
     changed: list[str]
+    # this change switched the weights to `dequantised` and the fp32 copy was made from the blocks
+    # for it: how long that took, s (None: nothing was made; switching back frees the copy)
+    fp32_made_s: float | None = None
+    # this change chose int8 activations for the first time: their agreement with fp32 ones,
+    # measured (engine/agreement.py): {positions, top1, max_logit_diff, seconds}; None otherwise
+    int8_agreement: dict[str, float] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -460,6 +466,7 @@ class Stats(Event):
     prefill_cap: int | None = None          # prompt tokens per step the max_step_ms target allows now (None: off)
     measured_by: dict[str, str] | None = None   # observe mode: each figure -> "server" or "client"
     instance: Instance | None = None        # disaggregated: whose queue, slots and blocks these are
+    rss_bytes: int | None = None            # engine mode: the server process's resident memory, measured (None: the OS does not say)
 
 
 @dataclass(slots=True, frozen=True)

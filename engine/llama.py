@@ -11,9 +11,11 @@ Per layer, over every token row of the forward (decode rows first, then prompt c
     x = add_rms_norm(h, o(attn))      h += attention out; x = RMSNorm(h)
     x = add_rms_norm(h, down(silu_mul([gate|up](x))))   with the next layer's norm
 
-Each linear reads the file's blocks through the fused 4-bit kernel or the prepacked fp32 copy
-(engine/linears.py QuantLinear: the `weights` setting, and the row count). The model's own
-weights, rotary tables and norms are read as they are, so greedy output equals `generate`
+Each linear reads the file's blocks through the fused 4-bit kernel, or the fp32 copy made from
+them while the `weights` setting asks for it (engine/linears.py QuantLinear); the embedding is
+looked up in the blocks too (only its tokens' rows are dequantised), so the model's own fp32
+linear weights and embedding are never read and may be left unmade (engine/model.py). Its
+rotary tables and norms are read as they are, so greedy output equals `generate`
 (tests/test_engine*.py); each fused op has a plain-torch reference (engine/kernels). Other
 models, other devices and a machine without the kernels run transformers' decoder instead
 (engine/runner.py).
@@ -21,7 +23,7 @@ models, other devices and a machine without the kernels run transformers' decode
 import torch
 
 from . import kernels
-from .linears import PackedLinear, QuantLinear, _onednn_ok
+from .linears import PackedLinear, QuantLinear, _onednn_ok, on_cpu
 from .weights import stack_rows
 
 OPS = None   # torch.ops.first_token once the kernels are loaded
@@ -31,18 +33,18 @@ def supported(model):
     """Whether this model runs here through the fused ops (else transformers' decoder)."""
     cfg = model.config
     w = model.get_input_embeddings().weight
-    return (kernels.available() and cfg.model_type == "llama" and w.device.type == "cpu"
+    return (kernels.available() and cfg.model_type == "llama" and on_cpu(w)
             and w.dtype == torch.float32 and not cfg.attention_bias and not getattr(cfg, "mlp_bias", False)
             and cfg.hidden_act == "silu" and (cfg.rope_parameters or {}).get("rope_type", "default") == "default"
             and all(_onednn_ok(m) for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear)))
 
 
 def _linear(modules, names, formats):
-    """One linear layer for several of the model's, stacked by rows, reading either copy."""
-    fp32 = PackedLinear(torch.cat([m.weight for m in modules]))
+    """One linear layer for several of the model's, stacked by rows: their blocks where the file
+    stored them, else the model's fp32 weights prepacked."""
     blocks = [formats.quant.get(n) for n in names]
     stacked = stack_rows(blocks) if None not in blocks else None
-    return QuantLinear(fp32, stacked, formats) if stacked is not None else fp32
+    return QuantLinear(stacked, formats) if stacked is not None else PackedLinear(torch.cat([m.weight for m in modules]))
 
 
 class Layer:
@@ -65,13 +67,15 @@ class LlamaDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.head_dim ** -0.5
         self.eps = cfg.rms_norm_eps
-        self.embed = decoder.embed_tokens.weight.detach()
+        # the embedding's blocks (SmolLM2's: Q8_0, the tied head's) where there are any
+        self.embed_blocks = formats.quant.get("model.embed_tokens.weight")
+        self.embed = None if self.embed_blocks is not None else decoder.embed_tokens.weight.detach()
         self.layers = [Layer(layer, f"model.layers.{i}", formats) for i, layer in enumerate(decoder.layers)]
         self.final_norm = decoder.norm.weight.detach()
         # cos/sin of every position from the model's own rotary module (its scaling included)
         positions = torch.arange(cfg.max_position_embeddings)[None]
         with torch.no_grad():
-            cos, sin = decoder.rotary_emb(self.embed[:1][None], positions)
+            cos, sin = decoder.rotary_emb(torch.zeros(1, 1, 1), positions)   # (x is read for its dtype)
         half = self.head_dim // 2
         self.cos, self.sin = cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
 
@@ -79,7 +83,7 @@ class LlamaDecoder:
     def __call__(self, ids, pos, plan):
         """Final-normed hidden states [T, hidden] of the packed tokens `ids` at positions `pos`."""
         nh, nkv, d = self.heads, self.kv_heads, self.head_dim
-        h = self.embed[ids]
+        h = kernels.quant_rows(self.embed_blocks, ids) if self.embed is None else self.embed[ids]
         x = OPS.rms_norm(h, self.layers[0].norm1, self.eps)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(x)

@@ -71,6 +71,9 @@ class ModelBundle:
     # The file's own blocks by parameter name (engine/weights.py QuantWeight; the tied head under
     # "lm_head.weight" too), for the fused kernel; empty when the model did not come from blocks.
     quant: dict = field(default_factory=dict)
+    # False: the model's linear weights and embedding were never made (meta tensors): only the
+    # engine's fused forward, reading `quant`, can run it; `generate` cannot (`load(dense=False)`).
+    dense: bool = True
 
     @property
     def dtype_name(self):
@@ -120,18 +123,24 @@ def _save_config_and_tokenizer(gguf, target, progress):
     _save_atomically(target, config, tok)
 
 
-def _from_blocks(gguf, directory, torch_dtype, progress):
-    """(model, blocks): the fp32 (or `torch_dtype`) model dequantised from the file's blocks."""
+def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
+    """(model, blocks) from the file's blocks. `dense`: every weight dequantised into the model (fp32,
+    or `torch_dtype`); else only the tensors the file holds unquantised (the norms): the model's
+    linear weights and embedding stay unmade (meta tensors, no memory) and the engine reads the
+    blocks (engine/llama.py), if it can here (`_blocks_suffice`); otherwise they are made after all."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     config = AutoConfig.from_pretrained(directory)
     progress("reading the GGUF's blocks", 0.3)
     quant = weights.read_gguf(gguf, config)
-    progress("dequantising the blocks to the model's copy", 0.6)
-    state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
-             for name, w in quant.items()}
     with no_init_weights(), torch.device("meta"):      # no memory until the weights are assigned
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    if not dense and not _blocks_suffice(model, torch_dtype):
+        dense = True
+    if dense:
+        progress("dequantising the blocks to the model's copy", 0.6)
+    state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
+             for name, w in quant.items() if dense or not isinstance(w, weights.QuantWeight)}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     rotary = model.get_decoder().rotary_emb        # its buffers are computed, not loaded: made again
     model.get_decoder().rotary_emb = type(rotary)(config=config)
@@ -139,14 +148,28 @@ def _from_blocks(gguf, directory, torch_dtype, progress):
         model.tie_weights()
         quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])
         missing = [m for m in missing if m != "lm_head.weight"]
+    quant = {n: w for n, w in quant.items() if isinstance(w, weights.QuantWeight)}
+    if not dense:
+        missing = [m for m in missing if m not in quant]     # left unmade on purpose: read as blocks
     if missing or unexpected:
         raise ValueError(f"{gguf.name}: tensors missing {missing[:3]}, unexpected {unexpected[:3]}")
-    quant = {n: w for n, w in quant.items() if isinstance(w, weights.QuantWeight)}
     return model, quant
 
 
-def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None):
-    """Load (model, tokenizer) for `spec`: None (bundled GGUF), a .gguf file, or an HF directory."""
+def _blocks_suffice(model, torch_dtype):
+    """Whether the engine can serve this model from its blocks alone here (the fused Llama forward
+    with the kernels built: engine/llama.py), so its fp32 weights need not be made."""
+    from . import llama
+    return torch_dtype == torch.float32 and llama.supported(model)
+
+
+def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None, dense=True):
+    """Load (model, tokenizer) for `spec`: None (bundled GGUF), a .gguf file, or an HF directory.
+
+    `dense=False` (the server: nothing there calls `generate`): a GGUF's weights stay as its
+    blocks only, where the engine can read them so on this device (the CPU, fp32, the kernels
+    built); the model's fp32 linear weights and embedding are not made (538 MB for SmolLM2).
+    Tests and benches that compare against `generate` keep the default."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     t0 = time.perf_counter()
     device = pick_device(device)
@@ -167,7 +190,8 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
             else:
                 _dequantise_to_cache(path, directory, progress)
         if json.loads((directory / "config.json").read_text()).get("model_type") == "llama":
-            model, quant = _from_blocks(path, directory, torch_dtype, progress)   # weights from the file
+            model, quant = _from_blocks(path, directory, torch_dtype, progress,
+                                        dense=dense or device != "cpu")   # weights from the file
     else:
         if not (path / "config.json").is_file():
             raise ValueError(f"--model {spec}: not a transformers model directory (no config.json)")
@@ -177,6 +201,7 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     tokenizer = AutoTokenizer.from_pretrained(directory)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
-    model = model.to(device).eval()
+    dense = not any(p.is_meta for p in model.parameters())
+    model = (model.to(device) if dense else model).eval()    # unmade weights are the CPU's (engine/linears.py on_cpu)
     progress("ready", 1.0)
-    return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache, quant)
+    return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache, quant, dense)

@@ -295,6 +295,22 @@ PRESETS = {p.name: p for p in (
            "Hover a token to see its bars; the first sampling is a measured stage of each TTFT.",
            "how often each row took the top bar, and how tall the bar it drew from was",
            {"max_new_tokens": 32}, SAMPLING),
+    # Eight streams read the 4-bit blocks with fp32 activations, then, 4 s in, int8 ones (the
+    # `activations` setting): llama.cpp's arithmetic, integer dot products. The switch first
+    # measures how far it moves the output (engine/agreement.py: teacher-forced top-1 agreement
+    # and the largest logit difference), then the steps run on it: the page's figure is each
+    # arithmetic's median decode step (step.kernel says which) and that agreement.
+    Preset("int8", "Another arithmetic: int8 activations",
+           "Eight requests decode together reading the 4-bit blocks, first with fp32 activations, "
+           "whose results equal fp32 arithmetic on the dequantised weights. A few seconds in, the "
+           "activations are rounded to int8 as llama.cpp rounds them, and the multiply-adds become "
+           "integer ones: fewer instructions for each weight, so each step is shorter. It is another "
+           "arithmetic, so the engine first measures how close it stays: the share of 2,048 positions "
+           "of text where both pick the same next token, and the largest logit difference (serving "
+           "pauses for those seconds, once).",
+           "decode step time, fp32 vs int8 activations; int8's top-1 agreement with fp32 and largest logit difference",
+           {"prompt_tokens": 32, "max_new_tokens": 160, "slots": 8},
+           (Action(0, 8), Action(4.0, 0, settings={"activations": "int8"}))),
 )}
 
 

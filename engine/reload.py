@@ -24,7 +24,8 @@ def run(engine, load):
         raise ValueError("the reloaded model's shapes differ from the running one's")
     engine.bundle = bundle
     engine.runner = Runner(bundle.model, engine.store, bundle.quant)
-    engine.runner.formats.stored = engine.settings.now.scheduling.weights == "stored"
+    engine.runner.formats.use(engine.settings.now.scheduling.weights)
+    engine.runner.formats.int8 = engine.settings.now.scheduling.activations == "int8"
     if engine.config.release_model_weights:
         engine.runner.release_model_weights()
     end = engine.clock.now()

@@ -11,7 +11,9 @@ weights·value for every pair a query may see). It cannot be faster than the slo
 
 Both rates are estimates measured at start (bandwidth.py reads a buffer far larger than the
 caches; `peak_flops` times a large square matmul), so every figure here is labelled an
-estimate. A forward's measured time above its prediction is overhead the roofline does not
+estimate. With int8 activations (the `activations` setting) the linear layers' multiply-adds
+are integer ones: their flops go at the int8 path's measured rate (engine/kernels `int8_peak`,
+a register-resident loop of its instructions), the head's and attention's at the fp32 rate. A forward's measured time above its prediction is overhead the roofline does not
 model (Python, kernel launches, gathers of paged blocks, a kernel below peak); the page
 shows both rather than hiding the difference.
 """
@@ -51,10 +53,17 @@ def startup_peak_flops(device, dtype):
     return peak_flops(device, dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def startup_int8_rate():
+    """The int8 path's rate (ops/s), measured once per process; None without the kernels."""
+    from . import kernels
+    return kernels.int8_peak(0.2) if kernels.available() else None
+
+
 class Roofline:
     """Predicted forward times for one model on one machine."""
 
-    def __init__(self, model, weight_bytes, kv_bytes_per_token, bandwidth_bps, flops_per_s):
+    def __init__(self, model, weight_bytes, kv_bytes_per_token, bandwidth_bps, flops_per_s, int8_ops_per_s=None):
         cfg = model.config
         head = model.get_output_embeddings()
         self.head_params = head.weight.numel()
@@ -67,16 +76,21 @@ class Roofline:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.bandwidth_bps = bandwidth_bps
         self.flops_per_s = flops_per_s
+        self.int8_ops_per_s = int8_ops_per_s
+        # the linear layers' arithmetic now (the engine sets it from the `activations` setting)
+        self.int8 = False
 
     @classmethod
-    def measured(cls, model, weight_bytes, kv_bytes_per_token, device, dtype):
-        """With this machine's bandwidth and matmul rate, measured once per process."""
+    def measured(cls, model, weight_bytes, kv_bytes_per_token, device, dtype, int8=False):
+        """With this machine's bandwidth and matmul rate, measured once per process (and the int8
+        path's rate where `int8`: the model's blocks can be read so)."""
         return cls(model, weight_bytes, kv_bytes_per_token, startup_bandwidth(str(device)),
-                   startup_peak_flops(str(device), dtype))
+                   startup_peak_flops(str(device), dtype), startup_int8_rate() if int8 else None)
 
     def describe(self):
         """What `hello.roofline` carries (estimates, labelled)."""
         return {"peak_gflops": round(self.flops_per_s / 1e9, 1), "gbs": round(self.bandwidth_bps / 1e9, 2),
+                "int8_peak_gops": self.int8_ops_per_s and round(self.int8_ops_per_s / 1e9, 1),
                 "linear_params": self.linear_params, "head_params": self.head_params,
                 "attention_flops_per_pair": self.pair_flops, "estimated": True}
 
@@ -85,18 +99,24 @@ class Roofline:
         positions from `start` on, each query seeing every earlier position of its sequence;
         `logits`: the rows of it that want logits (True: one). `weight_bytes`: what the forward's
         weights path read (engine/linears.py Path; the 4-bit blocks or fp32), else the model's."""
+        linear, other, nbytes = self._cost(parts, weight_bytes)
+        return linear + other, nbytes
+
+    def _cost(self, parts, weight_bytes):
+        """`cost` with the linear layers' flops apart: int8 activations do them at another rate."""
         tokens = sum(n for _, n, _ in parts)
         rows = sum(int(logits) for _, _, logits in parts)
         pairs = sum(n * start + n * (n + 1) // 2 for start, n, _ in parts)   # query-key pairs
-        flops = 2 * self.linear_params * tokens + 2 * self.head_params * rows + self.pair_flops * pairs
+        other = 2 * self.head_params * rows + self.pair_flops * pairs
         kv_read = sum(start + n for start, n, _ in parts) * self.kv_bytes_per_token
         kv_written = tokens * self.kv_bytes_per_token
-        return flops, (weight_bytes or self.weight_bytes) + kv_read + kv_written
+        return 2 * self.linear_params * tokens, other, (weight_bytes or self.weight_bytes) + kv_read + kv_written
 
     def predict(self, parts, weight_bytes=None):
         """(predicted seconds, "memory" or "compute": the roof that bounds it)."""
-        flops, nbytes = self.cost(parts, weight_bytes)
-        memory_s, compute_s = nbytes / self.bandwidth_bps, flops / self.flops_per_s
+        linear, other, nbytes = self._cost(parts, weight_bytes)
+        rate = self.int8_ops_per_s if self.int8 and self.int8_ops_per_s else self.flops_per_s
+        memory_s, compute_s = nbytes / self.bandwidth_bps, linear / rate + other / self.flops_per_s
         return max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
 
     def predict_segments(self, segments, weight_bytes=None):

@@ -11,10 +11,7 @@ blocks and attends over what each request may see. A model used outside the engi
 With the KV cache off nothing is written: each segment is a whole sequence recomputed from
 its first token, attending only to itself.
 """
-import ctypes
-import ctypes.util
 from dataclasses import dataclass, field
-import gc
 import time
 
 import torch
@@ -24,7 +21,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import llama
-from .linears import Formats, OutputHead, _onednn_ok, engine_decoder
+from .linears import Formats, OutputHead, _onednn_ok, engine_decoder, on_cpu
+from .memory import return_freed_memory
 
 ATTENTION = "first_token_paged"
 
@@ -161,15 +159,6 @@ def _index(values, device):
     return torch.tensor(values, dtype=torch.long).to(device)
 
 
-def _return_freed_memory():
-    """Give freed heap memory back to the OS (glibc's malloc_trim): the layers' weights are a few
-    MB each and freed ones would otherwise stay resident (measured: 590 MB of 2.58 GB)."""
-    libc = ctypes.util.find_library("c")
-    if libc and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        gc.collect()
-        ctypes.CDLL(libc).malloc_trim(0)
-
-
 def synchronize(device):
     """Wait for the device to finish what was launched (CUDA runs asynchronously): every
     timestamp the page shows is taken after this, so a step's end is when the GPU finished."""
@@ -191,7 +180,9 @@ SHAPES = set()
 
 class Runner:
     def __init__(self, model, store, quant=None):
-        """`quant`: the file's blocks by parameter name (engine/weights.py), or None."""
+        """`quant`: the file's blocks by parameter name (engine/weights.py), or None. The model's
+        linear weights and embedding may be left unmade (meta) where it has blocks (engine/model.py
+        `load(dense=False)`): the fused forward reads only its blocks and norms."""
         model.set_attn_implementation(ATTENTION)
         self.model = model
         decoder, head = model.get_decoder(), model.get_output_embeddings()
@@ -201,8 +192,8 @@ class Runner:
                     if "norm" in n)
         w = head.weight
         # the 4-bit kernels are CPU ops on fp32 activations: elsewhere only the model's own copy
-        blocks = quant if w.device.type == "cpu" and w.dtype == torch.float32 else None
-        dense = "oneDNN fp32" if _onednn_ok(head) else f"torch {str(w.dtype).removeprefix('torch.')} on {w.device.type}"
+        blocks = quant if on_cpu(w) and w.dtype == torch.float32 else None
+        dense = "oneDNN fp32" if _onednn_ok(head) else f"torch {str(w.dtype).removeprefix('torch.')} on {store.k[0].device.type}"
         self.formats = Formats(blocks or {}, linear, w.numel() * w.element_size(), norms, dense)
         self.store = store
         # Llama on a CPU with the kernels built: the fused forward (engine/llama.py); else the
@@ -210,7 +201,7 @@ class Runner:
         self.fused = llama.LlamaDecoder(model, self.formats, store) if llama.supported(model) else None
         self.decoder = None if self.fused else engine_decoder(decoder, self.formats)
         self.head = OutputHead(head, self.formats)
-        self.device = next(model.parameters()).device
+        self.device = store.k[0].device          # the model's (its weights may be unmade: meta)
         # Summed over every forward: wall seconds, and CPU seconds of the calling (engine) thread.
         self.wall_s = self.cpu_s = 0.0
         # What picks this model's kernels besides a forward's shape: its weights' shapes, dtype, device.
@@ -226,7 +217,7 @@ class Runner:
             for m in self.model.get_decoder().modules():
                 if isinstance(m, torch.nn.Linear):
                     m.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-            _return_freed_memory()
+            return_freed_memory()
 
     @torch.inference_mode()
     def forward(self, segments):
@@ -249,6 +240,14 @@ class Runner:
         finally:
             self.wall_s += time.perf_counter() - w0
             self.cpu_s += time.thread_time() - c0
+
+    @torch.inference_mode()
+    def logits_everywhere(self, seq, start, n):
+        """Logits [n, vocab] at each of positions start..start+n-1 of `seq` (teacher forcing: the
+        next token after each of them), its keys/values kept in its blocks; engine/agreement.py."""
+        seg = Segment(seq, start, n, cached=True, logits=True)
+        self.path = self.formats.path(n, n)
+        return self._forward(seq.token_ids(start, n), list(range(start, start + n)), list(range(n)), [seg])
 
     def _forward(self, ids, pos, last, segments):
         plan = Plan(self.store, segments, self.device)

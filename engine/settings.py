@@ -109,9 +109,14 @@ def coerce(field, kind, value, lo=None, hi=None):
     return value
 
 
-def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_formats=("dequantised",)):
-    """The engine's controls; bounds depend on the engine's start-up capacity, and the `weights`
-    choices on the copies of the weights this model has (engine/linears.py Formats)."""
+ACTIVATIONS = ("fp32", "int8")
+
+
+def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_formats=("dequantised",),
+                  activations=ACTIVATIONS[:1]):
+    """The engine's controls; bounds depend on the engine's start-up capacity, the `weights`
+    choices on the copies of the weights this model has (engine/linears.py Formats), and the
+    `activations` choices on whether it has blocks the int8 arithmetic reads."""
     prompt_max = max(16, min(2048, max_context - 16))
     specs = [
         Setting("load", "bool", False, doc="load generator on/off"),
@@ -152,7 +157,13 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_f
                 doc="injected jitter: up to N ms more per piece, order kept"),
         Setting("weights", "choice", weight_formats[0], applies="next step", choices=tuple(weight_formats),
                 doc="which copy of the weights the linear layers read: stored (the file's 4-bit blocks, "
-                    "through the fused kernel) or dequantised (fp32, 5.6x the bytes); both stay resident"),
+                    "through the fused kernel) or dequantised (fp32, 5.6x the bytes; made from the blocks "
+                    "when chosen, freed when left)"),
+        Setting("activations", "choice", activations[0], applies="next step", choices=tuple(activations),
+                doc="the arithmetic of the 4-bit layers (weights stored): fp32 (the result equals fp32 "
+                    "matmul on the dequantised weights) or int8 (each row rounded to int8 per 32 values "
+                    "as llama.cpp rounds them, integer dot products: faster, not equal; the Q8_0 head "
+                    "keeps fp32)"),
         Setting("slo_ttft_ms", "int", 2000, 50, 60000, 50, "finished requests",
                 doc="service-level objective for time to first token, ms (goodput counts requests meeting both)"),
         Setting("slo_tpot_ms", "int", 100, 5, 5000, 5, "finished requests",
@@ -200,7 +211,8 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class SchedulingSettings:
-    """The scheduler's (`Scheduler.apply`), the engine's `kv_cache` and the runner's `weights`."""
+    """The scheduler's (`Scheduler.apply`), the engine's `kv_cache` and the runner's `weights` and
+    `activations`."""
     slots: int
     cache_tokens: int
     kv_cache: bool
@@ -211,6 +223,7 @@ class SchedulingSettings:
     speculation: str
     spec_tokens: int
     weights: str
+    activations: str
 
 
 @dataclass(frozen=True)

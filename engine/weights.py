@@ -3,10 +3,9 @@
 SmolLM2-135M-Instruct's file holds its 210 linear layers as Q4_1 (32 weights share an fp16
 scale d and minimum m: w = d*q + m, q a 4-bit integer; 20 bytes a block) and its embedding,
 which is also the output head, as Q8_0 (w = d*q, q an int8; 34 bytes a block). `QuantWeight`
-keeps a layer's blocks, regrouped per output row (every block's d, then every m, then the
-quants: the same bytes and numbers, laid out so a kernel converts a row's scales at once), and
-`dequantise()` gives the fp32 matrix those numbers mean, which is what the model's fp32 copy
-holds. The fused kernel (engine/kernels) multiplies by the blocks directly.
+keeps a layer's blocks, regrouped 16 output rows at a time (the same bytes and numbers, laid
+out so that one vector load holds one weight position of 16 rows), and `dequantise()` gives the
+fp32 matrix those numbers mean, which is what the model's fp32 copy holds. The fused kernel (engine/kernels) multiplies by the blocks directly.
 """
 from dataclasses import dataclass
 
@@ -21,23 +20,42 @@ BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 KIND_NAMES = {Q4_1: "Q4_1", Q8_0: "Q8_0"}
 
 
+GROUP = 16                        # output rows regrouped together for the kernel
+GROUP_BYTES = {Q4_1: GROUP * 20, Q8_0: GROUP * 34}
+
+
 @dataclass
 class QuantWeight:
-    """One weight matrix [rows, cols] (rows = output features) as ggml blocks, regrouped per row."""
+    """One weight matrix [rows, cols] (rows = output features) as ggml blocks, regrouped 16 output
+    rows at a time for the kernel (engine/kernels/csrc/quant_linear.cpp describes the layout: per
+    group and block the 16 rows' scales, then their quants position by position). The last group
+    is padded with zero blocks when `rows` is not a multiple of 16."""
     kind: int
     rows: int
     cols: int
-    data: torch.Tensor            # uint8 [rows, cols / 32 * block bytes]
+    data: torch.Tensor            # uint8 [ceil(rows / 16), cols / 32 * 16 * block bytes]
 
     @classmethod
     def from_blocks(cls, kind, blocks):
         """From the file's layout: uint8 [rows, blocks * bytes], each block {d, (m,) quants}."""
         rows = blocks.shape[0]
-        b = blocks.reshape(rows, -1, BLOCK_BYTES[kind])
-        cut = 4 if kind == Q4_1 else 2
-        parts = [b[..., 0:2]] + ([b[..., 2:4]] if kind == Q4_1 else []) + [b[..., cut:]]
-        data = torch.cat([p.reshape(rows, -1) for p in parts], dim=1).contiguous()
-        return cls(kind, rows, b.shape[1] * BLOCK, data)
+        nb = blocks.shape[1] // BLOCK_BYTES[kind]
+        pad = -rows % GROUP
+        b = torch.cat([blocks, blocks.new_zeros(pad, blocks.shape[1])]) if pad else blocks
+        groups = b.shape[0] // GROUP
+        b = b.reshape(groups, GROUP, nb, BLOCK_BYTES[kind])
+        scales = [b[..., 0:2]] + ([b[..., 2:4]] if kind == Q4_1 else [])
+        parts = [s.permute(0, 2, 1, 3).reshape(groups, nb, 2 * GROUP) for s in scales]
+        if kind == Q4_1:
+            qs = b[..., 4:]
+            q = torch.cat([qs & 0x0F, qs >> 4], dim=3)                   # weight j, then j + 16
+            pairs = q.reshape(groups, GROUP, nb, 4, 4, 2)                  # 4 dwords of 8 nibbles
+            packed = pairs[..., 0] | (pairs[..., 1] << 4)                  # weight 8c+t at bits 4t
+            parts.append(packed.permute(0, 2, 3, 1, 4).reshape(groups, nb, 4 * GROUP * 4))
+        else:
+            parts.append(b[..., 2:].permute(0, 2, 3, 1).reshape(groups, nb, BLOCK * GROUP))
+        data = torch.cat(parts, dim=2).reshape(groups, -1).contiguous()
+        return cls(kind, rows, nb * BLOCK, data)
 
     @property
     def nbytes(self):
@@ -47,28 +65,54 @@ class QuantWeight:
     def name(self):
         return KIND_NAMES[self.kind]
 
-    def _parts(self):
-        nb = self.cols // BLOCK
-        d = self.data[:, :2 * nb].contiguous().view(torch.float16).float()
+    def _lanes(self, g):
+        """(d, m or None, q) as fp32 [n, 16, blocks(, 32)] of the groups `g` (uint8 [n, blocks, bytes])."""
+        n, nb = g.shape[:2]
+        half = lambda t: t.contiguous().view(torch.float16).float().transpose(1, 2)   # noqa: E731
+        d = half(g[..., 0:2 * GROUP])
         if self.kind == Q4_1:
-            m = self.data[:, 2 * nb:4 * nb].contiguous().view(torch.float16).float()
-            qs = self.data[:, 4 * nb:].reshape(self.rows, nb, 16)
-            q = torch.cat([qs & 0x0F, qs >> 4], dim=2).float()          # element j, then j + 16
-            return d, m, q
-        q = self.data[:, 2 * nb:].contiguous().view(torch.int8).reshape(self.rows, nb, BLOCK).float()
-        return d, None, q
+            b = g[..., 4 * GROUP:].reshape(n, nb, 4, GROUP, 4)                 # [.., chunk, lane, byte]
+            nib = torch.stack([b & 0x0F, b >> 4], dim=-1)                       # weight 8c + 2 byte + half
+            q = nib.permute(0, 3, 1, 2, 4, 5).reshape(n, GROUP, nb, BLOCK)
+            return d, half(g[..., 2 * GROUP:4 * GROUP]), q.float()
+        q = g[..., 2 * GROUP:].contiguous().view(torch.int8).reshape(n, nb, BLOCK, GROUP)
+        return d, None, q.permute(0, 3, 1, 2).float()
 
-    def dequantise(self):
-        """The fp32 matrix these blocks mean (d*q + m per weight)."""
-        d, m, q = self._parts()
+    def _parts(self, rows=None):
+        """(d, m or None, q) as fp32 [n, blocks(, 32)] for every row, or for the rows `rows`."""
+        g = self.data.view(self.data.shape[0], self.cols // BLOCK, GROUP_BYTES[self.kind])
+        if rows is None:
+            parts = self._lanes(g)
+            return tuple(None if t is None else t.reshape(-1, *t.shape[2:])[:self.rows] for t in parts)
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        parts = self._lanes(g[rows // GROUP])
+        pick = (torch.arange(len(rows)), rows % GROUP)
+        return tuple(None if t is None else t[pick] for t in parts)
+
+    def dequantise(self, rows=None):
+        """The fp32 matrix these blocks mean (d*q + m per weight), or its rows `rows` (an
+        embedding lookup reads only the rows of its tokens)."""
+        d, m, q = self._parts(rows)
         w = d[..., None] * q
         if m is not None:
             w = w + m[..., None]
-        return w.reshape(self.rows, self.cols)
+        return w.reshape(w.shape[0], self.cols)
+
+    def file_blocks(self):
+        """The file's layout again: uint8 [rows, blocks * bytes] (`from_blocks` inverted)."""
+        d, m, q = self._parts()
+        parts = [d.half().view(torch.uint8).reshape(self.rows, -1, 2)]
+        if self.kind == Q4_1:
+            parts.append(m.half().view(torch.uint8).reshape(self.rows, -1, 2))
+            qi = q.to(torch.uint8)
+            parts.append(qi[..., :16] | (qi[..., 16:] << 4))
+        else:
+            parts.append(q.to(torch.int8).view(torch.uint8))
+        return torch.cat(parts, dim=2).reshape(self.rows, -1)
 
     def take_rows(self, order):
         """The same weights with output rows in `order` (a permutation): bytes moved, not changed."""
-        return QuantWeight(self.kind, self.rows, self.cols, self.data[order].contiguous())
+        return QuantWeight.from_blocks(self.kind, self.file_blocks()[order])
 
 
 def stack_rows(parts):
@@ -76,7 +120,10 @@ def stack_rows(parts):
     kernel call instead of three), or None where their types or widths differ."""
     if len({(p.kind, p.cols) for p in parts}) != 1:
         return None
-    return QuantWeight(parts[0].kind, sum(p.rows for p in parts), parts[0].cols, torch.cat([p.data for p in parts]))
+    rows = sum(p.rows for p in parts)
+    if all(p.rows % GROUP == 0 for p in parts):          # whole groups: their bytes one after another
+        return QuantWeight(parts[0].kind, rows, parts[0].cols, torch.cat([p.data for p in parts]))
+    return QuantWeight.from_blocks(parts[0].kind, torch.cat([p.file_blocks() for p in parts]))
 
 
 def quantise(w, kind):
@@ -99,8 +146,9 @@ def quantise(w, kind):
         parts = [d]
     else:
         raise ValueError(f"no quantiser for block type {kind}")
-    data = torch.cat([p.contiguous().view(torch.uint8).reshape(rows, -1) for p in parts + [packed]], dim=1)
-    return QuantWeight(kind, rows, cols, data.contiguous())
+    blocks = torch.cat([p.contiguous().view(torch.uint8).reshape(rows, cols // BLOCK, -1)
+                        for p in parts + [packed]], dim=2)
+    return QuantWeight.from_blocks(kind, blocks.reshape(rows, -1))
 
 
 # GGUF tensor names (llama.cpp's) -> the transformers Llama module that holds them.

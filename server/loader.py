@@ -27,14 +27,15 @@ def driver(args, progress):
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-    bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress)
+    # the blocks alone where the engine can read them (no fp32 copy unless the weights setting asks)
+    bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress, dense=False)
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
                           release_model_weights=True,
                           max_context=args.max_context)
     bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
 
     def reload():   # the same model again, from the on-disk cache the first load filled (a cold start)
-        return model.load(args.model, device=args.device, dtype=args.dtype)
+        return model.load(args.model, device=args.device, dtype=args.dtype, dense=False)
     return EngineDriver(Engine(bundle, config, bench=bench), loader=reload).start()
 
 
@@ -47,7 +48,7 @@ def disaggregated(args, progress):
     progress("starting the prefill and the decode instance (each loads the model)", 0.1)
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
                           release_model_weights=True, max_context=args.max_context)
-    factory = functools.partial(model.load, args.model, device="cpu", dtype=args.dtype)
+    factory = functools.partial(model.load, args.model, device="cpu", dtype=args.dtype, dense=False)
     backend = DisaggBackend(factory, config, threads=args.disagg_threads)
     progress("both instances ready", 1.0)
     return backend.start()

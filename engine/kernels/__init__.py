@@ -3,7 +3,7 @@ with the plain-torch computation it must equal beside it.
 
 `quant_linear(x, w)`: x [rows, cols] fp32 times a `QuantWeight`'s blocks (engine/weights.py),
 transposed, = x @ w.dequantise().T up to summation order (fp32 throughout; the activations are
-never rounded to int8). The instruction-set path is picked once per process from what the CPU
+never rounded to int8), at any number of rows. `quant_rows(w, ids)`: rows of w.dequantise(). The instruction-set path is picked once per process from what the CPU
 has (AVX-512, else AVX2+FMA+F16C, else portable C++); FIRST_TOKEN_ISA=avx2|portable picks a
 lower one, FIRST_TOKEN_KERNELS=off none (the engine then reads dequantised fp32 weights).
 """
@@ -48,7 +48,51 @@ def describe():
 def quant_linear(x, w, isa=None):
     """x [rows, w.cols] fp32 -> [rows, w.rows]: x times the blocks of `w`, transposed."""
     code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
-    return torch.ops.first_token.quant_linear(x, w.data, w.kind, code)
+    return torch.ops.first_token.quant_linear(x, w.data, w.kind, w.rows, code)
+
+
+def quant_linear_int8(x, w, isa=None):
+    """The same product with x rounded to int8 first, as llama.cpp rounds it (per row and block of
+    32: d = max|x| / 127 as fp16, q = round(x * 127 / max|x|), s = d * sum(q) as fp16) and integer dot products
+    against the 4-bit quants (Q4_1 only): the `activations` setting's `int8`, another arithmetic."""
+    code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
+    return torch.ops.first_token.quant_linear_int8(x, w.data, w.kind, w.rows, code)
+
+
+def int8_path(isa=None):
+    """What the int8 activations run on here: "vnni", "avx2" or "portable"."""
+    code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
+    return torch.ops.first_token.int8_path(code)
+
+
+def int8_peak(seconds=0.2, isa=None):
+    """The int8 path's multiply-add rate on every thread, ops/s (2 per product): a register-resident
+    loop of its instructions (VPDPBUSD, or VPMADDUBSW + VPMADDWD), an estimate of its compute roof."""
+    code = {v: k for k, v in ISAS.items()}[isa or status()["isa"]]
+    return torch.ops.first_token.int8_peak(code, seconds)
+
+
+def int8_rows_reference(x):
+    """(q, d, s) of x rounded as llama.cpp's Q8_1: per row and block of 32, fp32 [rows, blocks(, 32)]."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv[..., None])                        # halves to even, as llama.cpp's x86 paths
+    d = amax / 127
+    return q, d.half().float(), (q.sum(-1) * d).half().float()
+
+
+def quant_linear_int8_reference(x, w):
+    """What `quant_linear_int8` computes, in plain torch: per block d_w * d_x * (q_w . q_x) + m_w * s_x."""
+    q, dx, sx = int8_rows_reference(x)
+    dw, mw, qw = w._parts()
+    dots = torch.einsum("mbk,nbk->mnb", q, qw)                  # integers, exact in fp32 here
+    return (dots * dw[None] * dx[:, None] + mw[None] * sx[:, None]).sum(-1)
+
+
+def quant_rows(w, ids):
+    """Rows `ids` (a long tensor) of the matrix `w`'s blocks mean, fp32: an embedding lookup."""
+    return torch.ops.first_token.quant_rows(w.data, w.kind, w.rows, ids)
 
 
 def quant_linear_reference(x, w):

@@ -21,13 +21,14 @@ const LABELS = {
   kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
   prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
   max_step_ms: ["Step-time target", "ms"], weights: ["Weights", "read by each decode step"],
+  activations: ["Activations", "the 4-bit layers' arithmetic"],
   speculation: ["Speculative decoding", "guesses checked in one forward"], spec_tokens: ["Guesses per step", "tokens"],
   slo_ttft_ms: ["TTFT objective (SLO)", "ms"], slo_tpot_ms: ["Per-token objective (SLO)", "ms/token"],
   buffer_ms: ["Proxy buffer: flush every", "ms · 0 = off"], buffer_bytes: ["Proxy buffer: or at", "bytes · 0 = off"],
   net_latency_ms: ["Network delay (injected)", "ms"], net_jitter_ms: ["Network jitter (injected)", "+0…N ms"],
 };
 const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "max_step_ms", "slots",
-               "cache_tokens", "kv_cache", "prefix_caching", "weights", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
+               "cache_tokens", "kv_cache", "prefix_caching", "weights", "activations", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
                "temperature", "top_p"];
 // The way out (server/delivery.py): after the engine's own settings, under their own heading.
 const BETWEEN = ["buffer_ms", "buffer_bytes", "net_latency_ms", "net_jitter_ms"];

@@ -23,6 +23,7 @@ function trim(arr, keep) {
 export function createState() {
   return {
     hello: null, settings: {}, limits: {}, loading: null,
+    fp32MadeS: null, int8Agreement: null,   // settings.fp32_made_s, .int8_agreement: the latest measured
     reqs: new Map(), order: [],   // order: request ids by arrival
     steps: [],                    // model forwards: {kind, start, end, ids, decodeIds, tokens, prefillTokens,
                                   //   decodeTokens, kv, cacheTokens, stack, predicted, bound, spec, out, firstShape,
@@ -128,8 +129,15 @@ const ON = {
     s.prefill = {slots: new Array(s.instances && s.instances.prefill ? s.instances.prefill.max_slots : 0).fill(null),
                  last: null, filled: new Map(), waiting: []};
     s.dropped = 0; s.delivery = []; s.sweeps = {};
+    s.fp32MadeS = (ev.weights && ev.weights.fp32_made_s) ?? null;
+    s.int8Agreement = (ev.weights && ev.weights.int8_agreement) || null;
   },
-  settings(s, ev) { s.settings = Object.assign({}, ev.settings); },
+  settings(s, ev) {
+    s.settings = Object.assign({}, ev.settings);
+    // measured by the engine for this change (protocol 14): the fp32 copy made, int8's agreement
+    if (ev.fp32_made_s != null) s.fp32MadeS = ev.fp32_made_s;
+    if (ev.int8_agreement) s.int8Agreement = ev.int8_agreement;
+  },
   reset(s) { clearRun(s); },
   dropped(s, ev) { s.dropped += ev.count; },
   model_load(s, ev) {

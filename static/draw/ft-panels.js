@@ -107,9 +107,12 @@ export function showModel(s, h) {
   // the weights' format and bytes per decode step: a span that follows the setting (ft-weights.js)
   const w = el("span", "model-weights", h.dtype);
   w.id = "model-weights";
-  // (its details: the first part a one-row header drops, ft-stage.js; the tooltip keeps them)
+  // the server process's resident memory, from each `stats` event (ft-weights.js update); the
+  // details after it are the first part a one-row header drops (ft-stage.js; the tooltip keeps them)
+  const rss = el("span", "model-rss", "");
+  rss.id = "model-rss";
   const more = el("span", "model-more", ` · ${(h.params / 1e6).toFixed(0)} M params · ${h.layers} layers · ${h.max_slots} slots`);
-  $("model").replaceChildren(`${h.model} · ${h.device} · `, w, more);
+  $("model").replaceChildren(`${h.model} · ${h.device} · `, w, rss, more);
   $("model").title = more.textContent.slice(3);
 }
 

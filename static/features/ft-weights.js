@@ -1,6 +1,10 @@
-// First Token: the weights as a live lesson (issue 31). The engine keeps two copies of the same
-// model: the file's own 4-bit blocks (`stored`, read by a fused kernel) and the fp32 matrices they
-// mean (`dequantised`); the `weights` setting picks the one a forward reads, live. This module
+// First Token: the weights as a live lesson (issue 31). The engine reads the model as its file
+// stores it, 4-bit blocks (`stored`, through a fused kernel); the fp32 matrices they mean
+// (`dequantised`) are made from the blocks only when the `weights` setting asks (the time it took
+// is measured: settings.fp32_made_s), freed when it is switched back (issue 41). The
+// `activations` setting gives the 4-bit layers a second arithmetic, int8 (its own lesson, with
+// its measured agreement: settings.int8_agreement). The header also shows the server's resident
+// memory, measured (stats.rss_bytes). This module
 // names them from `hello.weights` (never hard-coded figures): the header's format and bytes per
 // decode step, the control's choices, each format's bandwidth floor (an ESTIMATE: bytes ÷ the
 // bandwidth measured at start), a forward's hover line, the step-time chart split by format, and
@@ -139,14 +143,57 @@ export function lessonFigure(st, t0) {
   }
   const r = q.ms / k.ms, bytes = f.dequantised.decode_bytes / f.stored.decode_bytes;
   return `decode step at batch 1: ${part("dequantised", q)} → ${part("stored", k)}: ` +
-    `${r >= 1 ? `${r.toFixed(1)}× faster` : `${(1 / r).toFixed(1)}× slower`} for ${bytes.toFixed(1)}× fewer bytes`;
+    `${r >= 1 ? `${r.toFixed(1)}× faster` : `${(1 / r).toFixed(1)}× slower`} for ${bytes.toFixed(1)}× fewer bytes` +
+    madeNote(st);
 }
-export const proof = {weights: lessonFigure};
+
+// "; the fp32 copy was made from the blocks in 1.4 s" where the engine made it (measured).
+function madeNote(st) {
+  return typeof st.fp32MadeS === "number" ? `; the fp32 copy was made from the blocks for it in ${fmtS(st.fp32MadeS)}` : "";
+}
+
+// Whether a forward's 4-bit layers took int8 activations (step.kernel says so: engine/linears.py).
+export const int8Step = (x) => typeof x.kernel === "string" && x.kernel.includes("int8");
+
+// The `int8` preset's proof: the median decode step with fp32 and with int8 activations since t0
+// (measured, from the steps), and int8's agreement with fp32 as the engine measured it.
+export function int8Figure(st, t0) {
+  const lim = st.limits && st.limits.activations;
+  if (!lim || !(lim.choices || []).includes("int8")) return "this server offers fp32 activations only (no 4-bit Q4_1 blocks or kernel here)";
+  const by = {fp32: [], int8: []};
+  for (const x of st.steps) {
+    if (x.kind !== "decode" || x.start < t0 || x.weights !== "stored") continue;
+    by[int8Step(x) ? "int8" : "fp32"].push((x.end - x.start) * 1000);
+  }
+  const med = (v) => (v.length ? `${percentile(v, 50).toFixed(1)} ms (median of ${v.length})` : "—");
+  const a = st.int8Agreement;
+  const agree = a ? `int8 against fp32, teacher-forced over ${a.positions} positions: top-1 agreement ` +
+    `${(100 * a.top1).toFixed(2)} %, largest logit difference ${a.max_logit_diff.toFixed(2)} (measured in ${fmtS(a.seconds)})`
+    : "int8's agreement with fp32: measured when int8 is first chosen…";
+  let speed = `decode step, fp32 activations ${med(by.fp32)} → int8 ${med(by.int8)}`;
+  if (by.fp32.length && by.int8.length) {
+    const r = percentile(by.fp32, 50) / percentile(by.int8, 50);
+    speed += `: ${r >= 1 ? `${r.toFixed(2)}× faster` : `${(1 / r).toFixed(2)}× slower`}`;
+  }
+  return `${speed} · ${agree}`;
+}
+export const proof = {weights: lessonFigure, int8: int8Figure};
+
+// "RSS 870 MB": the server process's resident memory from the latest `stats` (measured), or "".
+export function rssText(s) {
+  const b = s.last && s.last.rss_bytes;
+  return typeof b === "number" ? ` · RSS ${Math.round(b / 1e6)} MB` : "";
+}
 
 // ---------------------------------------------------------------- the header, at 4 Hz
 
 export function update(s) {
-  const text = headerText(s), span = $("model-weights"), fig = $("h-weights-fig");
+  const text = headerText(s), span = $("model-weights"), fig = $("h-weights-fig"), rss = $("model-rss");
+  if (rss) {
+    rss.textContent = rssText(s);
+    rss.title = rss.textContent ? "the server process's resident memory now, measured (stats.rss_bytes): the weights' " +
+      "blocks, the KV store, the fp32 copy while it is read, Python and torch" : "";
+  }
   // presenter mode shows the headline figure during the weights lesson (in the schedule's place)
   document.body.classList.toggle("weights-lesson", !!(teach.active && teach.active.name === "weights"));
   if (span) {

@@ -68,3 +68,114 @@ def test_the_disaggregation_bench_figures_come_from_what_its_client_saw():
                                    "ttft_ms": 600, "tpot_ms": 50}, "points": [point]})
     assert "cores" in text.splitlines()[0]      # the processor is named
     assert "   256    2.0  colocated" in text and "disaggregated" in text
+
+
+# ---- every bench module, its smallest configuration on the tiny model (the benchmarks cannot rot) ----
+# Each runs as `make bench` runs it (python -m bench.NAME, its own process), on the tiny random model:
+# saved as a model directory for the benches that start app.py or load a model (FIRST_TOKEN_BENCH_MODEL,
+# bench/launch.py), as its Q4_1 blocks in process for bench.weights. Only that it runs to the end and
+# writes its figures is checked: no timing verdicts. The modules with no command of their own
+# (contenders, tables, launch, machine, coldstart, vs_reference) run inside these.
+import json as _json
+import os as _os
+import shutil as _shutil
+import subprocess as _subprocess
+import sys as _sys
+
+from helpers import ROOT, tiny_bundle
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-model")
+    b = tiny_bundle()
+    b.model.save_pretrained(d)
+    b.tokenizer.save_pretrained(d)
+    return d
+
+
+def bench(module, *args, model=None, timeout=300, env=None):
+    """`python -m MODULE ARGS` on the tiny model; its output (it must exit 0)."""
+    env = {**_os.environ, **(env or {}), "PYTHONPATH": _os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    if model is not None:
+        env["FIRST_TOKEN_BENCH_MODEL"] = str(model)
+    done = _subprocess.run([_sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    assert done.returncode == 0, f"{module} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def written(path):
+    return _json.loads(path.read_text())
+
+
+REFERENCE = _shutil.which("llama-server") or str(__import__("pathlib").Path.home() / ".cache" / "first-token" /
+                                                 "reference" / "llama.cpp" / "llama-server")
+
+
+@pytest.mark.slow
+def test_bench_main_smoke(tiny_dir, tmp_path):
+    out = tmp_path / "r.json"
+    bench("bench", "--smoke", "--out", str(out), model=tiny_dir)
+    r = written(out)
+    assert [row["batch"] for row in r["decode"]] == [1, 2] and r["cold_start"].get("second_start_s")
+
+
+@pytest.mark.slow
+def test_bench_roofline_and_first_shape_smoke(tiny_dir):
+    assert "| decode batch 2" in bench("bench.roofline", "--smoke", model=tiny_dir)
+    assert "seen before (control)" in bench("bench.first_shape", "--rounds", "1", model=tiny_dir)
+
+
+@pytest.mark.slow
+def test_bench_weights_smoke(tmp_path):
+    out = tmp_path / "w.json"
+    text = bench("bench.weights", "--smoke", "--only", "stored,dequantised", "--out", str(out),
+                 model="helpers:tiny_quant_bundle")
+    r = written(out)
+    assert set(r["median"]) == {"stored", "dequantised"} and "batch-1 step profile" in text
+    assert all(m["predicted"]["1"] > 0 and m["rss_mb"] > 0 for m in r["median"].values())
+
+
+@pytest.mark.slow
+def test_bench_serve_and_speculative_smoke(tiny_dir, tmp_path):
+    bench("bench.serve", "--smoke", "--out", str(tmp_path / "s.json"), model=tiny_dir)
+    assert written(tmp_path / "s.json")["L2"]["tokens_per_s"] > 0
+    bench("bench.speculative", "--smoke", "--out", str(tmp_path / "p.json"), model=tiny_dir)
+    assert written(tmp_path / "p.json")["results"]
+
+
+@pytest.mark.slow
+def test_bench_disagg_smoke(tiny_dir, tmp_path):
+    bench("bench.disagg", "--rounds", "1", "--streams", "1", "--stream-new", "4", "--longs", "1", "--long-new", "2",
+          "--prompts", "16", "--rates", "2", "--out", str(tmp_path / "d.json"), model=tiny_dir)
+    assert written(tmp_path / "d.json")["points"]
+
+
+@pytest.mark.slow
+def test_bench_soak_and_page_fps_smoke(tiny_dir, tmp_path):
+    bench("bench.soak", "--minutes", "0.05", "--clients", "1", "--out", str(tmp_path / "soak.json"), model=tiny_dir)
+    assert written(tmp_path / "soak.json")["rss_mb"]["start"] > 0
+    assert "fps" in bench("bench.page_fps", "--seconds", "1", "--rows", "2", model=tiny_dir)
+
+
+@pytest.mark.slow
+def test_bench_gpu_check_and_reference_path():
+    """gpu_check on a machine without CUDA says so and stops; bench.reference names its binary."""
+    import torch
+    out = bench("bench.gpu_check")
+    assert ("no CUDA device" in out) != torch.cuda.is_available()
+    if _os.path.exists(REFERENCE):
+        assert bench("bench.reference", "--path").strip().endswith("llama-server")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _os.path.exists(REFERENCE), reason="llama.cpp's llama-server is not built here "
+                    "(python -m bench.reference --build): the benches against it need it and a GGUF")
+def test_bench_against_llamacpp_smoke(tmp_path):
+    """The two benches that run llama.cpp itself (a GGUF, so the bundled model, not the tiny one)."""
+    bench("bench.observe_llamacpp", "--smoke", "--out", str(tmp_path / "o.json"), "--shot", str(tmp_path / "o.png"))
+    assert written(tmp_path / "o.json")["finished"] >= 1
+    bench("bench.serve", "--reference", "--smoke", "--rounds", "1", "--threads", "1", "--out", str(tmp_path / "v.json"),
+          timeout=600)
+    assert written(tmp_path / "v.json")

@@ -52,6 +52,69 @@ def test_quant_linear_equals_fp32_matmul_on_the_dequantised_blocks(isas, kind, r
             assert relative_error(y, ref) < 1e-5, (isa, m)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_chunk_of_hundreds_of_rows_equals_fp32_matmul(isas, kind):
+    """Past one tile of rows each group is unpacked into an fp32 panel a slice of K at a time and
+    the rows come in chunks of 96: 97 and 300 rows cross those chunks, 576 columns three slices."""
+    w = QuantWeight.from_blocks(kind, random_blocks(kind, 45, 576, seed=3))
+    dense = w.dequantise()
+    for m in (97, 300):
+        x = torch.randn(m, 576, generator=torch.Generator().manual_seed(m))
+        for isa in isas:
+            if isa != "portable" or m == 97:
+                assert relative_error(kernels.quant_linear(x, w, isa), x @ dense.T) < 1e-5, (isa, m)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_groups_of_16_hold_the_files_blocks_unchanged(kind):
+    """Regrouping 16 rows at a time moves bytes only: the file's blocks come back byte for byte,
+    rows taken or stacked are the same rows, and a row lookup (the embedding's) equals the
+    dequantised matrix's row exactly."""
+    raw = random_blocks(kind, 37, 96, seed=5)
+    w = QuantWeight.from_blocks(kind, raw)
+    assert torch.equal(w.file_blocks(), raw)
+    order = torch.randperm(37, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(w.take_rows(order).dequantise(), w.dequantise()[order])
+    both = weights.stack_rows([w, QuantWeight.from_blocks(kind, random_blocks(kind, 32, 96, seed=6))])
+    assert both.rows == 69 and torch.equal(both.dequantise()[:37], w.dequantise())
+    ids = torch.tensor([0, 36, 17, 17, 5])
+    assert torch.equal(kernels.quant_rows(w, ids), w.dequantise()[ids])
+    assert torch.equal(w.dequantise(ids), w.dequantise()[ids])
+    with pytest.raises(RuntimeError, match="outside 0..36"):
+        kernels.quant_rows(w, torch.tensor([37]))
+
+
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_int8_activations_equal_their_reference_with_the_same_bits_on_every_path(isas, rows, cols):
+    """The `activations: int8` product (Q4_1 only): x rounded per row and block as llama.cpp rounds
+    it, integer dot products, two FMAs a block; every path (VNNI, AVX2, portable) gives the same
+    bits, and the plain-torch reference agrees to float rounding."""
+    w = QuantWeight.from_blocks(Q4_1, random_blocks(Q4_1, rows, cols, seed=rows + 1))
+    for m in (1, 2, 3, 4, 5, 12, 13, 30, 64):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)) * 3
+        outs = [kernels.quant_linear_int8(x, w, isa) for isa in isas]
+        assert relative_error(outs[0], kernels.quant_linear_int8_reference(x, w)) < 1e-5, m
+        assert all(torch.equal(o, outs[0]) for o in outs), m
+        assert relative_error(outs[0], x @ w.dequantise().T) > 1e-5     # another arithmetic: not fp32's
+    with pytest.raises(RuntimeError, match="is not Q4_1"):
+        kernels.quant_linear_int8(torch.randn(1, 64), QuantWeight.from_blocks(Q8_0, random_blocks(Q8_0, 4, 64, 0)))
+
+
+def test_int8_rows_round_as_llamacpp():
+    """Per block of 32: d = max|x| / 127 (stored as fp16), q = round(x * 127 / max|x|) with halves to
+    even (llama.cpp's x86 paths), s = d * sum(q) (fp16); an all-zero block is all zeros."""
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([254.0, -127.0, 1.0, 5.0])     # 127 / 254 = 0.5 exactly: -63.5 -> -64, 0.5 -> 0, 2.5 -> 2
+    q, d, s = kernels.int8_rows_reference(x)
+    assert q[0, 0, :4].tolist() == [127, -64, 0, 2] and q[0, 1].abs().sum() == 0
+    assert d[0].tolist() == [2.0, 0.0] and s[0, 0].item() == 65 * 2.0
+    w = QuantWeight.from_blocks(Q4_1, random_blocks(Q4_1, 16, 64, seed=9))
+    dw, mw, qw = w._parts()
+    want = (dw[:, 0] * 2.0 * (qw[:, 0, :4] * torch.tensor([127.0, -64, 0, 2])).sum(-1) + mw[:, 0] * 130.0)
+    assert torch.allclose(kernels.quant_linear_int8(x, w)[0], want, rtol=1e-6)   # the zero block adds m * 0
+    assert kernels.int8_peak(0.05) > 1e8                    # the int8 path's rate, measured
+
+
 def test_every_path_this_cpu_should_have_is_built(isas):
     """The portable path always; AVX2 and AVX-512 whenever the CPU has them (read from /proc)."""
     flags = set(open("/proc/cpuinfo").read().split())
@@ -81,7 +144,7 @@ def test_quantise_rounds_to_the_nearest_level(kind):
     the largest magnitude), plus the fp16 rounding of the scales."""
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
     w = weights.quantise(x, kind)
-    assert w.nbytes == 8 * 2 * weights.BLOCK_BYTES[kind]
+    assert w.nbytes == 16 * 2 * weights.BLOCK_BYTES[kind]      # 8 rows padded to a group of 16 with zero blocks
     blocks = x.reshape(8, 2, 32)
     step = (blocks.amax(2) - blocks.amin(2)) / 15 if kind == Q4_1 else blocks.abs().amax(2) / 127
     err = (w.dequantise() - x).reshape(8, 2, 32).abs().amax(2)
@@ -146,17 +209,30 @@ def test_norms_rotary_and_silu_equal_their_references(isas):
     OPS.rotary_(a, pos, cos, sin, heads, d)
     kernels.rotary_reference(b, pos, cos, sin, heads, d)
     assert close(a, b) and torch.equal(a[:, heads * d:], qkv[:, heads * d:])
-    gu = torch.randn(4, 2 * 48, generator=g)
+    gu = torch.randn(4, 2 * 53, generator=g) * 6              # 53: a tail past the vectors; large |g| too
     assert close(OPS.silu_mul(gu), kernels.silu_mul_reference(gu))
     with pytest.raises(RuntimeError, match="beyond the table"):
         OPS.rotary_(a, torch.tensor([0, 0, 0, 0, 128]), cos, sin, heads, d)
 
 
+@pytest.mark.parametrize("path", ["avx2", "portable"])
+def test_the_fused_ops_lower_paths_equal_their_references_too(isas, path):
+    """The fused ops pick their path when the library loads (FIRST_TOKEN_ISA caps it): the tests
+    above run again in a process on each lower path this CPU has."""
+    if path not in isas:
+        pytest.skip(f"this CPU has no {path} path")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "norms_rotary or paged_decode_reads"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FIRST_TOKEN_ISA": path})
+    assert done.returncode == 0, done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("d", [24, 32, 64])   # 24: no vector path (the plain loops); 64: SmolLM2's heads
 @pytest.mark.parametrize("lengths", [[1], [5, 17, 33], [64, 2, 40, 16]])
-def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths):
+def test_paged_decode_reads_the_blocks_in_place_like_sdpa_on_a_gathered_copy(isas, lengths, d):
     """Grouped-query attention (6 query heads, 2 key heads) over scattered blocks of 16 slots."""
     g = torch.Generator().manual_seed(len(lengths))
-    q_heads, kv_heads, d, bs, blocks = 6, 2, 32, 16, 20
+    q_heads, kv_heads, bs, blocks = 6, 2, 16, 20
     k_store, v_store = (torch.randn(blocks + 1, bs, kv_heads, d, generator=g) for _ in range(2))
     nb = max(-(-n // bs) for n in lengths)
     tables = torch.stack([torch.randperm(blocks, generator=g)[:nb] for _ in lengths])

@@ -43,7 +43,8 @@ def test_the_wire_dict_is_the_flat_registry_and_comes_back_as_the_same_value():
     assert Settings.from_wire(s.wire()) == s
     assert s.scheduling == SchedulingSettings(slots=8, cache_tokens=1024, kv_cache=True, schedule="mixed",
                                               max_batched_tokens=256, max_step_ms=0, prefix_caching=True,
-                                              speculation="off", spec_tokens=4, weights="dequantised")
+                                              speculation="off", spec_tokens=4, weights="dequantised",
+                                              activations="fp32")
 
 
 def test_a_change_is_a_new_value_and_leaves_the_other_parts_as_they_were():

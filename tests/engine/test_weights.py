@@ -34,7 +34,7 @@ def test_hello_offers_both_formats_and_names_their_bytes(quant):
     assert 0 < stored["decode_bytes"] < fp32["decode_bytes"] / 4        # 20 bytes per 32 weights against 128
     assert stored["floor_s"] < fp32["floor_s"]                          # the same bandwidth, fewer bytes
     assert hello.bandwidth["weight_bytes"] == stored["decode_bytes"]     # the default format's
-    assert w["kernel"] in ("avx512", "avx2", "portable") and w["why"] is None and w["max_rows"] >= 1
+    assert w["kernel"] in ("avx512", "avx2", "portable") and w["why"] is None and w["fp32_on_demand"] is True
 
 
 def test_the_setting_switches_live_and_each_step_says_what_it_read(qlive):
@@ -94,6 +94,28 @@ def test_healthz_and_metrics_name_the_format_and_its_bytes(qlive):
     events = collect(sub, lambda ev: of(ev, "finished") and ev[-1]["type"] == "stats", timeout=30)
     read = sum(s["weight_bytes"] for s in of(events, "step"))
     assert gauge()["first_token:weight_bytes_read_total"] == {"dequantised": read}
+
+
+def test_healthz_and_stats_report_resident_memory_and_the_fp32_copy(qlive):
+    """/healthz's `memory` and every `stats` event carry the process's measured RSS; the fp32 copy
+    is there only while `dequantised` is read (made for the switch, with its time), freed after."""
+    import os
+    http = qlive.app.test_client()
+    m = http.get("/healthz").get_json()["memory"]
+    statm_pages = int(open("/proc/self/statm").read().split()[1])           # the same process
+    assert abs(m["rss_bytes"] - statm_pages * os.sysconf("SC_PAGE_SIZE")) < 200e6
+    assert m["fp32_copy"] is False and m["fp32_made_s"] is None
+    assert m["blocks_bytes"] == sum(w.nbytes for w in {id(w): w for w in qlive.driver.engine.bundle.quant.values()}.values())
+    assert m["kv_store_bytes"] == qlive.driver.engine.store.nbytes
+    sub = qlive.driver.events.subscribe(replay=False)
+    qlive.driver.update_settings({"weights": "dequantised"})
+    (change,) = [e for e in collect(sub, lambda ev: of(ev, "settings")) if e["type"] == "settings"]
+    m = http.get("/healthz").get_json()["memory"]
+    assert m["fp32_copy"] is True and m["fp32_made_s"] == change["fp32_made_s"] > 0
+    qlive.driver.update_settings({"weights": "stored"})
+    stats = collect(sub, lambda ev: any(e["type"] == "stats" for e in ev) and of(ev, "settings"), timeout=10)
+    assert http.get("/healthz").get_json()["memory"]["fp32_copy"] is False
+    assert all(e["rss_bytes"] > 50e6 for e in of(stats, "stats"))
 
 
 def test_the_metrics_listener_follows_settings_and_steps():

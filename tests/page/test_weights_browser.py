@@ -63,6 +63,49 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         qlive.driver.update_settings({"weights": "stored"})
 
 
+def test_the_header_shows_the_servers_measured_resident_memory(qlive, browser):
+    """The model line ends with the process's RSS as the latest `stats` event gave it."""
+    sub = qlive.driver.events.subscribe(replay=False)
+    ctx, page = open_page(browser, qlive.url + "/", 1366, 768)
+    try:
+        page.wait_for_function("() => /RSS \\d+ MB/.test(document.getElementById('model-rss').textContent)")
+        shown = page.evaluate("() => [document.getElementById('model-rss').textContent, firstToken.state.last.rss_bytes]")
+        assert shown[0] == f" · RSS {round(shown[1] / 1e6)} MB" and shown[1] > 50e6
+        assert "resident memory" in page.get_attribute("#model-rss", "title")
+        assert page.errors == []
+    finally:
+        sub.close()
+        ctx.close()
+
+
+def test_the_int8_lesson_quotes_both_arithmetics_steps_and_the_measured_agreement(qlive, browser):
+    """The `int8` preset: fp32 activations, then int8 at 4 s; the switch's settings event carries
+    the agreement the engine measured, and the banner quotes it and each arithmetic's median
+    decode step (the steps' kernel says which)."""
+    sub = qlive.driver.events.subscribe(replay=False)
+    ctx, page = open_page(browser, qlive.url + "/", 1366, 768)
+    try:
+        page.wait_for_function("() => firstToken.state.hello && document.getElementById('set-activations')")
+        assert page.is_checked("#set-activations input[value=fp32]")
+        page.click("#presets .preset[data-preset=int8]")
+        page.wait_for_function("() => firstToken.state.settings.activations === 'int8'", timeout=20_000)
+        qlive.driver.update_settings({"max_new_tokens": 24})
+        qlive.driver.burst(2, seed=5)   # the tiny model's streams are long done by the switch: more, under int8
+        page.wait_for_function("() => / → int8 [0-9.]+ ms/.test(document.getElementById('lesson-live').textContent)",
+                               timeout=60_000)
+        events = sub.get(0)
+        (change,) = [e for e in events if e["type"] == "settings" and e.get("int8_agreement")]
+        a = change["int8_agreement"]
+        shown = page.text_content("#lesson-live")
+        assert (f"teacher-forced over {a['positions']} positions: top-1 agreement {100 * a['top1']:.2f} %, "
+                f"largest logit difference {a['max_logit_diff']:.2f}") in shown, shown
+        assert shown.startswith("decode step, fp32 activations ") and page.errors == []
+    finally:
+        sub.close()
+        ctx.close()
+        qlive.driver.update_settings({"activations": "fp32"})
+
+
 def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, browser):
     """The step applies `weights` (fp32 first, the blocks at 4 s); a request decoding after the
     switch gives the 4-bit steps; the banner's medians are the events' own."""

@@ -6,18 +6,111 @@
 //
 // Plain loops the compiler vectorises, cloned per instruction set (GCC's target_clones: an
 // AVX-512, an AVX2 and a baseline copy of each, the CPU's picked when the library loads), with
-// -ffp-contract=off (engine/kernels/build.py) so a*b+c rounds as torch's separate ops do.
+// -ffp-contract=off (engine/kernels/build.py) so a*b+c rounds as torch's separate ops do. Two
+// things the compiler will not vectorise without reordering sums or calling a vector libm, and
+// that a decode step does for every position of every request: the query·key dot products and
+// exp (softmax, SiLU). Those have AVX-512 and AVX2 paths written out (the dot products summed in
+// 16 or 8 lanes, exp as 2^n · a degree-6 polynomial, within 2 ulp of expf), picked at run time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
 
 #define FT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define FT_AVX512 __attribute__((target("avx512f,avx512dq,avx2,fma")))
+#define FT_AVX2 __attribute__((target("avx2,fma")))
+
+enum class Isa { kPortable, kAvx2, kAvx512 };
+
+// The widest path this CPU runs, or a lower one FIRST_TOKEN_ISA asks for (engine/kernels: the
+// same variable picks the 4-bit kernel's path; tests run every path so).
+Isa isa() {
+  static const Isa found = [] {
+    __builtin_cpu_init();
+    const char* want = std::getenv("FIRST_TOKEN_ISA");
+    const Isa cap = !want ? Isa::kAvx512 : std::string(want) == "avx2" ? Isa::kAvx2
+                  : std::string(want) == "portable" ? Isa::kPortable : Isa::kAvx512;
+    Isa best = Isa::kPortable;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) best = Isa::kAvx512;
+    return std::min(best, cap);
+  }();
+  return found;
+}
+
+// e^x: x = n ln2 + r (Cody and Waite's two-part ln2), e^r by its Taylor polynomial to degree 6
+// (|r| <= ln2/2: the first term left out is under 4e-8 relative), times 2^n.
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpC[7] = {1.f, 1.f, 0.5f, 1.f / 6, 1.f / 24, 1.f / 120, 1.f / 720};
+
+FT_AVX512 inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpC[6]);
+  for (int i = 5; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpC[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+FT_AVX2 inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpC[6]);
+  for (int i = 5; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC[i]));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2));
+}
+
+// In place: x[i] = e^(x[i] - top); returns their sum.
+FT_AVX512 float exp_shift_512(float* x, int64_t n, float top) {
+  __m512 sum = _mm512_setzero_ps();
+  const __m512 t = _mm512_set1_ps(top);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), t));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), t));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+FT_AVX2 inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+FT_AVX2 float exp_shift_256(float* x, int64_t n, float top) {
+  __m256 sum = _mm256_setzero_ps();
+  const __m256 t = _mm256_set1_ps(top);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), t));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = hsum256(sum);
+  for (; i < n; ++i) total += x[i] = std::exp(x[i] - top);
+  return total;
+}
 
 FT_CLONES void norm_row(const float* h, const float* w, float eps, int64_t n, float* out) {
   float ss = 0.f;
@@ -83,8 +176,38 @@ void rotary_(at::Tensor qkv, const at::Tensor& pos, const at::Tensor& cos, const
 }
 
 // silu(g) * u for gu [T, 2I] = the gate's outputs then the up projection's.
-FT_CLONES void silu_mul_row(const float* g, const float* u, int64_t n, float* out) {
+FT_CLONES void silu_mul_portable(const float* g, const float* u, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+FT_AVX512 void silu_mul_512(const float* g, const float* u, int64_t n, float* out) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(g + i);
+    const __m512 sig = _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(sig, _mm512_loadu_ps(u + i)));
+  }
+  silu_mul_portable(g + i, u + i, n - i, out + i);
+}
+
+FT_AVX2 void silu_mul_256(const float* g, const float* u, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 sig = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(sig, _mm256_loadu_ps(u + i)));
+  }
+  silu_mul_portable(g + i, u + i, n - i, out + i);
+}
+
+void silu_mul_row(const float* g, const float* u, int64_t n, float* out) {
+  switch (isa()) {
+    case Isa::kAvx512: return silu_mul_512(g, u, n, out);
+    case Isa::kAvx2: return silu_mul_256(g, u, n, out);
+    default: return silu_mul_portable(g, u, n, out);
+  }
 }
 
 at::Tensor silu_mul(const at::Tensor& gu) {
@@ -151,6 +274,89 @@ FT_CLONES void attend_head(const float* q, const float* k, const float* v, const
   }
 }
 
+// attend_head with the dot products in vectors: d = 16 * C (AVX-512) or 8 * C (AVX2) values, C
+// vectors a key or value row; scores summed across lanes once per position.
+template <int C>
+FT_AVX512 void attend_head_512(const float* q, const float* k, const float* v, const int64_t* table, int64_t n,
+                               int64_t bs, int64_t width, float scale, float* scores, float* out) {
+  __m512 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  float top = -INFINITY;
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* kb = k + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) {
+      const float* kr = kb + o * width;
+      __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+      for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc);
+      top = std::max(top, scores[p0 + o] = _mm512_reduce_add_ps(acc) * scale);
+    }
+  }
+  const float inv = 1.f / exp_shift_512(scores, n, top);
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* vb = v + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) {
+      const __m512 w = _mm512_set1_ps(scores[p0 + o]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vb + o * width + 16 * c), acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(inv)));
+}
+
+template <int C>
+FT_AVX2 void attend_head_256(const float* q, const float* k, const float* v, const int64_t* table, int64_t n,
+                             int64_t bs, int64_t width, float scale, float* scores, float* out) {
+  __m256 qv[C];
+  for (int c = 0; c < C; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
+  float top = -INFINITY;
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* kb = k + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) {
+      const float* kr = kb + o * width;
+      __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+      for (int c = 1; c < C; ++c) acc = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), acc);
+      top = std::max(top, scores[p0 + o] = hsum256(acc) * scale);
+    }
+  }
+  const float inv = 1.f / exp_shift_256(scores, n, top);
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t p0 = 0, i = 0; p0 < n; p0 += bs, ++i) {
+    const float* vb = v + table[i] * bs * width;
+    for (int64_t o = 0; o < std::min(bs, n - p0); ++o) {
+      const __m256 w = _mm256_set1_ps(scores[p0 + o]);
+      for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vb + o * width + 8 * c), acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+}
+
+using AttendFn = void (*)(const float*, const float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
+                          float, float*, float*);
+
+// The vector path for head size d on this CPU, or nullptr (attend_head then).
+AttendFn attend_for(int64_t d) {
+  if (isa() == Isa::kAvx512 && d % 16 == 0) {
+    switch (d / 16) {
+      case 1: return attend_head_512<1>;
+      case 2: return attend_head_512<2>;
+      case 4: return attend_head_512<4>;
+      case 8: return attend_head_512<8>;
+    }
+  }
+  if (isa() != Isa::kPortable && d % 8 == 0) {
+    switch (d / 8) {
+      case 1: return attend_head_256<1>;
+      case 2: return attend_head_256<2>;
+      case 4: return attend_head_256<4>;
+      case 8: return attend_head_256<8>;
+      case 16: return attend_head_256<16>;
+    }
+  }
+  return nullptr;
+}
+
 // Decode attention: each of the first B rows of qkv is one request's new token; its queries attend
 // to the first lengths[b] positions of its sequence, read in place from the blocks its table names
 // (softmax(q.k * scale) v, the keys and values of a query head's group: grouped-query attention).
@@ -173,15 +379,19 @@ at::Tensor paged_decode(const at::Tensor& qkv, const at::Tensor& k_store, const 
     TORCH_CHECK(tp[i] >= 0 && tp[i] < n_blocks, "paged_decode: block id ", tp[i], " out of range");
   const float* kp = k_store.data_ptr<float>();
   const float* vp = v_store.data_ptr<float>();
+  const AttendFn fast = attend_for(d);
   at::parallel_for(0, B * kv_heads, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores;
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / kv_heads, g = w % kv_heads, n = len[b];
       const int64_t* table = tables.data_ptr<int64_t>() + b * tables.size(1);
       scores.resize(n);
-      for (int64_t qh = g * group; qh < (g + 1) * group; ++qh)
-        attend_head(qkv.data_ptr<float>() + b * qkv.size(1) + qh * d, kp + g * d, vp + g * d, table, n, bs, width, d,
-                    float(scale), scores.data(), out.data_ptr<float>() + b * q_heads * d + qh * d);
+      for (int64_t qh = g * group; qh < (g + 1) * group; ++qh) {
+        const float* q = qkv.data_ptr<float>() + b * qkv.size(1) + qh * d;
+        float* o = out.data_ptr<float>() + b * q_heads * d + qh * d;
+        if (fast) fast(q, kp + g * d, vp + g * d, table, n, bs, width, float(scale), scores.data(), o);
+        else attend_head(q, kp + g * d, vp + g * d, table, n, bs, width, d, float(scale), scores.data(), o);
+      }
     }
   });
   return out;

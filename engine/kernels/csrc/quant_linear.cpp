@@ -1,18 +1,35 @@
 // y = x · Wᵀ with W kept in ggml's own blocks (Q4_1, Q8_0), x in fp32: a torch custom op.
 //
-// A block holds 32 consecutive weights of one output row: Q4_1 is {fp16 d, fp16 m, 16 bytes of
-// nibbles} (weight j = d·q_j + m, q_j the low nibble of byte j for j < 16, the high nibble of
-// byte j-16 after), Q8_0 is {fp16 d, 32 int8} (weight j = d·q_j). Each block is dequantised in
-// registers to fp32 (the same real numbers a dequantised copy holds, up to the rounding of d·q+m
-// in one fused step) and multiplied into every activation row of a tile, so a weight byte is read
-// from memory once per tile of rows and the activations stay fp32 (no int8 rounding of x, unlike
-// ggml's vec_dot kernels): the result equals fp32 matmul on the dequantised weights to ~1e-6.
+// A block holds 32 consecutive weights of one output row: Q4_1 is {fp16 d, fp16 m, 32 4-bit q}
+// (weight = d·q + m), Q8_0 is {fp16 d, 32 int8 q} (weight = d·q). engine/weights.py regroups the
+// file's blocks 16 output rows at a time (a "group"), so that one vector load holds the same
+// weight position of 16 rows (llama.cpp's repacked Q4_0_8x8 layout does the same for 8 rows):
 //
-// The weights are the file's blocks regrouped per output row (see qs_offset) so that a row's
-// scales convert in a few vector instructions. One shared object, compiled with no -march flag:
-// each instruction-set path is a function compiled for its own target (GCC's target attribute)
-// and the caller picks one at run time from `isas()`, so the same build runs on an AVX2 EPYC, an
-// AVX-512 Xeon and anything else (portable).
+//   Q4_1, per group and block (320 bytes = 16 blocks of 20): 16 fp16 d, 16 fp16 m, then four
+//     chunks of 16 dwords; chunk c's dword i holds row i's weights 8c..8c+7, weight 8c+t in bits
+//     4t..4t+3.
+//   Q8_0, per group and block (544 bytes = 16 blocks of 34): 16 fp16 d, then for each of the 32
+//     positions the 16 rows' int8.
+//
+// The same bytes and numbers as the file, regrouped; nothing is rounded again. The product is a
+// GEMM micro-kernel whose weight operand is made in registers: for each position k, the 16 rows'
+// weights once (AVX-512: a shift and one VPERMPS lookup of the nibble among {0..15} as floats,
+// then d·q + m in one FMA), multiplied into a tile of up to 24 activation rows held in
+// accumulators (one FMA per row, the activation broadcast from L1). So a weight is read from
+// memory and unpacked once per tile of rows, not once per row, and the activations stay fp32 (no
+// int8 rounding of x, unlike ggml's vec_dot): the result equals fp32 matmul on the dequantised
+// weights up to summation order. Past one tile of rows (a prompt chunk), each group's weights are
+// unpacked once into a small fp32 panel (16 rows x K, in L1/L2) that a plain GEMM micro-kernel
+// then reads for every tile: the unpacking is paid once per group, not once per tile, and the
+// 538 MB fp32 copy is never read.
+//
+// The activations are first repacked position-major per tile (x[k][r], as a GEMM packs its A
+// operand) so a tile's broadcasts walk one pointer. Threads take tasks (a run of groups for a
+// chunk of rows that fits L2) from a shared counter, so a thread the shared machine's scheduler
+// holds back leaves its share to the other instead of stalling the call. One shared object,
+// compiled with no -march flag: each instruction-set path is compiled for its own target (GCC's
+// target attribute) and the caller picks one at run time from `isas()`, so the same build runs on
+// an AVX2 EPYC, an AVX-512 Xeon and anything else (portable).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -20,26 +37,24 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <string>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
 constexpr int64_t kQ4_1 = 3, kQ8_0 = 8;      // ggml's type ids, as the GGUF file names them
 constexpr int64_t kBlock = 32;                // weights per block
+constexpr int64_t kGroup = 16;                // output rows regrouped together
 constexpr int64_t kPortable = 0, kAvx2 = 1, kAvx512 = 2;
-constexpr int kRows = 4;                      // activation rows multiplied per unpacked block
 
-constexpr int64_t kMaxBlocks = 512;           // blocks per row: K up to 16384
-
-int64_t block_bytes(int64_t type) {
-  return type == kQ4_1 ? 20 : type == kQ8_0 ? 34 : 0;
-}
-
-// The repacked row (the same bytes as the file's blocks, regrouped): every block's fp16 d, then
-// (Q4_1) every block's fp16 m, then every block's quants.
-int64_t qs_offset(int64_t type, int64_t nb) {
-  return (type == kQ4_1 ? 4 : 2) * nb;
+// Bytes of one group's block: its 16 rows' blocks, regrouped.
+constexpr int64_t group_bytes(int64_t type) {
+  return type == kQ4_1 ? 16 * 20 : type == kQ8_0 ? 16 * 34 : 0;
 }
 
 uint16_t load_u16(const uint8_t* p) {
@@ -67,176 +82,592 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
-// A row's scales (and Q4_1 minimums) as fp32, converted once per row: the blocks' loop then
-// broadcasts them from memory, which costs a load, not the shuffle port that converting one
-// fp16 at a time in the loop would saturate (measured: 1.8x slower per block, hot, one thread).
-struct RowScales {
-  float dm[2 * kMaxBlocks + 8];
-  const float* d = dm;
-  const float* m = dm;                        // dm + nb once converted (Q4_1)
+// Positions of K per panel (256: 16 KB of fp32 a group, in L1 beside the activations it meets).
+constexpr int64_t kPanelK = 256;
+
+// A group's block a few blocks ahead of its use, every cache line of it (one stream per group:
+// a tile walks 1-4 groups' blocks side by side).
+constexpr int64_t kAheadBlocks = 4;
+template <int64_t GB>
+inline void prefetch_block(const uint8_t* p) {
+  for (int64_t o = 0; o < GB; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
+// What one tile computes: `rows` activation rows times `groups` groups, written to y.
+struct Tile {
+  const uint8_t* w;      // the first group's blocks (fused tiles)
+  const float* panel;    // ... or that group unpacked: [K][16] fp32 (panel tiles)
+  int64_t gstride;       // bytes from one group to the next
+  int64_t nb;            // blocks per row (K / 32), or in the panel
+  bool add;              // panel tiles: add to y (a later slice of K) instead of storing
+  const float* x;        // the tile's activations, position-major: x[k * rows + r]
+  const int32_t* xq;     // ... or rounded to int8 (`pack_int8`): four at a time, [block][chunk][even|odd][r]
+  const float* xs;       // ... their scales: [block][r] pairs {d, s}; fp32: Σ x, [block][r]
+  float* y;              // y[m0][g * 16]
+  int64_t N;             // columns of y (its row stride)
+  int64_t valid;         // output rows of y from this tile's first group on (the last group may be partial)
 };
 
-void scales_portable(int64_t type, const uint8_t* row, int64_t nb, RowScales& s) {
-  for (int64_t i = 0; i < (type == kQ4_1 ? 2 * nb : nb); ++i) s.dm[i] = half_to_float(load_u16(row + 2 * i));
-  s.m = s.dm + nb;
+// ---- portable: one weight at a time, same layout -----------------------------------------------
+float weight_portable(int64_t type, const uint8_t* gb, int lane, int k) {
+  const float d = half_to_float(load_u16(gb + 2 * lane));
+  if (type == kQ4_1) {
+    const float m = half_to_float(load_u16(gb + 32 + 2 * lane));
+    uint32_t dw;
+    std::memcpy(&dw, gb + 64 + 64 * (k / 8) + 4 * lane, 4);
+    return d * float((dw >> (4 * (k % 8))) & 0xfu) + m;
+  }
+  return d * float(int8_t(gb[32 + 16 * k + lane]));
 }
 
-// ---- portable: one weight at a time ----------------------------------------------------------
-template <int R>
-void dot_portable(int64_t type, const uint8_t* row, const float* x, int64_t K, float* out) {
-  const int64_t nb = K / kBlock;
-  RowScales s;
-  scales_portable(type, row, nb, s);
-  const uint8_t* qs = row + qs_offset(type, nb);
-  float acc[R] = {};
-  for (int64_t b = 0; b < nb; ++b) {
-    float wf[kBlock];
-    if (type == kQ4_1) {
-      const uint8_t* q = qs + 16 * b;
-      for (int j = 0; j < 16; ++j) {
-        wf[j] = s.d[b] * float(q[j] & 0x0f) + s.m[b];
-        wf[j + 16] = s.d[b] * float(q[j] >> 4) + s.m[b];
+void tile_portable(int64_t type, int rows, int groups, const Tile& t) {
+  for (int v = 0; v < groups; ++v) {
+    for (int r = 0; r < rows; ++r) {
+      float acc[kGroup] = {};
+      for (int64_t b = 0; b < t.nb; ++b) {
+        const uint8_t* gb = t.w + v * t.gstride + b * group_bytes(type);
+        const float* xk = t.x + b * kBlock * rows + r;
+        for (int lane = 0; lane < kGroup; ++lane)
+          for (int k = 0; k < kBlock; ++k) acc[lane] += weight_portable(type, gb, lane, k) * xk[k * rows];
       }
-    } else {
-      const int8_t* q = reinterpret_cast<const int8_t*>(qs + kBlock * b);
-      for (int j = 0; j < kBlock; ++j) wf[j] = s.d[b] * float(q[j]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + r * K + b * kBlock;
-      for (int j = 0; j < kBlock; ++j) acc[r] += wf[j] * xr[j];
+      const int64_t valid = std::min<int64_t>(kGroup, t.valid - v * kGroup);
+      for (int64_t i = 0; i < valid; ++i) t.y[r * t.N + v * kGroup + i] = acc[i];
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
-// ---- AVX2 + FMA + F16C: a block is four vectors of 8 -----------------------------------------
+// ---- AVX2 + FMA + F16C: a group is two vectors of 8 rows ---------------------------------------
 #define FT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-FT_AVX2 void scales_avx2(int64_t type, const uint8_t* row, int64_t nb, RowScales& s) {
-  // d and m are adjacent fp16 runs at the row's start; a last group of 8 may read a few bytes of
-  // the quants that follow (inside the row) into slots nobody reads.
-  const int64_t n = type == kQ4_1 ? 2 * nb : nb;
-  for (int64_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(s.dm + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * i))));
-  s.m = s.dm + nb;
+FT_AVX2 inline void store_avx2(const Tile& t, int r, int g, __m256 lo, __m256 hi) {
+  float* dst = t.y + r * t.N + g * kGroup;
+  const int64_t valid = t.valid - g * kGroup;
+  if (valid >= kGroup) {
+    _mm256_storeu_ps(dst, lo);
+    _mm256_storeu_ps(dst + 8, hi);
+    return;
+  }
+  alignas(32) float tmp[kGroup];         // the last group's valid rows only
+  _mm256_store_ps(tmp, lo);
+  _mm256_store_ps(tmp + 8, hi);
+  std::memcpy(dst, tmp, 4 * valid);
 }
 
-FT_AVX2 inline void unpack_avx2(int64_t type, const uint8_t* qs, const RowScales& s, int64_t b, __m256 q[4]) {
-  const __m256 d = _mm256_broadcast_ss(s.d + b);
-  if (type == kQ4_1) {
-    const __m256 m = _mm256_broadcast_ss(s.m + b);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * b));
-    const __m128i nib = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(raw, nib), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nib);
-    const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int i = 0; i < 4; ++i)
-      q[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), d, m);
-  } else {
-    for (int i = 0; i < 4; ++i) {
-      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + kBlock * b + 8 * i));
-      q[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), d);
+// y's partial sums of row r, half h (a panel tile over a later slice of K adds to them).
+FT_AVX2 inline __m256 load_avx2(const Tile& t, int r, int h) {
+  alignas(32) float tmp[8] = {};
+  const int64_t n = std::min<int64_t>(8, t.valid - 8 * h);
+  if (n > 0) std::memcpy(tmp, t.y + r * t.N + 8 * h, 4 * n);
+  return _mm256_load_ps(tmp);
+}
+
+// Group g's scales for block b: two vectors each of d (and m).
+template <int64_t TYPE>
+FT_AVX2 inline void scales_avx2(const uint8_t* gb, __m256 d[2], __m256 m[2]) {
+  for (int h = 0; h < 2; ++h) {
+    d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+    if constexpr (TYPE == kQ4_1)
+      m[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)));
+  }
+}
+
+// MR activation rows x NV groups (2 * NV vectors) unpacked in registers; 16 registers: MR * NV <= 4.
+template <int64_t TYPE, int MR, int NV>
+FT_AVX2 void fused_avx2(const Tile& t) {
+  constexpr int V = 2 * NV;
+  constexpr int64_t GB = group_bytes(TYPE);
+  __m256 acc[MR][V] = {};      // zeros
+  const __m256i nib = _mm256_set1_epi32(0xf);
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb[NV];
+    __m256 d[V], m[V];
+#pragma GCC unroll 32
+    for (int g = 0; g < NV; ++g) {
+      gb[g] = t.w + g * t.gstride + b * GB;
+      scales_avx2<TYPE>(gb[g], d + 2 * g, m + 2 * g);
+    }
+    const float* xb = t.x + b * kBlock * MR;
+    if constexpr (TYPE == kQ4_1) {
+      for (int c = 0; c < 4; ++c) {
+        __m256i raw[V];
+#pragma GCC unroll 32
+        for (int v = 0; v < V; ++v)
+          raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v / 2] + 64 + 64 * c + 32 * (v % 2)));
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+          __m256 w[V];
+#pragma GCC unroll 32
+          for (int v = 0; v < V; ++v) {
+            w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw[v], nib)), d[v], m[v]);
+            raw[v] = _mm256_srli_epi32(raw[v], 4);
+          }
+#pragma GCC unroll 32
+          for (int r = 0; r < MR; ++r) {
+            const __m256 xk = _mm256_broadcast_ss(xb + (8 * c + s) * MR + r);
+#pragma GCC unroll 32
+            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w[v], xk, acc[r][v]);
+          }
+        }
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int k = 0; k < kBlock; ++k) {
+        __m256 w[V];
+#pragma GCC unroll 32
+        for (int v = 0; v < V; ++v) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb[v / 2] + 32 + 16 * k + 8 * (v % 2)));
+          w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[v]);
+        }
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xk = _mm256_broadcast_ss(xb + k * MR + r);
+#pragma GCC unroll 32
+          for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w[v], xk, acc[r][v]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < NV; ++g)
+    for (int r = 0; r < MR; ++r) store_avx2(t, r, g, acc[r][2 * g], acc[r][2 * g + 1]);
+}
+
+// One group unpacked to fp32, position-major: panel[k * 16 + lane].
+template <int64_t TYPE>
+FT_AVX2 void unpack_avx2(const uint8_t* w, int64_t nb, float* panel) {
+  constexpr int64_t GB = group_bytes(TYPE);
+  const __m256i nib = _mm256_set1_epi32(0xf);
+  for (int64_t b = 0; b < nb; ++b, panel += kBlock * kGroup) {
+    const uint8_t* gb = w + b * GB;
+    __m256 d[2], m[2];
+    scales_avx2<TYPE>(gb, d, m);
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (TYPE == kQ4_1) {
+        for (int c = 0; c < 4; ++c) {
+          __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 + 64 * c + 32 * h));
+          for (int s = 0; s < 8; ++s, raw = _mm256_srli_epi32(raw, 4))
+            _mm256_storeu_ps(panel + (8 * c + s) * kGroup + 8 * h,
+                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw, nib)), d[h], m[h]));
+        }
+      } else {
+        for (int k = 0; k < kBlock; ++k) {
+          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 32 + 16 * k + 8 * h));
+          _mm256_storeu_ps(panel + k * kGroup + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[h]));
+        }
+      }
     }
   }
 }
 
-FT_AVX2 inline float hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-template <int R>
-FT_AVX2 void dot_avx2(int64_t type, const uint8_t* row, const float* x, int64_t K, float* out) {
-  const int64_t nb = K / kBlock;
-  RowScales s;
-  scales_avx2(type, row, nb, s);
-  const uint8_t* qs = row + qs_offset(type, nb);
-  __m256 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256 q[4];
-    unpack_avx2(type, qs, s, b, q);
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + r * K + b * kBlock;
-      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_fmadd_ps(q[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i]);
+// MR activation rows x one group read from its fp32 panel; 16 registers: MR <= 6.
+template <int MR>
+FT_AVX2 void panel_avx2(const Tile& t) {
+  __m256 acc[MR][2];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+    for (int h = 0; h < 2; ++h) acc[r][h] = t.add ? load_avx2(t, r, h) : _mm256_setzero_ps();
+  const float* w = t.panel;
+  const float* x = t.x;
+  for (int64_t k = 0; k < t.nb * kBlock; ++k, w += kGroup, x += MR) {
+    const __m256 lo = _mm256_loadu_ps(w), hi = _mm256_loadu_ps(w + 8);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xk = _mm256_broadcast_ss(x + r);
+      acc[r][0] = _mm256_fmadd_ps(lo, xk, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(hi, xk, acc[r][1]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    out[r] = hsum_avx2(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+  for (int r = 0; r < MR; ++r) store_avx2(t, r, 0, acc[r][0], acc[r][1]);
 }
 
-// ---- AVX-512: a block is two vectors of 16; two blocks per iteration, four chains per row ----
+// ---- AVX-512: a group is one vector of 16 rows -------------------------------------------------
 #define FT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-FT_AVX512 inline void unpack_avx512(int64_t type, const uint8_t* qs, const RowScales& s, int64_t b, __m512& lo, __m512& hi) {
-  const __m512 d = _mm512_set1_ps(s.d[b]);
-  if (type == kQ4_1) {
-    const __m512 m = _mm512_set1_ps(s.m[b]);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * b));
-    const __m128i nib = _mm_set1_epi8(0x0f);
-    lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, nib))), d, m);
-    hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), nib))), d, m);
-  } else {
-    const uint8_t* q = qs + kBlock * b;
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d);
-    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d);
+FT_AVX512 inline void store_avx512(const Tile& t, int r, int g, __m512 v) {
+  const int64_t valid = t.valid - g * kGroup;
+  const __mmask16 keep = valid >= kGroup ? __mmask16(0xffff) : __mmask16((1u << valid) - 1);
+  _mm512_mask_storeu_ps(t.y + r * t.N + g * kGroup, keep, v);
+}
+
+// The nibble's value as a float by lookup (VPERMPS reads the low 4 bits of each lane's index):
+// one instruction in place of a mask and a conversion.
+FT_AVX512 inline __m512 levels_avx512() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// MR activation rows x NV groups unpacked in registers; 32 registers: MR * NV accumulators + 3 *
+// NV for the groups' scales and quants + the lookup table, so MR <= 24 at NV = 1, MR * NV <= 8 beyond.
+// FACTORED (a few rows, MR * NV <= 8, where the FMA pipes wait on unpacking, not on rows): the
+// block's scale taken out of the sum, d·Σ q·x + m·Σ x (Σ x per row and block from the packing,
+// `t.xs`), so a weight position costs a shift, a lookup and one FMA instead of two: 3 instructions
+// for 16 weights, not 4. The same real number; its rounding differs from d·q + m in the last bits
+// (tests/engine/test_kernels.py: within 1e-5 of fp32 matmul all the same).
+// Weight position k of NV groups (q or d·q + m) into every row's sums (x: that position's MR values).
+template <int MR, int NV>
+FT_AVX512 inline void into_rows(__m512 (&acc)[MR][NV], const __m512 (&w)[NV], const float* x) {
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r) {
+    const __m512 xk = _mm512_set1_ps(x[r]);
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(w[v], xk, acc[r][v]);
   }
 }
 
-template <int R>
-FT_AVX512 void dot_avx512(int64_t type, const uint8_t* row, const float* x, int64_t K, float* out) {
-  const int64_t nb = K / kBlock;
-  RowScales s;
-  scales_avx2(type, row, nb, s);
-  const uint8_t* qs = row + qs_offset(type, nb);
-  __m512 acc[R][4];
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    __m512 q[4];
-    unpack_avx512(type, qs, s, b, q[0], q[1]);
-    unpack_avx512(type, qs, s, b + 1, q[2], q[3]);
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + r * K + b * kBlock;
-      for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_fmadd_ps(q[i], _mm512_loadu_ps(xr + 16 * i), acc[r][i]);
+template <int64_t TYPE, int MR, int NV, bool FACTORED>
+FT_AVX512 void fused_avx512(const Tile& t) {
+  constexpr int64_t GB = group_bytes(TYPE);
+  constexpr int OR = FACTORED ? MR : 1, OV = FACTORED ? NV : 1;   // `out` exists only when factored
+  __m512 acc[MR][NV], out[OR][OV];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 32
+  for (int r = 0; r < OR; ++r)
+#pragma GCC unroll 32
+    for (int v = 0; v < OV; ++v) out[r][v] = _mm512_setzero_ps();
+  const __m512 levels = levels_avx512();
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb[NV];
+    __m512 d[NV], m[NV];
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) {
+      gb[v] = t.w + v * t.gstride + b * GB;
+      prefetch_block<GB>(gb[v] + kAheadBlocks * GB);
+      d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
+      m[v] = TYPE == kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)))
+                           : _mm512_setzero_ps();
+    }
+    const float* xb = t.x + b * kBlock * MR;
+    if constexpr (TYPE == kQ4_1) {
+      for (int c = 0; c < 4; ++c) {
+        __m512i raw[NV];
+#pragma GCC unroll 32
+        for (int v = 0; v < NV; ++v) raw[v] = _mm512_loadu_si512(gb[v] + 64 + 64 * c);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+          __m512 w[NV];
+#pragma GCC unroll 32
+          for (int v = 0; v < NV; ++v) {
+            w[v] = _mm512_permutexvar_ps(raw[v], levels);
+            if constexpr (!FACTORED) w[v] = _mm512_fmadd_ps(w[v], d[v], m[v]);
+            raw[v] = _mm512_srli_epi32(raw[v], 4);
+          }
+          into_rows<MR, NV>(acc, w, xb + (8 * c + s) * MR);
+        }
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int k = 0; k < kBlock; ++k) {
+        __m512 w[NV];
+#pragma GCC unroll 32
+        for (int v = 0; v < NV; ++v) {
+          w[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb[v] + 32 + 16 * k))));
+          if constexpr (!FACTORED) w[v] = _mm512_mul_ps(w[v], d[v]);
+        }
+        into_rows<MR, NV>(acc, w, xb + k * MR);
+      }
+    }
+    if constexpr (FACTORED) {
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 32
+        for (int r = 0; r < MR; ++r) {
+          out[r][v] = _mm512_fmadd_ps(acc[r][v], d[v], out[r][v]);
+          if constexpr (TYPE == kQ4_1) out[r][v] = _mm512_fmadd_ps(m[v], _mm512_set1_ps(t.xs[b * MR + r]), out[r][v]);
+          acc[r][v] = _mm512_setzero_ps();
+        }
     }
   }
-  if (b < nb) {                               // an odd block count: the last one alone
-    __m512 lo, hi;
-    unpack_avx512(type, qs, s, b, lo, hi);
-    for (int r = 0; r < R; ++r) {
-      const float* xr = x + r * K + b * kBlock;
-      acc[r][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[r][1]);
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < MR; ++r) {
+      if constexpr (FACTORED) store_avx512(t, r, v, out[r][v]);
+      else store_avx512(t, r, v, acc[r][v]);
+    }
+}
+
+// One group unpacked to fp32, position-major: panel[k * 16 + lane].
+template <int64_t TYPE>
+FT_AVX512 void unpack_avx512(const uint8_t* w, int64_t nb, float* panel) {
+  constexpr int64_t GB = group_bytes(TYPE);
+  const __m512 levels = levels_avx512();
+  for (int64_t b = 0; b < nb; ++b, panel += kBlock * kGroup) {
+    const uint8_t* gb = w + b * GB;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    if constexpr (TYPE == kQ4_1) {
+      const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
+      for (int c = 0; c < 4; ++c) {
+        __m512i raw = _mm512_loadu_si512(gb + 64 + 64 * c);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s, raw = _mm512_srli_epi32(raw, 4))
+          _mm512_storeu_ps(panel + (8 * c + s) * kGroup, _mm512_fmadd_ps(_mm512_permutexvar_ps(raw, levels), d, m));
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int k = 0; k < kBlock; ++k) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * k));
+        _mm512_storeu_ps(panel + k * kGroup, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d));
+      }
     }
   }
-  for (int r = 0; r < R; ++r)
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
 }
 
-// ---- the driver: output rows split over threads, weights read once per tile of rows ----------
-using Dot = void (*)(int64_t, const uint8_t*, const float*, int64_t, float*);
+// MR activation rows x NV groups read from their fp32 panels (kPanelK positions each, one after
+// the other): NV loads and MR * NV FMAs a position, each broadcast serving NV groups (a GEMM
+// micro-kernel's 12 x 32 shape at NV = 2: 24 accumulators).
+template <int MR, int NV>
+FT_AVX512 void panel_avx512(const Tile& t) {
+  __m512 acc[MR][NV];
+  __mmask16 keep[NV];
+#pragma GCC unroll 32
+  for (int v = 0; v < NV; ++v) {
+    const int64_t valid = std::clamp<int64_t>(t.valid - v * kGroup, 0, kGroup);
+    keep[v] = __mmask16((1u << valid) - 1);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r)
+      acc[r][v] = t.add ? _mm512_maskz_loadu_ps(keep[v], t.y + r * t.N + v * kGroup) : _mm512_setzero_ps();
+  }
+  const float* w = t.panel;
+  const float* x = t.x;
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < t.nb * kBlock; ++k, w += kGroup, x += MR) {
+    __m512 wk[NV];
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) wk[v] = _mm512_loadu_ps(w + v * kPanelK * kGroup);
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r]);
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(wk[v], xr, acc[r][v]);
+    }
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, acc[r][v]);
+}
 
-template <template <int> class Path>
-Dot dot_for(int rows) {
-  switch (rows) {
-    case 1: return Path<1>::fn;
-    case 2: return Path<2>::fn;
-    case 3: return Path<3>::fn;
-    default: return Path<4>::fn;
+// ---- int8 activations: llama.cpp's arithmetic (the `activations` setting) ----------------------
+// x rounded per row and block of 32 as llama.cpp's Q8_1 rounds it: d = max|x| / 127 (kept as fp16),
+// q = round(x · 127 / max|x|), s = d·Σq (fp16). A Q4_1 block's dot product is then d_w·d·Σ q_w·q + m_w·s:
+// integer multiply-adds (VNNI's VPDPBUSD: 64 u8 x s8 products into 16 int32 lanes an instruction),
+// then two FMAs a block. Each dword of the groups' quants holds 8 nibbles; masking it gives the
+// bytes of weights 8c, 8c+2, 8c+4, 8c+6 and shifting first 8c+1, +3, +5, +7, so x is repacked in
+// that order once (ktransformers permutes the activations, not the weights, the same way).
+
+// One tile, portable: the same integer sums and the same two FMAs a block as the vector paths,
+// so every path gives the same bits.
+void int8_portable(int rows, int groups, const Tile& t) {
+  for (int v = 0; v < groups; ++v) {
+    for (int r = 0; r < rows; ++r) {
+      float acc[kGroup] = {};
+      for (int64_t b = 0; b < t.nb; ++b) {
+        const uint8_t* gb = t.w + v * t.gstride + b * group_bytes(kQ4_1);
+        const float dx = t.xs[(b * rows + r) * 2], sx = t.xs[(b * rows + r) * 2 + 1];
+        for (int lane = 0; lane < kGroup; ++lane) {
+          int32_t sum = 0;
+          for (int c = 0; c < 4; ++c) {
+            uint32_t dw;
+            std::memcpy(&dw, gb + 64 + 64 * c + 4 * lane, 4);
+            for (int h = 0; h < 2; ++h) {
+              int32_t x4 = t.xq[((b * 4 + c) * 2 + h) * rows + r];
+              const int8_t* xb = reinterpret_cast<const int8_t*>(&x4);
+              for (int j = 0; j < 4; ++j) sum += int32_t((dw >> (8 * j + 4 * h)) & 0xfu) * xb[j];
+            }
+          }
+          const float d = half_to_float(load_u16(gb + 2 * lane)), m = half_to_float(load_u16(gb + 32 + 2 * lane));
+          acc[lane] = std::fma(float(sum), d * dx, acc[lane]);
+          acc[lane] = std::fma(m, sx, acc[lane]);
+        }
+      }
+      const int64_t valid = std::min<int64_t>(kGroup, t.valid - v * kGroup);
+      for (int64_t i = 0; i < valid; ++i) t.y[r * t.N + v * kGroup + i] = acc[i];
+    }
   }
 }
-template <int R> struct Portable { static constexpr Dot fn = dot_portable<R>; };
-template <int R> struct Avx2 { static constexpr Dot fn = dot_avx2<R>; };
-template <int R> struct Avx512 { static constexpr Dot fn = dot_avx512<R>; };
 
-Dot pick(int64_t isa, int rows) {
-  if (isa == kAvx512) return dot_for<Avx512>(rows);
-  if (isa == kAvx2) return dot_for<Avx2>(rows);
-  return dot_for<Portable>(rows);
+#define FT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// MR rows x NV groups; 32 registers: 2 * MR * NV (int and float sums) + 4 * NV + 1, so MR <= 12 at NV = 1.
+template <int MR, int NV>
+FT_VNNI void int8_vnni(const Tile& t) {
+  constexpr int64_t GB = group_bytes(kQ4_1);
+  __m512 out[MR][NV] = {};      // zeros
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb[NV];
+    __m512 d[NV], m[NV];
+    __m512i acc[MR][NV];
+#pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) {
+      gb[v] = t.w + v * t.gstride + b * GB;
+      prefetch_block<GB>(gb[v] + kAheadBlocks * GB);
+      d[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v])));
+      m[v] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v] + 32)));
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) acc[r][v] = _mm512_setzero_si512();
+    }
+    const int32_t* xb = t.xq + b * 8 * MR;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo[NV], hi[NV];
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) {
+        const __m512i raw = _mm512_loadu_si512(gb[v] + 64 + 64 * c);
+        lo[v] = _mm512_and_si512(raw, nib);
+        hi[v] = _mm512_and_si512(_mm512_srli_epi32(raw, 4), nib);
+      }
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) {
+        const __m512i xe = _mm512_set1_epi32(xb[(2 * c) * MR + r]), xo = _mm512_set1_epi32(xb[(2 * c + 1) * MR + r]);
+#pragma GCC unroll 32
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[r][v], lo[v], xe), hi[v], xo);
+      }
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m512 dx = _mm512_set1_ps(t.xs[(b * MR + r) * 2]), sx = _mm512_set1_ps(t.xs[(b * MR + r) * 2 + 1]);
+#pragma GCC unroll 32
+      for (int v = 0; v < NV; ++v) {
+        out[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), _mm512_mul_ps(d[v], dx), out[r][v]);
+        out[r][v] = _mm512_fmadd_ps(m[v], sx, out[r][v]);
+      }
+    }
+  }
+  for (int v = 0; v < NV; ++v)
+    for (int r = 0; r < MR; ++r) store_avx512(t, r, v, out[r][v]);
+}
+
+// The same on AVX2 without VNNI (llama.cpp's way: VPMADDUBSW to 16-bit pairs, VPMADDWD to 32 bits;
+// 2 x 15 x 127 stays far from 16-bit saturation); a group is two vectors. 16 registers: MR <= 3.
+template <int MR>
+FT_AVX2 void int8_avx2(const Tile& t) {
+  constexpr int64_t GB = group_bytes(kQ4_1);
+  __m256 out[MR][2];
+#pragma GCC unroll 32
+  for (int r = 0; r < MR; ++r) out[r][0] = out[r][1] = _mm256_setzero_ps();
+  const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < t.nb; ++b) {
+    const uint8_t* gb = t.w + b * GB;
+    __m256 d[2], m[2];
+    scales_avx2<kQ4_1>(gb, d, m);
+    __m256i acc[MR][2];
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const int32_t* xb = t.xq + b * 8 * MR;
+    for (int c = 0; c < 4; ++c) {
+      __m256i lo[2], hi[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 + 64 * c + 32 * h));
+        lo[h] = _mm256_and_si256(raw, nib);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi32(raw, 4), nib);
+      }
+#pragma GCC unroll 32
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xe = _mm256_set1_epi32(xb[(2 * c) * MR + r]), xo = _mm256_set1_epi32(xb[(2 * c + 1) * MR + r]);
+        for (int h = 0; h < 2; ++h) {
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(lo[h], xe), ones));
+          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(_mm256_maddubs_epi16(hi[h], xo), ones));
+        }
+      }
+    }
+#pragma GCC unroll 32
+    for (int r = 0; r < MR; ++r) {
+      const __m256 dx = _mm256_set1_ps(t.xs[(b * MR + r) * 2]), sx = _mm256_set1_ps(t.xs[(b * MR + r) * 2 + 1]);
+      for (int h = 0; h < 2; ++h) {
+        out[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), _mm256_mul_ps(d[h], dx), out[r][h]);
+        out[r][h] = _mm256_fmadd_ps(m[h], sx, out[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) store_avx2(t, r, 0, out[r][0], out[r][1]);
+}
+
+// ---- picking a tile ----------------------------------------------------------------------------
+using TileFn = void (*)(const Tile&);
+using UnpackFn = void (*)(const uint8_t*, int64_t, float*);
+
+// The instantiation for `rows` among the listed row counts R (nullptr if none).
+template <template <int> class F, int... R>
+TileFn for_rows(int rows) {
+  TileFn out = nullptr;
+  ((rows == R ? (out = F<R>::fn, 0) : 0), ...);
+  return out;
+}
+template <int64_t T, int NV, bool F = false> struct Fused512 { template <int R> struct At { static constexpr TileFn fn = fused_avx512<T, R, NV, F>; }; };
+template <int64_t T, int NV> struct Fused2 { template <int R> struct At { static constexpr TileFn fn = fused_avx2<T, R, NV>; }; };
+template <int NV> struct Panel512 { template <int R> struct At { static constexpr TileFn fn = panel_avx512<R, NV>; }; };
+template <int R> struct Panel2 { static constexpr TileFn fn = panel_avx2<R>; };
+
+// The most activation rows one tile takes, unpacking in registers and reading a panel.
+int fused_rows(int64_t isa) { return isa == kAvx512 ? 24 : isa == kAvx2 ? 4 : 8; }
+int panel_rows(int64_t isa) { return isa == kAvx512 ? 12 : isa == kAvx2 ? 6 : 0; }
+int panel_groups(int64_t isa) { return isa == kAvx512 ? 2 : 1; }
+
+// Groups per fused tile for `rows` activation rows: enough independent accumulators for the FMA
+// pipes (about 8 in flight) without running out of registers.
+int tile_groups(int64_t isa, int rows) {
+  if (isa == kAvx512) return rows == 1 ? 4 : rows <= 4 ? 2 : 1;
+  if (isa == kAvx2) return rows <= 2 ? 2 : 1;
+  return 1;
+}
+
+template <int64_t T>
+TileFn fused512(int rows, int groups) {
+  switch (groups) {
+    case 4: return for_rows<Fused512<T, 4, true>::template At, 1>(rows);
+    case 3: return for_rows<Fused512<T, 3, true>::template At, 1>(rows);
+    case 2: return for_rows<Fused512<T, 2, true>::template At, 1, 2, 3, 4>(rows);
+    default: return for_rows<Fused512<T, 1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                             17, 18, 19, 20, 21, 22, 23, 24>(rows);
+  }
+}
+
+template <int64_t T>
+TileFn fused2(int rows, int groups) {
+  return groups == 2 ? for_rows<Fused2<T, 2>::template At, 1, 2>(rows) : for_rows<Fused2<T, 1>::template At, 1, 2, 3, 4>(rows);
+}
+
+TileFn fused_tile(int64_t isa, int64_t type, int rows, int groups) {
+  if (isa == kAvx512) return type == kQ4_1 ? fused512<kQ4_1>(rows, groups) : fused512<kQ8_0>(rows, groups);
+  if (isa == kAvx2) return type == kQ4_1 ? fused2<kQ4_1>(rows, groups) : fused2<kQ8_0>(rows, groups);
+  return nullptr;
+}
+
+TileFn panel_tile(int64_t isa, int rows, int groups) {
+  if (isa == kAvx512) {
+    return groups == 2 ? for_rows<Panel512<2>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows)
+                       : for_rows<Panel512<1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows);
+  }
+  if (isa == kAvx2) return for_rows<Panel2, 1, 2, 3, 4, 5, 6>(rows);
+  return nullptr;
+}
+
+template <int NV> struct Vnni { template <int R> struct At { static constexpr TileFn fn = int8_vnni<R, NV>; }; };
+template <int R> struct Int8Avx2 { static constexpr TileFn fn = int8_avx2<R>; };
+
+bool has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni");
+}
+
+// The int8 paths: VNNI where the CPU has it beside AVX-512, else AVX2's multiply-adds, else portable.
+int int8_rows(int64_t isa) { return isa == kAvx512 && has_vnni() ? 12 : isa >= kAvx2 ? 3 : 8; }
+int int8_groups(int64_t isa, int rows) { return isa == kAvx512 && has_vnni() ? (rows == 1 ? 4 : rows <= 3 ? 2 : 1) : 1; }
+
+TileFn int8_tile(int64_t isa, int rows, int groups) {
+  if (isa == kAvx512 && has_vnni()) {
+    switch (groups) {
+      case 4: return for_rows<Vnni<4>::template At, 1>(rows);
+      case 3: return for_rows<Vnni<3>::template At, 1>(rows);
+      case 2: return for_rows<Vnni<2>::template At, 1, 2, 3>(rows);
+      default: return for_rows<Vnni<1>::template At, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(rows);
+    }
+  }
+  return isa >= kAvx2 ? for_rows<Int8Avx2, 1, 2, 3>(rows) : nullptr;
+}
+
+UnpackFn unpacker(int64_t isa, int64_t type) {
+  if (isa == kAvx512) return type == kQ4_1 ? unpack_avx512<kQ4_1> : unpack_avx512<kQ8_0>;
+  if (isa == kAvx2) return type == kQ4_1 ? unpack_avx2<kQ4_1> : unpack_avx2<kQ8_0>;
+  return nullptr;
 }
 
 bool supported(int64_t isa) {
@@ -256,43 +687,139 @@ std::vector<int64_t> isas() {
   return out;
 }
 
-// Asks for a later row's bytes ahead of its use: one thread walking rows in order was measured
-// at ~8 GB/s cold without it (the hardware prefetcher stops at page boundaries).
-constexpr int64_t kAhead = 8;
-void prefetch(const uint8_t* p, const uint8_t* end, int64_t bytes) {
-  if (p >= end) return;
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 0);
+// Activation rows walked per pass over the groups: their fp32 rows stay in L2 (96 rows of 1536
+// columns: 590 KB) while each group, in L1/L2, serves all their tiles.
+constexpr int64_t kChunkRows = 96;
+// Tasks per chunk of rows: small enough for the threads to even out, large enough to stream.
+constexpr int64_t kTasks = 16;
+
+// One row block of 32 rounded as llama.cpp's Q8_1 (above), into the int8 tiles' order: dwords
+// {q[8c], q[8c+2], q[8c+4], q[8c+6]} and {q[8c+1], ...} for c = 0..3, `stride` dwords apart, and
+// {d, s}. Halves round to even (llama.cpp's x86 paths do; its C reference rounds them away from 0).
+void round_block(const float* xb, int32_t* xq, int64_t stride, float* ds) {
+  float amax = 0.f;
+  for (int k = 0; k < kBlock; ++k) amax = std::max(amax, std::fabs(xb[k]));
+  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  int8_t q[kBlock];
+  int32_t sum = 0;
+  for (int k = 0; k < kBlock; ++k) sum += q[k] = int8_t(std::nearbyint(xb[k] * id));
+  for (int c = 0; c < 4; ++c)
+    for (int h = 0; h < 2; ++h) {
+      const int8_t four[4] = {q[8 * c + h], q[8 * c + 2 + h], q[8 * c + 4 + h], q[8 * c + 6 + h]};
+      std::memcpy(xq + (2 * c + h) * stride, four, 4);
+    }
+  ds[0] = float(c10::Half(amax / 127.f));
+  ds[1] = float(c10::Half(float(sum) * (amax / 127.f)));
 }
 
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t isa) {
-  const int64_t bytes = block_bytes(type);
-  TORCH_CHECK(bytes > 0, "quant_linear: block type ", type, " is not Q4_1 (3) or Q8_0 (8)");
-  TORCH_CHECK(supported(isa), "quant_linear: instruction set ", isa, " is not available on this CPU");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_linear: x must be a 2-D fp32 CPU tensor");
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), "quant_linear: w must be contiguous 2-D uint8 blocks");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(K % kBlock == 0 && K / kBlock <= kMaxBlocks && w.size(1) == K / kBlock * bytes,
-              "quant_linear: x has ", K, " columns, w rows hold ", w.size(1), " bytes");
-  const at::Tensor xc = x.contiguous();
+FT_AVX512 void round_block_avx512(const float* xb, int32_t* xq, int64_t stride, float* ds) {
+  const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  // the bytes of each 8 reordered even positions first, then odd: one shuffle within 128-bit lanes
+  const __m256i bytes = _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0));
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  alignas(32) int32_t dw[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dw), _mm256_shuffle_epi8(bytes, order));
+  for (int j = 0; j < 8; ++j) xq[j * stride] = dw[j];
+  ds[0] = float(c10::Half(amax / 127.f));
+  ds[1] = float(c10::Half(float(sum) * (amax / 127.f)));
+}
+
+// Rows r of one tile rounded and packed for the int8 tiles: [block][chunk][even|odd][r] dwords,
+// [block][r] pairs {d, s}.
+void pack_int8(int64_t isa, const float* x, int64_t K, int64_t r, int32_t* xq, float* xs) {
+  const int64_t nb = K / kBlock;
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t* q = xq + b * 8 * r + i;
+      float* ds = xs + (b * r + i) * 2;
+      if (isa == kAvx512) round_block_avx512(x + i * K + b * kBlock, q, r, ds);
+      else round_block(x + i * K + b * kBlock, q, r, ds);
+    }
+}
+
+// y = x · Wᵀ: fp32 activations (`int8` false), or rounded to int8 first (Q4_1 weights only).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa, bool int8) {
+  const char* op = int8 ? "quant_linear_int8" : "quant_linear";
+  const int64_t gbytes = group_bytes(type);
+  TORCH_CHECK(gbytes > 0 && (!int8 || type == kQ4_1), op, ": block type ", type,
+              int8 ? " is not Q4_1 (3)" : " is not Q4_1 (3) or Q8_0 (8)");
+  TORCH_CHECK(supported(isa), op, ": instruction set ", isa, " is not available on this CPU");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), op, ": x must be a 2-D fp32 CPU tensor");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), op, ": w must be contiguous 2-D uint8 groups");
+  const int64_t M = x.size(0), K = x.size(1), G = w.size(0), N = rows;
+  TORCH_CHECK(K % kBlock == 0 && w.size(1) == K / kBlock * gbytes,
+              op, ": x has ", K, " columns, w's groups hold ", w.size(1), " bytes");
+  TORCH_CHECK(N > (G - 1) * kGroup && N <= G * kGroup, op, ": ", N, " rows do not fill ", G, " groups of 16");
   at::Tensor y = at::empty({M, N}, x.options());
-  const float* xp = xc.data_ptr<float>();
+  if (M == 0) return y;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  const int64_t row_bytes = w.size(1);
-  // Output rows are split over the threads; within a thread, a tile of 16 rows' blocks (at most
-  // ~16 KB) stays in cache while every tile of activation rows passes over it.
-  constexpr int64_t kTile = 16;
-  at::parallel_for(0, N, kTile, [&](int64_t n0, int64_t n1) {
-    float out[kRows];
-    for (int64_t t0 = n0; t0 < n1; t0 += kTile) {
-      const int64_t t1 = std::min(n1, t0 + kTile);
-      for (int64_t m0 = 0; m0 < M; m0 += kRows) {
-        const int rows = int(std::min<int64_t>(kRows, M - m0));
-        const Dot dot = pick(isa, rows);
-        for (int64_t n = t0; n < t1; ++n) {
-          if (m0 == 0) prefetch(wp + (n + kAhead) * row_bytes, wp + n1 * row_bytes, row_bytes);
-          dot(type, wp + n * row_bytes, xp + m0 * K, K, out);
-          for (int r = 0; r < rows; ++r) yp[(m0 + r) * N + n] = out[r];
+  const int64_t gstride = w.size(1), nb = K / kBlock;
+
+  // One tile of rows unpacks in registers; more read each group from a panel unpacked once.
+  const bool panel = !int8 && M > fused_rows(isa) && panel_rows(isa) > 0;
+  const int most = int8 ? int8_rows(isa) : panel ? panel_rows(isa) : fused_rows(isa);
+  // Tiles of nearly equal size (25 rows: 13 + 12, not 24 + 1), a chunk of them (~kChunkRows rows) a pass.
+  const int64_t tiles = (M + most - 1) / most, per_chunk = std::max<int64_t>(1, kChunkRows / most);
+  auto tile_start = [&](int64_t t) { return t * M / tiles; };
+  const int smallest = int(tile_start(1) - tile_start(0));
+  const int gpt = panel ? panel_groups(isa) : int8 ? int8_groups(isa, smallest) : tile_groups(isa, smallest);
+  const int64_t task_groups = std::max<int64_t>(1, (G + kTasks - 1) / kTasks + gpt - 1) / gpt * gpt;
+  const int64_t chunks = (tiles + per_chunk - 1) / per_chunk, per_pass = (G + task_groups - 1) / task_groups;
+
+  // Each tile's activations position-major (x[k][r], as a GEMM packs its A operand), or as int8.
+  const at::Tensor xc = x.contiguous();
+  const float* src = xc.data_ptr<float>();
+  at::Tensor packed = at::empty({int8 ? M * K / 4 : M * K}, x.options());
+  // int8: {d, s} per row and block; fp32: Σ x per row and block (the factored tiles read it)
+  at::Tensor scales = at::empty({(int8 ? 2 : 1) * M * nb}, x.options());
+  float* xp = packed.data_ptr<float>();
+  int32_t* xq = reinterpret_cast<int32_t*>(xp);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t m0 = tile_start(t), r = tile_start(t + 1) - m0;
+    if (int8) {
+      pack_int8(isa, src + m0 * K, K, r, xq + m0 * K / 4, scales.data_ptr<float>() + 2 * m0 * nb);
+      continue;
+    }
+    float* sums = scales.data_ptr<float>() + m0 * nb;
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t b = 0; b < nb; ++b) {
+        float sum = 0.f;
+        for (int64_t k = b * kBlock; k < (b + 1) * kBlock; ++k) sum += xp[m0 * K + k * r + i] = src[(m0 + i) * K + k];
+        sums[b * r + i] = sum;
+      }
+  }
+  const float* xs = scales.data_ptr<float>();
+  const UnpackFn unpack = panel ? unpacker(isa, type) : nullptr;
+  std::atomic<int64_t> next{0};
+  const int64_t ntasks = chunks * per_pass;
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), ntasks), 1, [&](int64_t, int64_t) {
+    std::vector<float> buf(panel ? gpt * kPanelK * kGroup : 0);   // the tiles' groups' panels
+    for (int64_t task; (task = next.fetch_add(1)) < ntasks;) {
+      const int64_t c = task / per_pass, g0 = task % per_pass * task_groups, g1 = std::min(G, g0 + task_groups);
+      const int64_t t0 = c * per_chunk, t1 = std::min(tiles, t0 + per_chunk);
+      for (int64_t g = g0; g < g1; g += gpt) {
+        const int groups = int(std::min<int64_t>(gpt, g1 - g));
+        // a panel covers K a slice at a time; the tiles of a later slice add to y
+        for (int64_t k0 = 0; k0 < (panel ? K : 1); k0 += kPanelK) {
+          const int64_t kn = panel ? std::min(kPanelK, K - k0) : K;
+          for (int v = 0; panel && v < groups; ++v)
+            unpack(wp + (g + v) * gstride + k0 / kBlock * gbytes, kn / kBlock, buf.data() + v * kPanelK * kGroup);
+          for (int64_t t = t0; t < t1; ++t) {
+            const int64_t m0 = tile_start(t);
+            const int r = int(tile_start(t + 1) - m0);
+            const Tile tile{wp + g * gstride, buf.data(), gstride, kn / kBlock, k0 > 0, xp + m0 * K + k0 * r,
+                            xq + m0 * K / 4, xs + (int8 ? 2 : 1) * m0 * nb, yp + m0 * N + g * kGroup, N, N - g * kGroup};
+            const TileFn fn = int8 ? int8_tile(isa, r, groups) : panel ? panel_tile(isa, r, groups) : fused_tile(isa, type, r, groups);
+            if (fn) fn(tile);
+            else if (int8) int8_portable(r, groups, tile);
+            else tile_portable(type, r, groups, tile);
+          }
         }
       }
     }
@@ -300,13 +827,138 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, 
   return y;
 }
 
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa) {
+  return linear(x, w, type, rows, isa, false);
+}
+
+at::Tensor quant_linear_int8(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa) {
+  return linear(x, w, type, rows, isa, true);
+}
+
+// ---- the int8 path's arithmetic rate: the roofline's compute roof for int8 activations ---------
+// A register-resident loop of the path's multiply-adds (16 independent sums, no memory), on every
+// thread at once: u8 x s8 products a second, 2 ops each (as a matmul's flops count a multiply-add).
+FT_VNNI int64_t loop_vnni(int64_t iters) {
+  __m512i acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_epi32(j);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+  int64_t sum = 0;
+  for (int j = 0; j < 16; ++j) sum += _mm512_reduce_add_epi32(acc[j]);
+  return sum;
+}
+
+FT_AVX2 int64_t loop_avx2(int64_t iters) {
+  __m256i acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_set1_epi32(j);
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+  alignas(32) int32_t out[8];
+  int64_t sum = 0;
+  for (int j = 0; j < 8; ++j) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), acc[j]);
+    for (int i = 0; i < 8; ++i) sum += out[i];
+  }
+  return sum;
+}
+
+int64_t loop_portable(int64_t iters) {
+  volatile uint8_t a = 3;
+  volatile int8_t b = -2;
+  int32_t acc[16] = {};
+  for (int64_t i = 0; i < iters; ++i)
+    for (int j = 0; j < 16; ++j) acc[j] += int32_t(a) * b;
+  int64_t sum = 0;
+  for (int j = 0; j < 16; ++j) sum += acc[j];
+  return sum;
+}
+
+double int8_peak(int64_t isa, double seconds) {
+  TORCH_CHECK(supported(isa), "int8_peak: instruction set ", isa, " is not available on this CPU");
+  const std::string path = isa == kAvx512 && has_vnni() ? "vnni" : isa >= kAvx2 ? "avx2" : "portable";
+  // products a loop iteration does: 16 x 64 (VNNI), 8 x 32 (AVX2), 16 (portable)
+  const double per_iter = path == "vnni" ? 1024 : path == "avx2" ? 256 : 16;
+  auto run = [&](int64_t iters) {
+    std::atomic<int64_t> sink{0};
+    const int64_t threads = at::get_num_threads();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, threads, 1, [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i)
+        sink += path == "vnni" ? loop_vnni(iters) : path == "avx2" ? loop_avx2(iters) : loop_portable(iters);
+    });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return 2 * per_iter * double(iters) * double(threads) / std::max(dt, 1e-9) + 0 * double(sink.load());
+  };
+  int64_t iters = 1000;
+  while (2 * per_iter * double(iters) / run(iters) < seconds / 8 && iters < (int64_t(1) << 40)) iters *= 4;
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) best = std::max(best, run(iters));
+  return best;
+}
+
+// Which int8 path `isa` runs here: "vnni" (AVX-512 VNNI), "avx2" (VPMADDUBSW) or "portable".
+std::string int8_path(int64_t isa) {
+  return isa == kAvx512 && has_vnni() ? "vnni" : isa >= kAvx2 ? "avx2" : "portable";
+}
+
+// Rows `ids` of the matrix the blocks mean, fp32 [n, K]: an embedding lookup reads only its
+// tokens' rows, rounded as `dequantise` rounds them (the product, then the sum), so the lookup
+// equals the fp32 embedding the model would hold.
+at::Tensor quant_rows(const at::Tensor& w, int64_t type, int64_t rows, const at::Tensor& ids) {
+  const int64_t gbytes = group_bytes(type);
+  TORCH_CHECK(gbytes > 0, "quant_rows: block type ", type, " is not Q4_1 (3) or Q8_0 (8)");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) % gbytes == 0,
+              "quant_rows: w must be contiguous 2-D uint8 groups");
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "quant_rows: ids must be a 1-D long tensor");
+  const int64_t nb = w.size(1) / gbytes, K = nb * kBlock, n = ids.size(0);
+  const at::Tensor ic = ids.contiguous();
+  const int64_t* ip = ic.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < rows, "quant_rows: row ", ip[i], " is outside 0..", rows - 1);
+  at::Tensor out = at::empty({n, K}, at::TensorOptions().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* g = wp + ip[i] / kGroup * w.size(1);
+    const int lane = int(ip[i] % kGroup);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* gb = g + b * gbytes;
+      const float d = half_to_float(load_u16(gb + 2 * lane));
+      const float m = type == kQ4_1 ? half_to_float(load_u16(gb + 32 + 2 * lane)) : 0.f;
+      for (int k = 0; k < kBlock; ++k) {
+        float q;
+        if (type == kQ4_1) {
+          uint32_t dw;
+          std::memcpy(&dw, gb + 64 + 64 * (k / 8) + 4 * lane, 4);
+          q = float((dw >> (4 * (k % 8))) & 0xfu);
+        } else {
+          q = float(int8_t(gb[32 + 16 * k + lane]));
+        }
+        const float dq = d * q;       // rounded, then the sum rounded: -ffp-contract=off keeps them apart
+        op[i * K + b * kBlock + k] = type == kQ4_1 ? dq + m : dq;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(first_token, m) {
-  m.def("quant_linear(Tensor x, Tensor w, int type, int isa) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor w, int type, int rows, int isa) -> Tensor");
+  m.def("quant_rows(Tensor w, int type, int rows, Tensor ids) -> Tensor");
+  m.def("quant_linear_int8(Tensor x, Tensor w, int type, int rows, int isa) -> Tensor");
+  m.def("int8_path(int isa) -> str", &int8_path);
+  m.def("int8_peak(int isa, float seconds) -> float", &int8_peak);
   m.def("isas() -> int[]", &isas);
 }
 
 TORCH_LIBRARY_IMPL(first_token, CPU, m) {
   m.impl("quant_linear", &quant_linear);
+  m.impl("quant_rows", &quant_rows);
+  m.impl("quant_linear_int8", &quant_linear_int8);
 }
