@@ -29,6 +29,17 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: -weight[item.path])
 
 
+def pytest_configure(config):
+    # Under `make test` two test processes share two cores: torch's default of a thread per core in
+    # each oversubscribes them, and OpenMP threads spinning on a taken core made real-model tests
+    # ~10x slower than alone (a 2,048-position agreement check: 10 s alone, 102 s in the suite).
+    # One model thread a process; a test that wants more sets it itself.
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        import torch
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")   # and the servers and benches a test starts
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return tiny_bundle()

@@ -240,9 +240,14 @@ function drawRoofline(s, evs) {
                hovertemplate: `compute roof (estimate): %{x:.0f} tokens → %{y:.1f} ms<extra></extra>`});
   }
   $("m-roof-note").textContent = roofNote(s, dec, pre, R, two ? roofList : null);   // first: its lines take the chart's height
+  // The y range from the measured points and the memory roofs: the compute roof at one token is far
+  // below them (0.002 ms with int8's peak), and drawn to there the decades' labels ran into each other
+  // and into the axis title on a short plot. Below the range the compute roof is clipped, not hidden.
+  const ys = data.filter((t) => !/^compute/.test(t.name)).flatMap((t) => t.y).filter((v) => v > 0);
+  const yrange = ys.length ? [Math.log10(Math.min(...ys) / 2), Math.log10(Math.max(...ys) * 2)] : undefined;
   Plotly.react($("m-roof"), data, frame($("m-roof"), data, {
     xaxis: axis("tokens per forward (log)", {type: "log", dtick: 1}),
-    yaxis: axis("ms per forward (log)", {type: "log", dtick: 1})}), CONFIG);
+    yaxis: axis("ms per forward (log)", {type: "log", dtick: 1, range: yrange})}), CONFIG);
 }
 
 // The gap between what was measured and what the roofline estimates, said plainly.

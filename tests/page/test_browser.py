@@ -288,7 +288,9 @@ def test_prompt_box_streams_and_renders_markup_as_text(page):
     page.js("firstToken.refresh()")   # the panels now, not at their next tick
     assert evil in page.page.text_content("#d-chips")
     assert page.js("document.scripts.length") == scripts
-    assert page.js("document.querySelectorAll('#d-chips script, #d-text *').length") == 0
+    # the chips no elements of the prompt's; the answer's only elements its tokens' own spans (text in each)
+    assert page.js("document.querySelectorAll('#d-chips script, #d-text script').length") == 0
+    assert page.js("[...document.querySelectorAll('#d-text *')].every((e) => e.matches('span.tok-out') && !e.children.length)")
     page.wait("() => firstToken.state.reqs.get(firstToken.ui.selected).end !== null")
     assert page.dialogs == [] and page.errors == []
 

@@ -79,7 +79,10 @@ def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(pag
                   "requestAnimationFrame(() => requestAnimationFrame(done)); })")
     spot = page.evaluate("""([id, j]) => {
         const r = firstToken.state.reqs.get(id), v = firstToken.view, t = r.tokens;
-        v.span = Math.max(0.01, (t[t.length - 1] - t[0]) * 1.3); v.right = t[t.length - 1] + v.span * 0.1;   // its ticks apart
+        // zoomed on token j so its nearest neighbour is ~40 px away: a loaded machine's tokens come in
+        // bursts, and a whole row in view can put two ticks within a few pixels of each other
+        const gap = Math.min(...[t[j] - t[j - 1], t[j + 1] - t[j]].filter((g) => g > 0));
+        v.span = Math.max(1e-4, gap * firstToken.ui.layouts.timeline.f.pw / 40); v.right = t[j] + v.span / 2;
         firstToken.refresh();
         const L = firstToken.ui.layouts.timeline;
         const row = L.lanes.findIndex((lane) => lane.reqs.includes(r));

@@ -166,8 +166,10 @@ def test_every_tour_step_shows_its_text_and_its_parts_alone(live, browser, width
         ctx.close()
 
 
+# With a class: the narrowest projector (the join card and rows most crowded) and the one the
+# screenshots are taken at; every size is toured alone above (a tour is ~40 s of the suite).
 @pytest.mark.slow
-@pytest.mark.parametrize("width,height", SCREENS, ids=[f"{w}x{h}" for w, h in SCREENS])
+@pytest.mark.parametrize("width,height", SCREENS[:2], ids=[f"{w}x{h}" for w, h in SCREENS[:2]])
 def test_every_tour_step_with_a_class_of_25_joined(room, browser, width, height):
     names = [f"Student {i:02d}" for i in range(1, CLASS + 1)]
     for name in names:
