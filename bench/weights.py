@@ -5,6 +5,8 @@ change in the machine's load hits all alike; figures are the median over rounds)
 
     stored        this tree: the fused Llama forward, linears and head on the 4-bit blocks
     dequantised   this tree: the fused Llama forward, linears and head on oneDNN fp32
+    int8          this tree on the blocks with `activations: int8` (another arithmetic: the
+                  activations rounded per block, VNNI dot products; the head stays fp32)
     transformers  this tree with FIRST_TOKEN_KERNELS=off: transformers' decoder, oneDNN fp32
                   (the path a machine without a compiler runs)
     before        `--before REV` (e.g. main): that tree's code as it was, from a temporary git
@@ -71,6 +73,8 @@ def child(out, plan):
     eng = Engine(bundle, EngineConfig(release_model_weights=True) if release else None)
     if os.environ.get("BENCH_WEIGHTS"):
         eng.apply_settings({"weights": os.environ["BENCH_WEIGHTS"]})
+    if os.environ.get("BENCH_ACTIVATIONS"):   # int8: another arithmetic (its agreement is measured as it is set)
+        eng.apply_settings({"activations": os.environ["BENCH_ACTIVATIONS"]})
     runner, vocab = eng.runner, bundle.model.config.vocab_size
     # the synthetic requests take blocks from the pool (engine/measure.py); a tree from before the
     # block manager handed its pool out as `eng.blocks`
@@ -127,6 +131,7 @@ def _rss():
 
 
 ARRANGEMENTS = {"stored": {"BENCH_WEIGHTS": "stored"}, "dequantised": {"BENCH_WEIGHTS": "dequantised"},
+                "int8": {"BENCH_WEIGHTS": "stored", "BENCH_ACTIVATIONS": "int8"},
                 "transformers": {"FIRST_TOKEN_KERNELS": "off"}}
 
 

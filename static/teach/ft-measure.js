@@ -50,7 +50,10 @@ const LAYOUT = {
 const CONFIG = {displayModeBar: false, responsive: false};
 const CHARTS = ["m-steps", "m-rates", "m-kv", "m-roof"];
 const boxes = () => CHARTS.map((id) => `${$(id).clientWidth}x${$(id).clientHeight}`).join(" ");
-const axis = (title, extra) => Object.assign({title: {text: title, standoff: 4}, gridcolor: P.grid, zeroline: false}, extra);
+// automargin: a title is kept inside its margin, so a margin too small for the tick labels, the
+// standoff and the title put the title over the labels (the roofline's "10" under its x title, now
+// and then, at 150 % zoom); plotly then grows the margin instead.
+const axis = (title, extra) => Object.assign({title: {text: title, standoff: 4}, automargin: true, gridcolor: P.grid, zeroline: false}, extra);
 const LEGEND_ITEM_PX = (name) => 44 + 6.6 * name.length;   // a 12 px legend item: its symbol, text and gap
 
 // The y axis titles' short forms, for a plot too short for the long one (at 150 % zoom the

@@ -7,6 +7,7 @@ decode and prefill points under both roofs from `hello.roofline`, the comparison
 goodput for both runs, and the step-time target's cap is shown where the forwards are drawn,
 readable on every screen."""
 from contextlib import contextmanager
+import re
 
 import pytest
 
@@ -328,7 +329,9 @@ def test_the_sweep_after_the_queueing_lesson_reaches_max_slots_and_draws_the_flo
         assert all(v == int(v) for v in c["xaxis"]["tickvals"]) and set(c["xaxis"]["tickvals"]) <= {1, 2, 4}
         assert c["xaxis"]["range"][0] == 0 and c["legend"]["yanchor"] == "bottom" and c["legend"]["y"] >= 1
         assert c["scroll"][0] <= c["scroll"][1] + 1 and c["inside"], c["scroll"]
-        assert c["findings"].startswith("Measured here (the decode-cost sweep, context 128 tokens): a step of 4 requests takes")
+        # (a sweep on a machine busy with other work says so: ft-busy.js, from the sweep's own pace)
+        assert re.match(r"Measured here \(the decode-cost sweep, context 128 tokens(, taken while the machine was busy)?\): "
+                        r"a step of 4 requests takes", c["findings"]), c["findings"]
         assert c["skipped"] is None
 
 
