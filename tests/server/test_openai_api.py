@@ -9,7 +9,7 @@ import pytest
 import requests
 from simple_websocket import Client
 
-from helpers import collect, frames, reference
+from helpers import collect, frames, reference, wait_until
 
 PROMPT = "We hold these truths to be self-evident, that all men"
 CHAT = [{"role": "user", "content": "Name three colours."}]
@@ -233,12 +233,19 @@ def test_a_rows_preview_is_what_was_asked_not_the_chat_template(live, client, mo
 
 # ------------------------------------------------------------------ log-probabilities (protocol 14)
 def token_events(live, rid):
-    """The engine's own token events of request `rid` (the broadcaster's history)."""
-    sub = live.driver.events.subscribe(replay=True)
-    try:
-        return [e for e in sub.get(timeout=0) if e["type"] == "token" and e["id"] == rid]
-    finally:
-        live.driver.events.unsubscribe(sub)
+    """The engine's own token events of request `rid` (the broadcaster's history), once its
+    `finished` is there: the client may have its answer before the step's events are published."""
+    got = []
+
+    def finished():
+        sub = live.driver.events.subscribe(replay=True)
+        try:
+            got[:] = [e for e in sub.get(timeout=0) if e.get("id") == rid]
+        finally:
+            live.driver.events.unsubscribe(sub)
+        return any(e["type"] == "finished" for e in got)
+    wait_until(finished, 10, f"{rid}'s finished event")
+    return [e for e in got if e["type"] == "token"]
 
 
 def test_the_openai_client_reads_chat_top_logprobs(live, client, model, tiny):
