@@ -71,7 +71,8 @@ if (!embed) {   // their buttons and sheets
 // preset goes out before its settings), then the lessons, then the page's own reactions.
 const dispatch = createDispatch(s);
 dispatch.on(teach.reactions(embed));
-dispatch.on(candidates.reactions(connection.send, () => !replay.active()));   // asks for candidates (`view`)
+dispatch.on(candidates.reactions(connection.send, () => !replay.active()));
+teach.beforeApply((name) => { if (!replay.active()) candidates.lessonStarts(name, connection.send); });   // asks for candidates (`view`)
 if (!embed) for (const table of [tour.reactions(ui), measure.reactions, compare.reactions]) dispatch.on(table);
 dispatch.on({
   hello(ev) {
@@ -151,7 +152,7 @@ window.firstToken = Object.assign({state: s, view, ui, clock: connection.clock, 
 // `firstToken.traceCharts = true`: each plotly draw is named on the console (ft-charts.js trace).
 Object.defineProperty(window.firstToken, "traceCharts", {set: (on) => { charts.trace.on = !!on; }, get: () => charts.trace.on});
 controls.wire(s, ui, embed);
-candidates.wire(s, connection.send);
+candidates.wire(connection.send);
 classroom.wire();
 canvases.wire(page);
 replay.wire(feed);

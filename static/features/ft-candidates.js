@@ -5,9 +5,11 @@
 // p_raw]. ft-state.js keeps them per token (`r.odds`). Here: which tokens are uncertain, the bars
 // (the model's own probability and the drawn one, the chosen token marked) shown when a token is
 // hovered or tapped on a timeline row or in the request's text, the marks on the rows and in the
-// text, the request panel's line and the sampling lesson's figure. The page asks for candidates
-// (`view`) unless it is a classroom viewer, which asks only while the sampling lesson runs or when
-// its reader turns them on (the checkbox over the output).
+// text, the request panel's line and the sampling lesson's figure. A page asks for them (`view`)
+// only while they are used: the sampling lesson runs, or its reader turns them on (the checkbox
+// over the output, off at first). They are not free: five candidates a token double what a page
+// receives (bench/candidates.py: 44 -> 88 kB/s at 1,000 tokens/s, the budget 50), and the engine
+// computes the odds only while a page shows them or a request asks (~8 % of a batch-1 step here).
 import {fmtS} from "ft/util";
 
 export const UNSURE = 0.3;     // a token the model itself gave under 30 % is marked uncertain
@@ -20,17 +22,16 @@ export const shown = (text) => (text || "").replace(/ /g, "·").replace(/\n/g, "
 
 // ------------------------------------------------------------------ what this page asks for
 // `choice`: the reader's own (the checkbox), null until they touch it; `lesson`: the sampling
-// lesson runs (a preset event), so a classroom's viewers see the bars it is about.
+// lesson runs (a preset event; on the page that starts it, before its preset is sent, so its
+// first tokens carry odds too), and every page watching sees the bars it is about.
+const LESSON = "sampling";
 const view = {choice: null, lesson: false, sent: null};
 
-export function wanted(s) {
-  if (view.choice !== null) return view.choice;
-  return !(s.hello && s.hello.role === "viewer") || view.lesson;
-}
+export const wanted = () => (view.choice !== null ? view.choice : view.lesson);
 
 // Tell the server what this page shows, when it changed or on a new connection (`force`).
-export function sync(s, send, force = false) {
-  const want = wanted(s);
+export function sync(send, force = false) {
+  const want = wanted();
   if (!force && view.sent === want) return;
   if (send({type: "view", candidates: want})) view.sent = want;
   const box = document.getElementById("cand-on");
@@ -39,15 +40,22 @@ export function sync(s, send, force = false) {
 
 // What it does on events: a new connection is told again; a lesson may switch a viewer's on.
 export const reactions = (send, live) => ({
-  hello(ev, s) { view.sent = null; if (live()) sync(s, send, true); },
-  preset(ev, s) { view.lesson = ev.name === "sampling"; if (live()) sync(s, send); },
+  hello() { view.sent = null; if (live()) sync(send, true); },
+  preset(ev) { view.lesson = ev.name === LESSON; if (live()) sync(send); },
 });
 
+// This page starts lesson `name` (ft-teach.js beforeApply): the sampling lesson's candidates asked first.
+export function lessonStarts(name, send) {
+  if (name !== LESSON) return;
+  view.lesson = true;
+  sync(send);
+}
+
 // The checkbox over the request's output: the reader's own choice.
-export function wire(s, send) {
+export function wire(send) {
   const box = document.getElementById("cand-on");
   if (!box) return;
-  box.addEventListener("change", () => { view.choice = box.checked; sync(s, send); });
+  box.addEventListener("change", () => { view.choice = box.checked; sync(send); });
 }
 
 // ------------------------------------------------------------------ a request's figures
@@ -65,7 +73,7 @@ export function counts(r) {
 // The request panel's and the row's hover line; null when its tokens carry no odds.
 export function requestLine(r) {
   const c = counts(r);
-  if (!c.known) return null;
+  if (!c.known) return wanted() ? null : "tick “candidates” for each token's probabilities (sent to this page only while ticked)";
   return `${c.low} of ${c.known} token${c.known === 1 ? "" : "s"} uncertain (the model gave them under ` +
     `${Math.round(UNSURE * 100)} %) · hover a token (in the output, or its tick: zoom in where ticks crowd) for its candidates`;
 }

@@ -35,7 +35,11 @@ export function confirmReset(s, what) {
                         `${asking.length > 1 ? "them" : "it"}. Go ahead?`);
 }
 
-export const apply = (s, name) => confirmReset(s, "Starting a lesson") && send({type: "preset", name});
+// What a feature asks of the server before a lesson it draws starts from this page (ft-candidates.js:
+// the sampling lesson's candidates from its first token on), registered by ft-app.js.
+const before = [];
+export const beforeApply = (f) => before.push(f);
+export const apply = (s, name) => confirmReset(s, "Starting a lesson") && (before.forEach((f) => f(name)), send({type: "preset", name}));
 
 // Which part of the page matters for a preset (presenter mode enlarges it; the tour spots it).
 export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "timeline", "many-users": "slots",

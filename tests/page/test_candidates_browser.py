@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from helpers import ask_on_phone, collect, wait_until
+from helpers import ask_on_phone, collect, page_module, wait_until
 from test_classroom import room  # noqa: F401  (a fixture)
 from test_slo_roofline_browser import events, page_at
 
@@ -22,10 +22,10 @@ def page(browser, live):
 
 
 def lesson(page, live):
-    """The sampling lesson applied from the page; the engine's events once its five requests
-    finished and the page has them."""
+    """The sampling lesson applied from the page (as its Lessons button does: the page asks for
+    candidates first); the engine's events once its five requests finished and the page has them."""
     with events(live) as sub:
-        page.evaluate("() => firstToken.send({type: 'preset', name: 'sampling'})")
+        page.evaluate("t => t.apply(firstToken.state, 'sampling')", page_module(page, "teach"))
         evs = collect(sub, lambda got: sum(e["type"] == "finished" for e in got) >= 5, timeout=60)
     page.wait_for_function("() => firstToken.state.finishedCount >= 5", timeout=20_000)
     rows = {e["id"]: e["label"] for e in evs if e["type"] == "request"}
@@ -39,8 +39,10 @@ def pct(x):
 
 
 def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(page, live):
-    wait_until(live.driver.events.candidates_shown, 10, "the page to ask for candidates")
+    # a page asks for candidates only while it uses them (the budget of bytes a viewer gets)
+    assert not live.driver.events.candidates_shown() and not page.is_checked("#cand-on")
     rows, tokens = lesson(page, live)
+    assert live.driver.events.candidates_shown() and page.is_checked("#cand-on")
     assert sorted(rows.values()) == sorted(["greedy", "T 0.7", "T 1", "T 1.5", "top-p 0.5"])
     greedy = next(rid for rid, name in rows.items() if name == "greedy")
     page.evaluate("id => firstToken.select(id)", greedy)
@@ -113,6 +115,25 @@ def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(pag
     assert f"greedy {took['greedy']}/{took['greedy']}" in banner and took["greedy"] == len(mine)
     assert f"T 1.5 {took['T 1.5']}/{len(tokens[hot])}" in banner
     assert re.search(r"first sample [\d.]+ (ms|s) of TTFT", banner)
+
+
+def test_the_checkbox_asks_for_candidates_and_another_lesson_gives_them_back(page, live):
+    """Off at first (a page gets the lean stream), the checkbox turns them on and off for this page;
+    the sampling lesson turns them on and the next lesson off again, unless the reader chose."""
+    assert not live.driver.events.candidates_shown()
+    assert "tick “candidates”" in page.evaluate("m => m.requestLine({odds: [], tokenIds: []})", page_module(page, "candidates"))
+    page.check("#cand-on")
+    wait_until(live.driver.events.candidates_shown, 10, "the checkbox's view")
+    page.uncheck("#cand-on")
+    wait_until(lambda: not live.driver.events.candidates_shown(), 10, "the view taken back")
+    page.reload()   # a new page: no choice yet
+    page.wait_for_function("() => firstToken.state.hello")
+    teach = page_module(page, "teach")
+    page.evaluate("t => t.apply(firstToken.state, 'sampling')", teach)
+    wait_until(live.driver.events.candidates_shown, 10, "the lesson's view")
+    page.evaluate("t => t.apply(firstToken.state, 'idle')", teach)
+    wait_until(lambda: not live.driver.events.candidates_shown(), 10, "the next lesson's view")
+    assert not page.is_checked("#cand-on")
 
 
 def test_a_phone_marks_its_own_answers_uncertain_tokens(room, browser):

@@ -85,6 +85,10 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     watcher.wait("() => firstToken.state.hello && firstToken.state.last")
     other = Watch(browser, live.url)   # opened now: it replays while the server is gone
     other.wait("() => firstToken.state.hello")
+    # the watcher shows candidates, so it receives every field the recording keeps (a page that
+    # does not gets tokens without them: its own trace has `top: null`)
+    watcher.page.check("#cand-on")
+    wait_until(live.driver.events.candidates_shown, 10, "the watcher's view")
 
     trace = record.record(live.driver, 1.5, settings=QUICK, drain=True)   # the CLI's recording
     validate(trace)
