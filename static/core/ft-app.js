@@ -71,8 +71,8 @@ if (!embed) {   // their buttons and sheets
 // preset goes out before its settings), then the lessons, then the page's own reactions.
 const dispatch = createDispatch(s);
 dispatch.on(teach.reactions(embed));
-dispatch.on(candidates.reactions(connection.send, () => !replay.active()));
-teach.beforeApply((name) => { if (!replay.active()) candidates.lessonStarts(name, connection.send); });   // asks for candidates (`view`)
+dispatch.on(candidates.reactions(connection.send, () => !replay.active()));   // asks for candidates (`view`)
+teach.beforeApply((name) => { if (!replay.active()) candidates.lessonIs(name, connection.send); });
 if (!embed) for (const table of [tour.reactions(ui), measure.reactions, compare.reactions]) dispatch.on(table);
 dispatch.on({
   hello(ev) {

@@ -41,14 +41,15 @@ export function sync(send, force = false) {
 // What it does on events: a new connection is told again; a lesson may switch a viewer's on.
 export const reactions = (send, live) => ({
   hello() { view.sent = null; if (live()) sync(send, true); },
-  preset(ev) { view.lesson = ev.name === LESSON; if (live()) sync(send); },
+  preset(ev) { lessonIs(ev.name, live() ? send : null); },
 });
 
-// This page starts lesson `name` (ft-teach.js beforeApply): the sampling lesson's candidates asked first.
-export function lessonStarts(name, send) {
-  if (name !== LESSON) return;
-  view.lesson = true;
-  sync(send);
+// Lesson `name` runs: its preset event, or, on the page that starts it, before its preset is sent
+// (ft-teach.js beforeApply), so the sampling lesson's first tokens carry their candidates too. The
+// server is told unless there is none to tell (`send` null: a replay).
+export function lessonIs(name, send) {
+  view.lesson = name === LESSON;
+  if (send) sync(send);
 }
 
 // The checkbox over the request's output: the reader's own choice.
