@@ -14,10 +14,10 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 setup: $(STAMP)
 
-# The engine's C++ kernels (engine/kernels: the fused 4-bit linear), built once per source and
+# The engine's C++ kernels (engine/model/kernels: the fused 4-bit linear), built once per source and
 # torch version; without a compiler it says so and the engine reads dequantised fp32 weights.
 kernels: $(STAMP)
-	$(BIN)/python -m engine.kernels
+	$(BIN)/python -m engine.model.kernels
 
 run: $(STAMP) kernels
 	$(BIN)/python app.py $(ARGS)

@@ -12,7 +12,7 @@ pool of threads (each page's websocket holds one, as flask-sock supports); a req
 a thread only once it has wholly arrived (server/serving.py), so slow clients hold none.
 
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
-the engine headless and writes one (engine/record.py); `python app.py export TRACE -o
+the engine headless and writes one (engine/teach/record.py); `python app.py export TRACE -o
 page.html` writes a self-contained replay page (server/export.py).
 
 `--classroom` (server/classroom.py) serves a class: it binds every interface unless --host
@@ -164,7 +164,7 @@ def serve_flags(p):
 
 def record_flags(p):
     p.add_argument("--preset", metavar="NAME", default=None, type=checked(_preset),
-                   help="apply this teaching preset first (engine/presets.py: queueing, shared-prefix, ...)")
+                   help="apply this teaching preset first (engine/teach/presets.py: queueing, shared-prefix, ...)")
     p.add_argument("--seconds", type=seconds("--seconds"), required=True, help="how long to record")
     p.add_argument("-o", "--output", required=True, help="the trace file to write (JSON)")
     p.add_argument("--set", metavar="NAME=VALUE", action="append", default=[], type=checked(_setting),
@@ -175,7 +175,7 @@ def record_flags(p):
 
 
 def _preset(name):
-    from engine import presets
+    from engine.teach import presets
     from engine.settings import SettingError
     try:
         presets.get(name)   # checked before the model loads
@@ -187,7 +187,7 @@ def _preset(name):
 def _setting(pair):
     """One --set NAME=VALUE as {name: value}; its name, kind and bounds are checked once the
     engine is up (`validate` needs its specs), so `record` reports them as --set errors."""
-    from engine.record import parse_sets
+    from engine.teach.record import parse_sets
     from engine.settings import SettingError
     try:
         return parse_sets([pair])
@@ -304,7 +304,7 @@ def serve_gunicorn(args, room):
 
 def record_main(args):
     """`app.py record`: load the model, record, write the trace."""
-    from engine import record
+    from engine.teach import record
     from engine.settings import SettingError
     settings = {k: v for pair in args.set for k, v in pair.items()}
     backend = loader.driver(args, progress=loader.ProgressBar().show)

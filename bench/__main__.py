@@ -19,7 +19,7 @@ import torch
 
 from bench import coldstart, contenders, roofline, tables
 from bench.launch import load_bundle
-from engine import model as model_mod
+from engine.model import loading as model_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@
    Each step is timed whole as the driver does it: `Engine.step()` and the events' wire JSON
    (what publishing costs; the odds' texts, rounding and second JSON included). Medians of each
    side, and their difference as a share of the step without odds: the criterion for keeping
-   them on by default was under 2 % of a batch-1 step (engine/engine.py `candidates`); it is more on
+   them on by default was under 2 % of a batch-1 step (engine/core/engine.py `candidates`); it is more on
    a CPU here, so the engine computes them while a page shows them or a request asks.
 2. **Bytes per viewer.** The events of a run of `--requests` streams (every event a page gets:
    steps, stats, tokens), grouped into the page's 50 ms frames, sent to a page that does not show
@@ -36,7 +36,7 @@ BUDGET = 50_000      # bytes per second per viewer at RATE (issue 42)
 def step_cost(engine, steps, batch=1, prompt="We hold these truths to be self-evident, that all men"):
     """Median step time (seconds) with the page's odds on and off, alternating every step, over
     `steps` decode steps of `batch` greedy requests: {"on_s", "off_s", "cost_s", "share", "steps"}."""
-    from engine.request import GenerateRequest
+    from engine.core.request import GenerateRequest
     for _ in range(batch):
         engine.add(engine.new_sequence(GenerateRequest(prompt=prompt, max_new_tokens=steps + 4, ignore_eos=True,
                                                        temperature=0)))
@@ -73,7 +73,7 @@ def viewer_bytes(engine, requests=16, new_tokens=48):
     """The events of `requests` streams of `new_tokens` (load-generator prompts, sampled at 0.8),
     as a lean page and a page showing candidates get them: bytes per token, JSON and deflated,
     and per second at RATE tokens/s."""
-    from engine.request import GenerateRequest
+    from engine.core.request import GenerateRequest
     engine.candidates = lambda: True
     events = []
     for _ in range(requests):
@@ -127,7 +127,7 @@ def main(argv=None):
         import torch
         torch.set_num_threads(args.threads)
     from engine import Engine, EngineConfig
-    from engine import model as model_mod
+    from engine.model import loading as model_mod
     bundle = model_mod.load()
     engine = Engine(bundle, EngineConfig(slots=max(8, args.requests), kv_tokens=8192, max_context=1024))
     costs = [step_cost(engine, args.steps, 1), step_cost(engine, args.steps // 2, 8)]

@@ -18,8 +18,8 @@ import torch
 
 from engine import Engine, EngineConfig, EngineDriver
 from engine.events import Rejected, Token
-from engine.loadgen import CORPUS
-from engine.request import GenerateRequest
+from engine.teach.loadgen import CORPUS
+from engine.core.request import GenerateRequest
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """`python -m bench.first_shape`: what the first forward of a new shape costs on this machine.
 
-A forward's shape, for our runner (engine/runner.py), is what its kernels are chosen by: the
+A forward's shape, for our runner (engine/model/runner.py), is what its kernels are chosen by: the
 token rows packed into it (the M of every linear layer) and the rows that want logits (the
 output head's). On a CPU in fp32 the linear layers run on oneDNN, which creates a kernel (a
 "primitive") for each new M the first time it meets it and keeps it in a cache of its own,
@@ -10,7 +10,7 @@ global to the process. The step event's `first_shape` marks those forwards. Two 
   same forward three times more; its extra cost is the first minus the median of those. Trials
   of each kind are interleaved round by round (a change in the machine's load touches them
   alike), with a control that runs a shape seen before (the noise floor). Then the model is
-  loaded again with a new Runner, as engine/reload.py does, and the shapes seen are run again;
+  loaded again with a new Runner, as engine/model/reload.py does, and the shapes seen are run again;
 * oneDNN's own account: its verbose log (level 2) counts the primitives each forward created
   (cache misses) and the milliseconds that took, for new shapes and after the reload.
 
@@ -30,7 +30,7 @@ import torch
 
 from bench.tables import _ids, _seq, _setup
 from bench.launch import load_bundle
-from engine.runner import Runner, Segment
+from engine.model.runner import Runner, Segment
 
 CONTEXT = 128
 
@@ -117,7 +117,7 @@ def main(argv=None):
     new = [created(chunk(96 + i)) for i in range(4)] + [created(decode(16 + i)) for i in range(4)]
     t0 = time.perf_counter()
     again_bundle = load()
-    runner = Runner(again_bundle.model, store, again_bundle.quant)   # engine/reload.py's swap
+    runner = Runner(again_bundle.model, store, again_bundle.quant)   # engine/model/reload.py's swap
     reload_s = time.perf_counter() - t0
     again = [created(chunk(96)), created(decode(16))]
     for i in range(rounds):

@@ -33,22 +33,22 @@ def bench_model():
 
 
 def load_bundle(**kw):
-    """The benches' model bundle, loaded in this process (`engine.model.load` keywords)."""
+    """The benches' model bundle, loaded in this process (`engine.model.loading.load` keywords)."""
     import importlib
-    from engine import model
+    from engine.model import loading
     spec = bench_model()
     if spec and ":" in spec and not Path(spec).exists():
         module, _, fn = spec.partition(":")
         return getattr(importlib.import_module(module), fn)()
-    return model.load(spec, **kw)
+    return loading.load(spec, **kw)
 
 
 def bench_tokenizer():
     """The tokenizer of the model the benches' app serves (its cache directory for the bundled GGUF)."""
     from transformers import AutoTokenizer
-    from engine import model
+    from engine.model import loading
     spec = bench_model()
-    return AutoTokenizer.from_pretrained(spec or model._gguf_cache_dir(model.default_model_path()))
+    return AutoTokenizer.from_pretrained(spec or loading._gguf_cache_dir(loading.default_model_path()))
 
 
 def free_port():

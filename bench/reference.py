@@ -20,7 +20,7 @@ import sys
 import tarfile
 import tempfile
 
-from engine.model import cache_root, default_model_path
+from engine.model.loading import cache_root, default_model_path
 
 SDIST = "llama-cpp-python"
 

@@ -1,4 +1,4 @@
-"""`python -m bench.roofline`: the roofline's predicted forward times (engine/roofline.py) next
+"""`python -m bench.roofline`: the roofline's predicted forward times (engine/timing/roofline.py) next
 to measured ones, for decode at batch 1..16 and prefill of 64..1024 tokens, on this machine.
 
 Both rates are measured here first (read bandwidth, best of three 2-second runs; peak matmul
@@ -10,9 +10,10 @@ import argparse
 
 from bench import tables
 from bench.launch import load_bundle
-from engine import bandwidth, model as model_mod
-from engine.kv_cache import kv_bytes_per_token
-from engine.roofline import Roofline, peak_flops
+from engine.timing import bandwidth
+from engine.model import loading as model_mod
+from engine.core.kv_cache import kv_bytes_per_token
+from engine.timing.roofline import Roofline, peak_flops
 
 PREFILL = (64, 128, 256, 512, 1024)
 BATCHES = (1, 2, 4, 8, 16)

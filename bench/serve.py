@@ -30,7 +30,7 @@ from simple_websocket import Client
 
 from bench.contenders import prompts
 from bench.launch import ROOT, App, bench_tokenizer, healthz
-from engine.loadgen import CORPUS
+from engine.teach.loadgen import CORPUS
 
 
 def percentile(values, q):

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.contenders import prompts
 from bench.launch import ROOT, App, bench_tokenizer
 from bench.serve import Events, run_load, settle, write_results
-from engine.loadgen import TASKS, LoadGenerator
+from engine.teach.loadgen import TASKS, LoadGenerator
 
 SPECS = ("off", "ngram", "suffix")
 COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")

@@ -11,9 +11,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import BlockPool, PagedKVStore, head_dim, kv_heads
-from engine.runner import Runner, Segment, _gather, synchronize
-from engine.sequence import SamplingParams, Sequence
+from engine.core.kv_cache import BlockPool, PagedKVStore, head_dim, kv_heads
+from engine.model.runner import Runner, Segment, _gather, synchronize
+from engine.core.sequence import SamplingParams, Sequence
 
 
 def _best(fn, repeats, device="cpu"):
@@ -93,7 +93,7 @@ def kv_read_table(bundle, batch, contexts, repeats, block_size=16):
         mask = (torch.arange(nb * block_size, device=dev) < ctx)[None, None, None, :]
         pools = [torch.randn(batch * nb, block_size, h, d, dtype=dt, device=dev) for _ in range(2 * layers)]
 
-        def paged():                    # as engine/runner.py's Plan.attend does for decode rows
+        def paged():                    # as engine/model/runner.py's Plan.attend does for decode rows
             for i in range(layers):
                 k, v = (_gather(p, order).view(batch, -1, h, d).transpose(1, 2) for p in pools[2 * i:2 * i + 2])
                 F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

@@ -86,7 +86,7 @@ def run(args, run_load, set_weights):
     """The comparison; `run_load(url, model, batch, max_tokens, in_flight)` is bench.serve's client,
     `set_weights(app, format)` switches First Token's `weights` setting."""
     from transformers import AutoTokenizer
-    from engine import model as model_mod
+    from engine.model import loading as model_mod
     tok = AutoTokenizer.from_pretrained(model_mod._gguf_cache_dir(model_mod.default_model_path()))
     binary = reference.build()
     slots = max(n for n, *_ in LOADS.values())

@@ -41,15 +41,15 @@ SMOKE = {"batches": (1, 2), "prompts": (16,), "repeats": 2, "profile_batches": (
 FULL = {"batches": BATCHES, "prompts": PROMPTS, "repeats": 15, "profile_batches": (1, 16)}
 
 
-def _load(model):
+def _load(loading):
     """The model as the server loads it: its blocks alone where this tree can (`dense=False`), or
     the model FIRST_TOKEN_BENCH_MODEL names (bench/launch.py). A tree from before either: its default."""
     import inspect
     try:
         from bench.launch import load_bundle
     except ImportError:
-        return model.load(device="cpu", dtype="float32")
-    server_like = {"dense": False} if "dense" in inspect.signature(model.load).parameters else {}
+        return loading.load(device="cpu", dtype="float32")
+    server_like = {"dense": False} if "dense" in inspect.signature(loading.load).parameters else {}
     return load_bundle(device="cpu", dtype="float32", **server_like)
 
 
@@ -61,11 +61,17 @@ def child(out, plan):
         torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
     # one thread: its CPU time, which other processes on a shared machine do not stretch
     clock = time.thread_time if os.environ.get("BENCH_CLOCK") == "cpu" else time.perf_counter
-    from engine import model
-    from engine.engine import Engine
-    from engine.measure import _Synthetic
-    from engine.runner import Segment
-    bundle = _load(model)
+    try:    # engine/ in folders by job; a tree from before them: one flat folder
+        from engine.model import loading
+        from engine.core.engine import Engine
+        from engine.timing.measure import _Synthetic
+        from engine.model.runner import Segment
+    except ImportError:
+        from engine import model as loading
+        from engine.engine import Engine
+        from engine.measure import _Synthetic
+        from engine.runner import Segment
+    bundle = _load(loading)
     load_s = time.perf_counter() - t0
     from engine.config import EngineConfig
     # as the server builds it (a tree from before the field existed: its default)
@@ -76,7 +82,7 @@ def child(out, plan):
     if os.environ.get("BENCH_ACTIVATIONS"):   # int8: another arithmetic (its agreement is measured as it is set)
         eng.apply_settings({"activations": os.environ["BENCH_ACTIVATIONS"]})
     runner, vocab = eng.runner, bundle.model.config.vocab_size
-    # the synthetic requests take blocks from the pool (engine/measure.py); a tree from before the
+    # the synthetic requests take blocks from the pool (engine/timing/measure.py); a tree from before the
     # block manager handed its pool out as `eng.blocks`
     pool = getattr(eng.blocks, "pool", eng.blocks)
     rss = _rss()

@@ -62,7 +62,7 @@ No Flask, no HTTP, no bench files here: the web layer is the `server` package.
 """
 from .config import EngineConfig
 from .driver import EngineDriver
-from .request import GenerateRequest
+from .core.request import GenerateRequest
 from .settings import SettingError
 
 __all__ = ["Engine", "EngineConfig", "EngineDriver", "GenerateRequest", "SettingError"]
@@ -72,6 +72,6 @@ def __getattr__(name):
     # Engine pulls in torch and transformers (seconds to import); observe mode and the CLI's
     # flag checks never need them, so it loads only when first asked for.
     if name == "Engine":
-        from .engine import Engine
+        from .core.engine import Engine
         return Engine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from .broadcast import Broadcaster
 from .events import Clock, Hello
-from .request import GenerateRequest, RequestHandle
+from .core.request import GenerateRequest, RequestHandle
 from .settings import Live
 
 
@@ -33,7 +33,7 @@ class Backend(Protocol):
         """(/healthz body, HTTP status)."""
 
     def submit(self, request: GenerateRequest) -> RequestHandle:
-        """Queue one request (engine/request.py); SettingError (nothing queued) names a field
+        """Queue one request (engine/core/request.py); SettingError (nothing queued) names a field
         it cannot take. Observe mode takes the page's and a classroom student's fields only
         (prompt, chat, max_new_tokens, temperature, top_p, seed, label, stream, source): the
         API, which sends the rest, needs a model of its own."""
@@ -53,14 +53,14 @@ class Backend(Protocol):
     def reset(self) -> None: ...
 
     def apply_preset(self, name: str, settings: dict | None = None) -> None:
-        """Reset and set up a teaching preset (engine/presets.py), `settings` over its own;
+        """Reset and set up a teaching preset (engine/teach/presets.py), `settings` over its own;
         SettingError (nothing changed) for an unknown name or a bad setting."""
 
     def measure(self) -> None:
-        """Sweep decode cost (engine/measure.py); the results arrive as `measure` events."""
+        """Sweep decode cost (engine/timing/measure.py); the results arrive as `measure` events."""
 
     def reload(self) -> None:
-        """Load the model again from its on-disk cache (a cold start, engine/reload.py; a
+        """Load the model again from its on-disk cache (a cold start, engine/model/reload.py; a
         `model_load` event follows); SettingError when it cannot be (observe mode)."""
 
     def shutdown(self) -> None: ...

@@ -21,7 +21,7 @@ class EngineConfig:
     max_context: int = 4096      # longest prompt + output per request (capped by the model's)
     history: int = 2000          # events replayed to a page that connects
     # The server's: nothing there calls `generate`, so once the engine has its own copies of the
-    # linear layers (engine/llama.py: prepacked, stacked) the model's are released (424 MB for
+    # linear layers (engine/model/llama.py: prepacked, stacked) the model's are released (424 MB for
     # SmolLM2). Tests and benches that compare against `generate` keep them (the default).
     release_model_weights: bool = False
 

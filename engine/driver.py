@@ -26,12 +26,12 @@ import traceback
 from .backend import Mode
 from .broadcast import Broadcaster
 from .events import Error
-from .loadgen import TASKS
-from .memory import rss_bytes
-from .request import GenerateRequest
-from . import presets
+from .teach.loadgen import TASKS
+from .timing.memory import rss_bytes
+from .core.request import GenerateRequest
+from .teach import presets
 from .settings import SettingError, coerce, validate
-from .timing import STATS_EVERY_S
+from .timing.recorder import STATS_EVERY_S
 
 INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
 
@@ -94,7 +94,7 @@ class ApplyPreset:
 class ReloadModel:
     def run(self, driver):
         """A failed load changes nothing (the running model stays) and is said, not fatal."""
-        from . import reload   # here: it imports torch, which observe mode never loads
+        from .model import reload   # here: it imports torch, which observe mode never loads
         if driver.loader is None:
             return [Error(t=driver.clock.now(), message="the reload was skipped: this engine's model was not "
                                                         "loaded from disk", fatal=False)]
@@ -108,7 +108,7 @@ class ReloadModel:
 @dataclass(frozen=True)
 class MeasureDecode:
     def run(self, driver):
-        from . import measure   # here: it imports torch, which observe mode never loads
+        from .timing import measure   # here: it imports torch, which observe mode never loads
         driver._publish(measure.announce(driver.engine))
         return measure.run(driver.engine, publish=driver._publish)
 
@@ -164,7 +164,7 @@ class EngineDriver:
 
     def _weights(self):
         """/healthz's `weights`: the format in force (the `weights` setting), the bytes of weights a
-        batch-1 decode step reads in it and what multiplies them (engine/linears.py), and the
+        batch-1 decode step reads in it and what multiplies them (engine/model/linears.py), and the
         formats this engine can switch between."""
         formats = self.engine.runner.formats
         path = formats.path(1, 1)
@@ -235,20 +235,20 @@ class EngineDriver:
 
     def apply_preset(self, name, settings=None):
         """Reset, then the preset's settings (with `settings` over them: one side of a
-        comparison), then its timed bursts (engine/presets.py)."""
+        comparison), then its timed bursts (engine/teach/presets.py)."""
         preset = presets.get(name)   # SettingError: nothing changed
         overrides = validate(self.specs, settings) if settings is not None else {}
         self._put_or_refuse(ApplyPreset(preset, overrides))
 
     def reload(self):
-        """Load the model again from its on-disk cache (a cold start, engine/reload.py); SettingError
+        """Load the model again from its on-disk cache (a cold start, engine/model/reload.py); SettingError
         when it cannot be (nothing changed)."""
         if self.loader is None:
             raise SettingError("reload", "this engine's model was not loaded from disk; nothing to reload")
         self._put_or_refuse(ReloadModel())
 
     def measure(self):
-        """Pause serving for a decode-cost sweep (engine/measure.py); results arrive as events."""
+        """Pause serving for a decode-cost sweep (engine/timing/measure.py); results arrive as events."""
         self._put_or_refuse(MeasureDecode())
 
     def _put_or_refuse(self, command):

@@ -46,7 +46,7 @@ class Clock:
 class Stages(TypedDict):
     """Where the time to first token went (seconds); the eight add up to `ttft`."""
     tokenize: float | None
-    load: float | None      # waiting for the model to load (a reload: engine/reload.py)
+    load: float | None      # waiting for the model to load (a reload: engine/model/reload.py)
     queue: float | None
     prefill: float | None
     transfer: float | None  # disaggregated: copying its KV blocks to the decode instance (0 colocated)
@@ -77,7 +77,7 @@ class InstanceInfo(TypedDict):
 
 
 class PresetInfo(TypedDict):
-    """A teaching preset (engine/presets.py): what it sets, what it does, what to watch."""
+    """A teaching preset (engine/teach/presets.py): what it sets, what it does, what to watch."""
     name: str
     title: str
     explain: str
@@ -99,7 +99,7 @@ class DecodePoint(TypedDict):
     context: int
     step_s: float       # median of the timed forwards
     floor_s: float      # estimate: weights plus the batch's KV read once at the measured bandwidth
-    predicted_s: float  # estimate: the roofline's (the slower of its bytes and its flops; engine/roofline.py)
+    predicted_s: float  # estimate: the roofline's (the slower of its bytes and its flops; engine/timing/roofline.py)
     bound: Literal["memory", "compute"]
 
 
@@ -137,7 +137,7 @@ class SLOMark(TypedDict):
     tpot_target_s: float
 
 
-# A candidate token (engine/sampler.py Odds): (token id, its text, its probability under the
+# A candidate token (engine/model/sampler.py Odds): (token id, its text, its probability under the
 # distribution the choice was drawn from, under the model's own). A compact array on the wire:
 # five of them ride on every token event.
 # Observe mode: the id and `p` are null (an observed server sends texts and its own log-probabilities).
@@ -206,7 +206,7 @@ class Hello(Event):
     bandwidth: dict[str, Any] | None
     bench: dict[str, Any] | None
     roofline: dict[str, Any] | None = None   # engine mode: measured peak matmul rate and the model's shapes (estimates)
-    # engine mode: the copies of the weights the `weights` setting picks from (engine/linears.py
+    # engine mode: the copies of the weights the `weights` setting picks from (engine/model/linears.py
     # Formats.describe): per format the bytes a decode step reads and its estimated floor; the kernel
     weights: dict[str, Any] | None = None
     presets: list[PresetInfo] | None = None   # engine mode: the teaching presets
@@ -245,7 +245,7 @@ class Settings(Event):
     # for it: how long that took, s (None: nothing was made; switching back frees the copy)
     fp32_made_s: float | None = None
     # this change chose int8 activations for the first time: their agreement with fp32 ones,
-    # measured (engine/agreement.py): {positions, top1, max_logit_diff, seconds}; None otherwise
+    # measured (engine/model/agreement.py): {positions, top1, max_logit_diff, seconds}; None otherwise
     int8_agreement: dict[str, float] | None = None
 
 
@@ -321,11 +321,11 @@ class Step(Event):
     cache_tokens: int
     cache_blocks_used: int
     per_request: dict[str, int]
-    predicted_s: float | None = None   # the roofline's estimate of this forward (engine/roofline.py)
+    predicted_s: float | None = None   # the roofline's estimate of this forward (engine/timing/roofline.py)
     bound: Literal["memory", "compute"] | None = None   # the roof that bounds that estimate
     spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
-    first_shape: bool = False   # the first forward of its shape in this process (engine/runner.py SHAPES)
-    # The weights this forward read (engine/linears.py Path): the format, what multiplied them
+    first_shape: bool = False   # the first forward of its shape in this process (engine/model/runner.py SHAPES)
+    # The weights this forward read (engine/model/linears.py Path): the format, what multiplied them
     # ("4-bit avx512", "oneDNN fp32", ...), and the bytes of every weight it read (the roofline's).
     weights: str | None = None
     kernel: str | None = None
@@ -350,7 +350,7 @@ class Token(Event):
     # speculative decoding: "accepted" (a guess the model agreed with), "corrected" (its own token
     # where it rejected one), "bonus" (its token after accepting all); None: a plain decode
     spec: Literal["accepted", "corrected", "bonus"] | None = None
-    # What it was chosen from (engine/sampler.py Odds): its probability under the distribution it
+    # What it was chosen from (engine/model/sampler.py Odds): its probability under the distribution it
     # was drawn from (temperature, top-p; greedy 1) and under the model's own (temperature 1, no
     # top-p); the most likely tokens by the model's own, first first; and, where it replaced a
     # rejected guess, that guess. None where not computed (observe mode: what the server sends).

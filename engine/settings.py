@@ -21,14 +21,14 @@ from typing import TypedDict
 
 
 class Policy(str, Enum):
-    """The scheduler's policies (the `schedule` setting; engine/policies.py says what each does)."""
+    """The scheduler's policies (the `schedule` setting; engine/core/policies.py says what each does)."""
     MIXED = "mixed"
     PREFILL_FIRST = "prefill-first"
     STATIC = "static"
 
 
 POLICIES = tuple(p.value for p in Policy)
-SPECULATION = ("off", "ngram", "suffix")   # engine/speculate.py's proposers
+SPECULATION = ("off", "ngram", "suffix")   # engine/model/speculate.py's proposers
 MAX_SPEC_TOKENS = 8
 
 
@@ -115,7 +115,7 @@ ACTIVATIONS = ("fp32", "int8")
 def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_formats=("dequantised",),
                   activations=ACTIVATIONS[:1]):
     """The engine's controls; bounds depend on the engine's start-up capacity, the `weights`
-    choices on the copies of the weights this model has (engine/linears.py Formats), and the
+    choices on the copies of the weights this model has (engine/model/linears.py Formats), and the
     `activations` choices on whether it has blocks the int8 arithmetic reads."""
     prompt_max = max(16, min(2048, max_context - 16))
     specs = [
@@ -195,7 +195,7 @@ def validate(specs, changes):
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """The load generator's (the driver's load thread, engine/loadgen.py)."""
+    """The load generator's (the driver's load thread, engine/teach/loadgen.py)."""
     load: bool
     rate: float
     prompt_tokens: int

@@ -20,8 +20,8 @@ import socket
 import threading
 
 from engine.events import Finished, Rejected, Request, Token
-from engine.request import RequestHandle
-from engine.stats import RollingStats
+from engine.core.request import RequestHandle
+from engine.timing.stats import RollingStats
 from server import inputs
 from server.errors import ApiError
 from .target import error_message

@@ -1,4 +1,4 @@
-"""Observe mode's load generator: engine/loadgen.py's Poisson arrivals and corpus prompts, cut
+"""Observe mode's load generator: engine/teach/loadgen.py's Poisson arrivals and corpus prompts, cut
 for a server whose tokenizer is unknown here.
 
 Prompts are cut from the corpus in whole words; the number of words for a requested token
@@ -9,7 +9,7 @@ the server's count.
 """
 import threading
 
-from engine.loadgen import LoadGenerator
+from engine.teach.loadgen import LoadGenerator
 
 
 class WordTokenizer:

@@ -43,7 +43,7 @@ RATIOS = {"prefix_hit_ratio": ("prefix_hits", "prefix_queries"),
 @dataclass(frozen=True)
 class Series:
     """One figure from one or more series: their samples (with `labels`, when given) summed,
-    or averaged (`mean`, for ratios reported per engine/model). Several names are summed
+    or averaged (`mean`, for ratios reported per engine/model/loading). Several names are summed
     together (llama.cpp's prefix queries = prompt tokens computed + prompt tokens cached)."""
     names: tuple
     labels: tuple = ()          # ((label, value), ...) a sample must carry

@@ -4,7 +4,7 @@
 gets an `error` reply naming the field and changes nothing. A classroom viewer may send `sync`,
 `view` (its own stream only) and `leave` only."""
 from engine.events import Error, Sync
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import inputs
 from .classroom import VIEWER_REFUSED, Role

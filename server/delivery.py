@@ -87,7 +87,7 @@ def event_bytes(event):
 
 
 class DelayedHandle:
-    """A request's handle (engine/request.py) whose events reach the caller through a Delivery:
+    """A request's handle (engine/core/request.py) whose events reach the caller through a Delivery:
     `next(timeout)` gives the next event once it is due, or None when none is by `timeout`."""
 
     def __init__(self, handle, settings, clock=time.monotonic):

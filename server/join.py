@@ -7,7 +7,7 @@ from urllib.parse import urlencode
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
 from engine.events import Rejected, Token
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
 from .api import client_gone

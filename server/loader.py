@@ -7,7 +7,7 @@ import gc
 import sys
 import threading
 
-from engine import kernels
+from engine.model import kernels
 
 from . import bench_results
 
@@ -21,21 +21,22 @@ def driver(args, progress):
     """The model from the command line's flags, loaded, and an engine driver on it, started
     (the server's backend; `app.py record` uses the same). With --disaggregate, a DisaggBackend:
     a prefill and a decode engine process, each loading the model itself."""
-    from engine import Engine, EngineConfig, EngineDriver, model
+    from engine import Engine, EngineConfig, EngineDriver
+    from engine.model import loading
     if getattr(args, "disaggregate", False):
         return disaggregated(args, progress)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
     # the blocks alone where the engine can read them (no fp32 copy unless the weights setting asks)
-    bundle = model.load(args.model, device=args.device, dtype=args.dtype, progress=progress, dense=False)
+    bundle = loading.load(args.model, device=args.device, dtype=args.dtype, progress=progress, dense=False)
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
                           release_model_weights=True,
                           max_context=args.max_context)
     bench = bench_results.load(bundle.name, bundle.device, bundle.dtype_name)
 
     def reload():   # the same model again, from the on-disk cache the first load filled (a cold start)
-        return model.load(args.model, device=args.device, dtype=args.dtype, dense=False)
+        return loading.load(args.model, device=args.device, dtype=args.dtype, dense=False)
     return EngineDriver(Engine(bundle, config, bench=bench), loader=reload).start()
 
 
@@ -43,12 +44,13 @@ def disaggregated(args, progress):
     """The two engine processes of --disaggregate (engine/disagg/), on the CPU, each with
     --disagg-threads model threads, started."""
     import functools
-    from engine import EngineConfig, model
+    from engine import EngineConfig
+    from engine.model import loading
     from engine.disagg.backend import DisaggBackend
     progress("starting the prefill and the decode instance (each loads the model)", 0.1)
     config = EngineConfig(slots=args.slots, kv_tokens=args.kv_tokens, block_size=args.block_size,
                           release_model_weights=True, max_context=args.max_context)
-    factory = functools.partial(model.load, args.model, device="cpu", dtype=args.dtype, dense=False)
+    factory = functools.partial(loading.load, args.model, device="cpu", dtype=args.dtype, dense=False)
     backend = DisaggBackend(factory, config, threads=args.disagg_threads)
     progress("both instances ready", 1.0)
     return backend.start()

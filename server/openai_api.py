@@ -1,5 +1,5 @@
 """The OpenAI-compatible API, transport-free: JSON bodies in, a `GenerateRequest` (the one
-typed request every client builds, engine/request.py) out; engine outputs in, OpenAI-shaped
+typed request every client builds, engine/core/request.py) out; engine outputs in, OpenAI-shaped
 responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
 Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
@@ -29,7 +29,7 @@ UTF-8. Every generated token has its entry, the one that completes a stop string
 token whose text is held back (part of a character, or of a possible stop string) has its entry in
 the next chunk that carries text (or the last). `echo` and prompt log-probabilities are refused.
 
-Stop strings: the engine applies OpenAI's rule (engine/detok.py, `StopStrings`: the text ends
+Stop strings: the engine applies OpenAI's rule (engine/core/detok.py, `StopStrings`: the text ends
 just before the first stop string, a possible start of one held back until decided), and each
 `token` event carries the text the client gets (`Token.client()`); it is forwarded as it is.
 
@@ -45,7 +45,7 @@ import math
 import time
 
 from engine.events import MAX_TOP, Rejected, Token
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import delivery
 from .errors import ApiError

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from engine import model as model_mod
+from engine.model import loading as model_mod
 from helpers import start_app, tiny_bundle, tiny_quant_bundle
 
 

@@ -6,8 +6,8 @@ import time
 import torch
 
 from bench.launch import App, free_port
-from engine import model as model_mod
-from engine.loadgen import CORPUS
+from engine.model import loading as model_mod
+from engine.teach.loadgen import CORPUS
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"   # screenshots and server logs from a test run (git-ignored)
@@ -52,7 +52,7 @@ def tiny_quant_bundle(seed=0, layers=2, kind=None):
     (tied) embedding quantised to ggml blocks (Q4_1 by default, as SmolLM2's file has its layers),
     and the model's fp32 weights set to exactly what those blocks mean, so `generate` on the model
     is the reference for the engine reading either copy."""
-    from engine import weights
+    from engine.model import weights
     bundle = tiny_bundle(seed, layers)
     kind = kind or weights.Q4_1
     quant = {}

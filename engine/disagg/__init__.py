@@ -8,6 +8,6 @@ them through shared memory. One module a job:
     child      one engine process: its Engine (with its role) and an EngineDriver, fed by a pipe
     backend    DisaggBackend: the web process's side, a Backend over the two processes
 
-Kept light: engine/engine.py imports `messages` and `transfer`; nothing here is imported by
+Kept light: engine/core/engine.py imports `messages` and `transfer`; nothing here is imported by
 the colocated engine otherwise.
 """

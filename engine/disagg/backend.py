@@ -32,11 +32,11 @@ from types import SimpleNamespace
 
 from ..driver import Add, Cancel, ChangeSettings, ClearQueue, EngineDriver, ResetEngine
 from ..events import Error, Finished, Rejected, Reset, Settings, Stats, Token
-from ..intake import Intake
-from ..loadgen import LoadGenerator
-from ..request import RequestHandle
+from ..core.intake import Intake
+from ..teach.loadgen import LoadGenerator
+from ..core.request import RequestHandle
 from ..settings import Live, SettingError, defaults, validate
-from ..timing import STATS_EVERY_S
+from ..timing.recorder import STATS_EVERY_S
 from . import child, shm
 from .messages import Ack, HandOff, Release
 

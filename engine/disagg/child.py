@@ -64,7 +64,7 @@ def main(role, factory, configs, threads, origin, conn, bench=None):
     import torch
     from engine import Engine, EngineDriver
     from engine.events import Clock
-    from engine.kv_cache import PagedKVStore
+    from engine.core.kv_cache import PagedKVStore
 
     torch.set_num_threads(threads)
     bundle = factory()

@@ -2,7 +2,7 @@
 blocks the decode instance allocated, by the decode instance (it pulls, as vLLM's
 NixlConnector reads the remote blocks into its own: `start_load_kv`).
 
-Both stores are engine/kv_cache.py PagedKVStores laid out alike (per layer K and V of
+Both stores are engine/core/kv_cache.py PagedKVStores laid out alike (per layer K and V of
 `[blocks + 1, block_size, kv_heads, head_dim]`), the prefill one mapped from shared memory.
 Positions 0..tokens-1 are copied: whole blocks, then the used rows of a last partial one.
 """

@@ -11,7 +11,7 @@ import {palette as P, alpha} from "ft/palette";
 import {rect} from "ft/timeline";
 import {fmtS} from "ft/util";
 
-export const WINDOW_S = 30;   // the headline's window: goodput's (engine/stats.py), the other figure over events
+export const WINDOW_S = 30;   // the headline's window: goodput's (engine/timing/stats.py), the other figure over events
 
 const C = {accepted: P.spec, rejected: P.bad, rejectedFill: alpha(P.bad, 0.85)};
 

@@ -152,7 +152,7 @@ function madeNote(st) {
   return typeof st.fp32MadeS === "number" ? `; the fp32 copy was made from the blocks for it in ${fmtS(st.fp32MadeS)}` : "";
 }
 
-// Whether a forward's 4-bit layers took int8 activations (step.kernel says so: engine/linears.py).
+// Whether a forward's 4-bit layers took int8 activations (step.kernel says so: engine/model/linears.py).
 export const int8Step = (x) => typeof x.kernel === "string" && x.kernel.includes("int8");
 
 // The `int8` preset's proof: the median decode step with fp32 and with int8 activations since t0

@@ -78,7 +78,7 @@ export function measuredRidge(c) {
 // The roofline's ridge for a decode step at `context` (an estimate): the batch where the step's
 // flops at the measured matmul rate (per request: 2 per linear and head weight, and attention over
 // its context) take as long as its bytes at the measured bandwidth (the weights once, and each
-// request's keys and values), as engine/roofline.py counts them. Null without hello.roofline.
+// request's keys and values), as engine/timing/roofline.py counts them. Null without hello.roofline.
 export function ridgeEstimate(s, context = 0) {
   const h = s.hello, R = h && h.roofline, fl = floorOf(s);
   if (!R || !fl || !(R.gbs > 0) || !(R.peak_gflops > 0)) return null;

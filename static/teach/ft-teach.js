@@ -48,7 +48,7 @@ export const FOCUS = {idle: "timeline", queueing: "queue", "long-document": "tim
                       "buffered-proxy": "timeline", "slow-network": "timeline", "cold-start": "timeline",
                       speculative: "timeline", "speculative-busy": "timeline", weights: "steps", disaggregation: "timeline"};
 
-// A preset's value as this engine applies it: numbers clamped to its limits (engine/presets.py).
+// A preset's value as this engine applies it: numbers clamped to its limits (engine/teach/presets.py).
 export function clamp(s, name, v) {
   const lim = s.limits[name];
   return lim && typeof v === "number" && (lim.kind === "int" || lim.kind === "float") ? Math.min(lim.max, Math.max(lim.min, v)) : v;

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from bench import contenders, tables
-from engine import Engine, EngineConfig, bandwidth
-from engine.linears import OutputHead
+from engine import Engine, EngineConfig
+from engine.timing import bandwidth
+from engine.model.linears import OutputHead
 
 
 def test_bandwidth_measurement_stops_at_its_budget_and_is_in_hello(tiny, monkeypatch):

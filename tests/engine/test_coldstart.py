@@ -1,4 +1,4 @@
-"""A cold start on demand: the model loaded again while the engine runs (engine/reload.py), the
+"""A cold start on demand: the model loaded again while the engine runs (engine/model/reload.py), the
 `load` stage of the requests that waited for it, the `cold-start` preset, /healthz and /metrics
 (tiny random model; the "load" sleeps a known time so the stage can be checked against it); and
 the first forward of each new shape in the process, marked in its `step` event."""
@@ -7,9 +7,9 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError
-from engine import reload, runner
+from engine.model import reload, runner
 from engine import events as ev
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import validate
 from helpers import collect, tiny_bundle
 from server.metrics import EngineMetrics
@@ -99,7 +99,7 @@ def test_a_reload_that_cannot_happen_or_fails_is_said_and_serving_carries_on(tin
 
 
 def test_the_first_forward_of_each_new_shape_is_marked_and_a_reload_keeps_them(tiny):
-    """A forward's shape is its token rows and its logit rows (engine/runner.py): requests of
+    """A forward's shape is its token rows and its logit rows (engine/model/runner.py): requests of
     known prompt lengths and output counts, one at a time and two together, make known shapes;
     exactly the first forward of each is marked. A reload keeps them (the kernels set up live in
     the process, measured): only a shape never run is new after it."""

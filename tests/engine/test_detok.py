@@ -1,13 +1,13 @@
-"""engine.detok: incremental detokenisation equals a whole decode; stop strings found on the tail only."""
+"""engine.core.detok: incremental detokenisation equals a whole decode; stop strings found on the tail only."""
 import random
 
 import pytest
 from tokenizers import Tokenizer, decoders
 
 from helpers import tiny_tokenizer
-from engine import model as model_mod
-from engine.detok import Detokenizer, StopStrings
-from engine.loadgen import CORPUS
+from engine.model import loading as model_mod
+from engine.core.detok import Detokenizer, StopStrings
+from engine.teach.loadgen import CORPUS
 
 TEXTS = [
     "Héllo wörld! naïve café, crème brûlée, Ærøskøbing, ß ẞ",

@@ -8,7 +8,7 @@ import torch
 from engine import Engine, EngineConfig, GenerateRequest
 from engine import events as ev
 from engine.disagg.messages import HandOff, Release
-from engine.sequence import Status
+from engine.core.sequence import Status
 from engine.settings import validate
 from helpers import tiny_bundle   # noqa: F401 -- the child processes' factory lives there too
 
@@ -314,7 +314,7 @@ def backend():
 def test_the_backend_greedy_equals_generate_and_copies_kv_exactly(tiny, backend):
     """Through the real processes: greedy output equals generate's, the stages add up, and the
     decode instance's blocks hold the prefill instance's keys and values element for element."""
-    from engine.kv_cache import PagedKVStore
+    from engine.core.kv_cache import PagedKVStore
     hello = backend.hello()
     assert [i["name"] for i in hello.instances] == ["prefill", "decode"]
     assert len({i["pid"] for i in hello.instances} | {os.getpid()}) == 3
@@ -393,9 +393,9 @@ def test_the_real_model_disaggregated_equals_generate(real):
     """SmolLM2 in both processes (each loads it from the disk cache): greedy output equals
     generate's, on a prompt long enough to be chunked."""
     import functools
-    from engine import model
+    from engine.model import loading
     from helpers import reference
-    factory = functools.partial(model.load, device=real.device, dtype="float32")
+    factory = functools.partial(loading.load, device=real.device, dtype="float32")
     b = DisaggBackend(factory, EngineConfig(slots=2, kv_tokens=1024, max_context=1024)).start()
     try:
         b.update_settings({"max_batched_tokens": 32})
@@ -415,8 +415,8 @@ def test_a_cancel_that_reaches_the_prefill_instance_after_its_hand_off_follows_t
     from engine.disagg import child
     from engine.disagg.backend import Instances
     from engine.driver import Add, Cancel
-    from engine.request import RequestHandle
-    from engine.sequence import SamplingParams, Sequence
+    from engine.core.request import RequestHandle
+    from engine.core.sequence import SamplingParams, Sequence
 
     class Fake:
         def __init__(self, role):

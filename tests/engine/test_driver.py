@@ -6,7 +6,7 @@ import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine.events import Finished, Rejected, Token
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import collect, wait_idle
 
 

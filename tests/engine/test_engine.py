@@ -7,19 +7,19 @@ import torch
 
 from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 from engine.broadcast import Broadcaster, Wire
-from engine.kv_cache import BlockPool, block_hashes
-from engine.loadgen import LoadGenerator
-from engine.policies import BY_SETTING, Blocked
-from engine.request import GenerateRequest, RequestHandle
-from engine.runner import Segment
-from engine.scheduler import Scheduler
-from engine.sequence import SamplingParams, Sequence, Status
+from engine.core.kv_cache import BlockPool, block_hashes
+from engine.teach.loadgen import LoadGenerator
+from engine.core.policies import BY_SETTING, Blocked
+from engine.core.request import GenerateRequest, RequestHandle
+from engine.model.runner import Segment
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import SamplingParams, Sequence, Status
 from engine.settings import Policy, make_settings, validate
-from engine.step_output import Ended, Placed, StepOutput
-from engine.stepcost import StepCost
-from engine.timing import StepRecorder
+from engine.core.step_output import Ended, Placed, StepOutput
+from engine.timing.stepcost import StepCost
+from engine.timing.recorder import StepRecorder
 from helpers import reference
 
 PROMPTS = ["We hold these truths", "Four score and seven years ago our fathers brought forth",

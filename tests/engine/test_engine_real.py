@@ -3,7 +3,7 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine import events as ev
-from engine.loadgen import TASKS
+from engine.teach.loadgen import TASKS
 from helpers import reference
 from test_engine import Run, assert_clean
 

@@ -1,5 +1,5 @@
-"""The fused 4-bit linear (engine/kernels) against fp32 matmul on the dequantised blocks, on every
-instruction-set path this CPU runs, and the blocks' own layout (engine/weights.py)."""
+"""The fused 4-bit linear (engine/model/kernels) against fp32 matmul on the dequantised blocks, on every
+instruction-set path this CPU runs, and the blocks' own layout (engine/model/weights.py)."""
 import os
 import subprocess
 import sys
@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from engine import kernels, weights
-from engine.weights import Q4_1, Q8_0, QuantWeight
+from engine.model import kernels, weights
+from engine.model.weights import Q4_1, Q8_0, QuantWeight
 
 from helpers import ROOT
 
@@ -166,7 +166,7 @@ def test_without_kernels_the_engine_reads_fp32_and_says_so():
     model with blocks offers only the dequantised copy, and transformers' decoder runs it (the
     path a GPU takes too), greedy still equal to `generate`."""
     code = ("import sys; sys.path[:0] = ['tests', 'tests/engine']\n"
-            "from engine import kernels; from engine.engine import Engine; from helpers import tiny_quant_bundle\n"
+            "from engine.model import kernels; from engine.core.engine import Engine; from helpers import tiny_quant_bundle\n"
             "from test_engine import PROMPTS, Run\n"
             "print(kernels.describe())\n"
             "b = tiny_quant_bundle(); e = Engine(b); run = Run(e)\n"

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, SettingError, measure, presets
+from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine.timing import measure
+from engine.teach import presets
 from engine.settings import validate
 from helpers import collect, frames, schema_validator
 
@@ -262,7 +264,7 @@ def test_the_sampling_lesson_asks_one_question_five_ways_and_repeats(driver):
 def test_the_engine_computes_the_odds_only_while_a_page_shows_candidates(driver):
     """Off while no subscriber shows candidates (they cost over 2 % of a batch-1 step on a CPU,
     bench/candidates.py): the tokens carry no odds; a request asking logprobs still gets its own."""
-    from engine.request import GenerateRequest
+    from engine.core.request import GenerateRequest
     sub = driver.events.subscribe(replay=False)
     ids = [driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3, logprobs=lp)).id for lp in (None, 2)]
     events = collect(sub, lambda ev: len(of(ev, "finished")) >= 2)

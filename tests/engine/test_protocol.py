@@ -6,7 +6,7 @@ import re
 import jsonschema
 
 from engine import Engine, EngineConfig, EngineDriver, schema
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import SCHEMA, collect, schema_validator
 
 

@@ -1,11 +1,11 @@
-"""The one typed request (engine/request.py): every bad field is refused as the request is
+"""The one typed request (engine/core/request.py): every bad field is refused as the request is
 built, naming the field; what only the engine can judge is refused by `submit`; either way
 nothing is queued and no slot or block is taken. Defaults come from the live settings."""
 import pytest
 
 from engine import Engine, EngineConfig, EngineDriver, GenerateRequest, SettingError
 from engine import events as ev
-from engine.request import MAX_LABEL_CHARS, MAX_PROMPT_CHARS
+from engine.core.request import MAX_LABEL_CHARS, MAX_PROMPT_CHARS
 
 BAD = [  # (fields, the field named)
     (dict(), "prompt"), (dict(prompt=""), "prompt"), (dict(prompt=5), "prompt"),

@@ -6,10 +6,10 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine import events as ev
-from engine.kv_cache import head_dim
-from engine.request import GenerateRequest
-from engine.roofline import Roofline, peak_flops
-from engine.stats import RollingStats
+from engine.core.kv_cache import head_dim
+from engine.core.request import GenerateRequest
+from engine.timing.roofline import Roofline, peak_flops
+from engine.timing.stats import RollingStats
 
 
 @pytest.fixture

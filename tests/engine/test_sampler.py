@@ -2,8 +2,8 @@
 the distribution temperature and top-p define."""
 import torch
 
-from engine import sampler
-from engine.sequence import SamplingParams
+from engine.model import sampler
+from engine.core.sequence import SamplingParams
 
 
 def draw(logits, params, seeds):
@@ -149,7 +149,7 @@ def test_token_events_carry_the_odds_and_the_wire_rounds_them(tiny):
     an API request asking 12 gets them on its events, the wire carries the page's first SHOWN,
     rounded; with the page's candidates off only the asking request's tokens have odds."""
     from engine import Engine, EngineConfig, events
-    from engine.request import GenerateRequest
+    from engine.core.request import GenerateRequest
     eng = Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=256))
     out = []
     plain = eng.new_sequence(GenerateRequest(prompt="We hold these truths", max_new_tokens=6, temperature=0))

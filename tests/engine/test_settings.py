@@ -8,7 +8,7 @@ import re
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine import Engine
+from engine.core.engine import Engine
 from engine.settings import (DeliverySettings, LoadSettings, SchedulingSettings, Setting, Settings, Targets,
                              check_registry, defaults, make_settings, validate)
 

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SettingError, sampler, speculate
+from engine import Engine, EngineConfig, SettingError
+from engine.model import sampler, speculate
 from engine import events as ev
-from engine.kv_cache import block_hashes
-from engine.request import GenerateRequest
-from engine.sequence import SamplingParams
+from engine.core.kv_cache import block_hashes
+from engine.core.request import GenerateRequest
+from engine.core.sequence import SamplingParams
 from engine.settings import validate
 from helpers import reference
 from test_engine import LONG, PROMPTS, Run, assert_clean

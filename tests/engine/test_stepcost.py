@@ -5,8 +5,8 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine import events as ev
-from engine.request import GenerateRequest
-from engine.stepcost import MIN_CHUNK, StepCost
+from engine.core.request import GenerateRequest
+from engine.timing.stepcost import MIN_CHUNK, StepCost
 
 C0, C_DECODE, C_PREFILL = 0.010, 0.002, 0.0005   # seconds: per forward, per decode row, per prompt token
 

@@ -9,7 +9,8 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import Engine, EngineConfig, EngineDriver, kernels
+from engine import Engine, EngineConfig, EngineDriver
+from engine.model import kernels
 from engine.events import Settings, Step
 from engine.settings import defaults, make_settings
 from helpers import collect, schema_validator

@@ -3,10 +3,11 @@ the engine reads the blocks through the fused kernel or the fp32 copy, live, wit
 output as `generate`, and every step says which it read and how many bytes."""
 import pytest
 
-from engine import Engine, EngineConfig, SettingError, kernels
+from engine import Engine, EngineConfig, SettingError
+from engine.model import kernels
 from engine import events as ev
 from engine.settings import validate
-from engine.weights import Q4_1, Q8_0
+from engine.model.weights import Q4_1, Q8_0
 from helpers import reference, tiny_quant_bundle
 from test_engine import PROMPTS, Run
 

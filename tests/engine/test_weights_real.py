@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig
-from engine.loadgen import CORPUS
-from engine.request import SamplingParams
-from engine.runner import Segment
-from engine.sequence import Sequence
-from engine.weights import Q4_1, Q8_0
+from engine.teach.loadgen import CORPUS
+from engine.core.request import SamplingParams
+from engine.model.runner import Segment
+from engine.core.sequence import Sequence
+from engine.model.weights import Q4_1, Q8_0
 
 POSITIONS = 2048
 ROWS = 16          # positions a forward: the decode batch the issue measures at
@@ -60,7 +60,7 @@ def test_teacher_forced_top1_agreement_over_2048_positions(real, record_property
 @pytest.mark.slow
 def test_int8_activations_agreement_over_2048_positions_is_measured(real, record_property):
     """The `activations: int8` switch measures int8 against fp32 activations on the engine itself,
-    teacher-forced over 2,048 positions (engine/agreement.py); on SmolLM2 the top token stays the
+    teacher-forced over 2,048 positions (engine/model/agreement.py); on SmolLM2 the top token stays the
     same at most positions (another arithmetic, not the same: the figure is shown, not assumed)."""
     eng = Engine(real, EngineConfig(slots=1, kv_tokens=2 * POSITIONS + 64, max_context=POSITIONS + 64))
     (change,) = eng.apply_settings({"activations": "int8"})

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine import engine as engine_mod
-from engine.detok import Detokenizer
+from engine.core import engine as engine_mod
+from engine.core.detok import Detokenizer
 
 
 # Each would set window.__xss or open a dialog if it ever became markup.

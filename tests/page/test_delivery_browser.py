@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import LiveApp
-from engine import runner
+from engine.model import runner
 from helpers import ARTIFACTS, collect
 from test_browser import Page
 from test_teaching import midsize_bundle
@@ -57,7 +57,7 @@ def run_preset(page, name, n):
     page.wait("""n => { const s = firstToken.state; const done = [...s.reqs.values()].filter(r => r.end !== null &&
                  r.stages && r.arrivals.length === r.tokens.length && r.arrivals.every(a => a !== null));
                  return done.length >= n; }""", n, timeout=90_000)
-    # its lesson: the preset's own title and explanation from hello.presets (engine/presets.py)
+    # its lesson: the preset's own title and explanation from hello.presets (engine/teach/presets.py)
     p = page.js("n => firstToken.state.hello.presets.find(p => p.name === n)", name)
     assert page.page.text_content("#lesson-title") == p["title"]
     assert page.page.text_content("#lesson-text") == p["explain"] and page.page.is_visible("#lesson-text")

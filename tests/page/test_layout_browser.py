@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import record
-from engine.request import GenerateRequest
+from engine.teach import record
+from engine.core.request import GenerateRequest
 from helpers import ARTIFACTS, collect, wait_until
 from server import export
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)

@@ -4,7 +4,7 @@ comparison's two runs start from an empty prefix cache and the page checks it; /
 before a lesson cancels students' questions."""
 import pytest
 
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import page_module
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page

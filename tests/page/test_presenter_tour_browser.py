@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import ARTIFACTS, page_module
 from test_classroom import room, student  # noqa: F401  (room: a fixture)
 

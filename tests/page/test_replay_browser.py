@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 import jsonschema
 import pytest
 
-from engine import record
+from engine.teach import record
 from helpers import ARTIFACTS, SCHEMA, wait_until
 from server import export, pages
 
@@ -167,7 +167,7 @@ def test_a_file_that_is_not_a_trace_changes_nothing(live, browser, tmp_path):
 
 
 def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_path):
-    from engine.presets import PRESETS
+    from engine.teach.presets import PRESETS
     trace = record.record(live.driver, 1.5, preset="queueing", drain=True)
     path = tmp_path / "page.html"
     path.write_text(export.render(trace, "tiny"))

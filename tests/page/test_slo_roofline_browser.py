@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import ARTIFACTS, collect, page_module
 from test_layout_browser import assert_readable, open_page
 from test_teaching import midsize_app

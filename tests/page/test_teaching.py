@@ -16,7 +16,7 @@ def midsize_bundle():
     mostly overhead): ~10 M parameters, built in a second, no download."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from engine import model as model_mod
+    from engine.model import loading as model_mod
     tok = tiny_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024,

@@ -298,7 +298,7 @@ def test_the_tour_and_the_many_users_lesson_state_the_measured_relation_and_the_
     assert "(the decode-cost sweep, context 128 tokens): a step of 16 requests takes 6.0× a step of 1" in got["tour"], got
     assert "batching is nearly free up to batch 4 (a step within 1.25× of a lone one); by batch 8 arithmetic takes over" \
         in got["tour"], got["tour"]
-    # the roofline's ridge, as engine/roofline.py counts a decode step at context 128
+    # the roofline's ridge, as engine/timing/roofline.py counts a decode step at context 128
     R, kvb = hello["roofline"], hello["kv_bytes_per_token"]
     fmt = hello["settings"]["weights"] if hello.get("weights") else None
     weight_bytes = hello["weights"]["formats"][fmt]["decode_bytes"] if fmt else hello["bandwidth"]["weight_bytes"]

@@ -15,7 +15,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 
 import app as app_mod
 from engine import EngineConfig
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import collect, frames, schema_validator, wait_until
 from server.classroom import (JOIN_BURST, JOIN_EVERY_S, MAX_CLIENTS, MAX_NAME, MAX_PER_ADDRESS, MAX_PROMPT,

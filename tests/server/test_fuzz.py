@@ -11,7 +11,7 @@ from simple_websocket import Client, ConnectionClosed
 
 from engine import EngineConfig
 from engine.events import Finished
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from server import create_app, control
 from conftest import LiveApp
 from helpers import wait_idle

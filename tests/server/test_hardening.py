@@ -16,7 +16,7 @@ from simple_websocket import Client, ConnectionError as WsRefused
 from bench.launch import App, free_port
 from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine import events as ev
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import ARTIFACTS, ROOT, collect, frames, idle, wait_until
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
@@ -288,7 +288,7 @@ def test_a_client_that_leaves_while_queued_never_runs(live, monkeypatch):
 def test_a_sampling_fault_fails_only_its_request(tiny, monkeypatch):
     """A sampling error in one request's row (injected: seed 666 raises) ends that request with
     `error`; the others in the same batch keep their tokens, equal to a run without it."""
-    from engine import sampler
+    from engine.model import sampler
     batch = sampler._sample_batch
 
     def faulty(logits, params_list, generators, *odds):

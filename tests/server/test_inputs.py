@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 from simple_websocket import Client
 
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from engine.settings import SettingError
 from helpers import frames, wait_idle, wait_until
 from server import inputs

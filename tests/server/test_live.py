@@ -9,7 +9,7 @@ from simple_websocket import Client
 
 from engine import Engine, EngineConfig, EngineDriver
 from engine.events import Error, Sync
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import collect, frames, schema_validator, wait_until
 from server import control
 

@@ -13,7 +13,7 @@ import requests
 from simple_websocket import Client
 
 from engine.events import PROTOCOL
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import ROOT, collect, frames, schema_validator, start_app, wait_until
 
 BURST = 3

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from engine.request import GenerateRequest
+from engine.core.request import GenerateRequest
 from helpers import collect, wait_until
 from observe import profiles
 from observe.scrape import Scraper

@@ -1,4 +1,4 @@
-"""Traces without a browser: recording on the tiny model (engine/record.py and `app.py record`),
+"""Traces without a browser: recording on the tiny model (engine/teach/record.py and `app.py record`),
 the one-file export (server/export.py), the shipped examples, /embed's parameters and framing,
 and clear errors for bad input (a file that is not a trace, an unknown example, a bad --set)."""
 import base64
@@ -11,7 +11,8 @@ import pytest
 import requests
 
 import app as app_cli
-from engine import Engine, EngineConfig, EngineDriver, record
+from engine import Engine, EngineConfig, EngineDriver
+from engine.teach import record
 from helpers import SCHEMA
 from server import create_app, export, loader, pages
 
@@ -60,7 +61,7 @@ def test_a_drained_recording_is_a_schema_valid_trace_of_whole_requests(driver):
 
 
 def test_a_preset_recording_carries_its_explanation(driver):
-    from engine.presets import PRESETS
+    from engine.teach.presets import PRESETS
     trace = record.record(driver, 1.5, preset="queueing", drain=True)
     trace_validator().validate(trace)
     preset = [ev for ev in trace if ev["type"] == "preset"]

@@ -13,7 +13,7 @@ pauses meanwhile; the page announces it):
   against cached keys) and without (the whole sequence recomputed, as `kv_cache` off does);
 * a whole prompt's prefill at growing lengths (64..1024 tokens in one forward).
 
-Every decode and prefill point carries the roofline's predicted time too (engine/roofline.py:
+Every decode and prefill point carries the roofline's predicted time too (engine/timing/roofline.py:
 the slower of its bytes at the measured bandwidth and its flops at the measured matmul rate,
 an estimate), so the page draws step time against tokens per forward under both roofs.
 
@@ -31,9 +31,9 @@ import time
 
 import torch
 
-from .events import Measure
-from .runner import Segment
-from .sequence import SamplingParams, Sequence
+from ..events import Measure
+from ..model.runner import Segment
+from ..core.sequence import SamplingParams, Sequence
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 CONTEXTS = (128, 512, 1024)
@@ -187,7 +187,7 @@ def decode_sweep(runner, blocks, vocab, batches, contexts, floor, roofline, repe
                 seqs = [syn.seq(context + 1) for _ in range(batch)]
                 segments = [Segment(s, context, 1, cached=True, logits=True) for s in seqs]
                 step = _timed(lambda: runner.forward(segments), repeats)
-            read = runner.path.weight_bytes      # the weights path this forward took (engine/linears.py)
+            read = runner.path.weight_bytes      # the weights path this forward took (engine/model/linears.py)
             predicted_s, bound = roofline.predict_segments(segments, read)
             points.append({"batch": batch, "context": context, "step_s": step,
                            "floor_s": floor(batch, context, read), "predicted_s": predicted_s, "bound": bound})

@@ -7,15 +7,15 @@ It is validated once, when it is built: a bad value raises `SettingError` naming
 and nothing has been queued, tokenized or reserved. What depends on the engine (a default
 taken from the live settings when a value is left out, bounds given by the model's context)
 is resolved in one place, `GenerateRequest.sampling`, when the engine takes the request in
-(engine/intake.py, which also tokenizes it).
+(engine/core/intake.py, which also tokenizes it).
 """
 from dataclasses import dataclass
 import queue
 from typing import get_args
 
-from .events import MAX_TOP, Finished, Rejected, Source
+from ..events import MAX_TOP, Finished, Rejected, Source
 from .sequence import SamplingParams
-from .settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce
+from ..settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce
 
 MAX_PROMPT_CHARS = 200_000
 MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
@@ -47,7 +47,7 @@ class GenerateRequest:
     speculative_config: dict | None = None
     # The odds of each token for its client (the API's logprobs): how many of the most likely
     # candidates, 0-20 (0: the chosen token's own only); None: not asked (its events still carry
-    # the page's candidates, engine/sampler.py)
+    # the page's candidates, engine/model/sampler.py)
     logprobs: int | None = None
 
     def __post_init__(self):
@@ -101,7 +101,7 @@ class GenerateRequest:
 
     def _check_prompt(self):
         """A prompt or messages, of the right shapes (their text is checked once templated, in
-        engine/intake.py, where the tokenizer takes it)."""
+        engine/core/intake.py, where the tokenizer takes it)."""
         if self.messages is not None:
             if self.prompt is not None:
                 raise SettingError("prompt", "give a prompt or messages, not both")

@@ -1,5 +1,5 @@
 """The decoder forward the engine runs for a Llama-family model on a CPU: one Python loop over
-the layers, each a handful of fused ops (engine/kernels) instead of transformers' module tree.
+the layers, each a handful of fused ops (engine/model/kernels) instead of transformers' module tree.
 
 Per layer, over every token row of the forward (decode rows first, then prompt chunks):
 
@@ -12,13 +12,13 @@ Per layer, over every token row of the forward (decode rows first, then prompt c
     x = add_rms_norm(h, down(silu_mul([gate|up](x))))   with the next layer's norm
 
 Each linear reads the file's blocks through the fused 4-bit kernel, or the fp32 copy made from
-them while the `weights` setting asks for it (engine/linears.py QuantLinear); the embedding is
+them while the `weights` setting asks for it (engine/model/linears.py QuantLinear); the embedding is
 looked up in the blocks too (only its tokens' rows are dequantised), so the model's own fp32
-linear weights and embedding are never read and may be left unmade (engine/model.py). Its
+linear weights and embedding are never read and may be left unmade (engine/model/loading.py). Its
 rotary tables and norms are read as they are, so greedy output equals `generate`
-(tests/test_engine*.py); each fused op has a plain-torch reference (engine/kernels). Other
+(tests/test_engine*.py); each fused op has a plain-torch reference (engine/model/kernels). Other
 models, other devices and a machine without the kernels run transformers' decoder instead
-(engine/runner.py).
+(engine/model/runner.py).
 """
 import torch
 

@@ -22,7 +22,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import llama
 from .linears import Formats, OutputHead, _onednn_ok, engine_decoder, on_cpu
-from .memory import return_freed_memory
+from ..timing.memory import return_freed_memory
 
 ATTENTION = "first_token_paged"
 
@@ -110,7 +110,7 @@ class Plan:
             lengths = _index(dec_len, device)
             mask = (torch.arange(nb * bs, device=device)[None, :] < lengths[:, None])[:, None, None, :]
             self.decode = (len(dec_blocks), _index(padded, device), mask)
-            self.tables, self.lengths = self.decode[1].view(len(dec_blocks), nb), lengths   # engine/llama.py
+            self.tables, self.lengths = self.decode[1].view(len(dec_blocks), nb), lengths   # engine/model/llama.py
 
     def attend(self, layer, q, k, v, scale):
         """q [1, H, T, d]; k, v [1, h, T, d] for the packed tokens -> attention output [1, T, H, d]."""
@@ -180,8 +180,8 @@ SHAPES = set()
 
 class Runner:
     def __init__(self, model, store, quant=None):
-        """`quant`: the file's blocks by parameter name (engine/weights.py), or None. The model's
-        linear weights and embedding may be left unmade (meta) where it has blocks (engine/model.py
+        """`quant`: the file's blocks by parameter name (engine/model/weights.py), or None. The model's
+        linear weights and embedding may be left unmade (meta) where it has blocks (engine/model/loading.py
         `load(dense=False)`): the fused forward reads only its blocks and norms."""
         model.set_attn_implementation(ATTENTION)
         self.model = model
@@ -196,7 +196,7 @@ class Runner:
         dense = "oneDNN fp32" if _onednn_ok(head) else f"torch {str(w.dtype).removeprefix('torch.')} on {store.k[0].device.type}"
         self.formats = Formats(blocks or {}, linear, w.numel() * w.element_size(), norms, dense)
         self.store = store
-        # Llama on a CPU with the kernels built: the fused forward (engine/llama.py); else the
+        # Llama on a CPU with the kernels built: the fused forward (engine/model/llama.py); else the
         # model's own decoder, its linear layers on oneDNN where that runs.
         self.fused = llama.LlamaDecoder(model, self.formats, store) if llama.supported(model) else None
         self.decoder = None if self.fused else engine_decoder(decoder, self.formats)
@@ -208,7 +208,7 @@ class Runner:
         linears = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
         self.geometry = (self.device.type, str(next(model.parameters()).dtype), tuple(sorted(linears)))
         self.first_shape = False   # the last forward was the first of its shape in this process (SHAPES)
-        self.path = None           # the last forward's weights path (engine/linears.py Path)
+        self.path = None           # the last forward's weights path (engine/model/linears.py Path)
 
     def release_model_weights(self):
         """Free the model's own linear-layer weights where the fused forward runs: it reads its
@@ -244,7 +244,7 @@ class Runner:
     @torch.inference_mode()
     def logits_everywhere(self, seq, start, n):
         """Logits [n, vocab] at each of positions start..start+n-1 of `seq` (teacher forcing: the
-        next token after each of them), its keys/values kept in its blocks; engine/agreement.py."""
+        next token after each of them), its keys/values kept in its blocks; engine/model/agreement.py."""
         seg = Segment(seq, start, n, cached=True, logits=True)
         self.path = self.formats.path(n, n)
         return self._forward(seq.token_ids(start, n), list(range(start, start + n)), list(range(n)), [seg])

@@ -1,5 +1,5 @@
 """One request's measured times (engine clock, seconds) and speculation counts: the step
-recorder's record of it (engine/timing.py), kept from its admission to its end, and the
+recorder's record of it (engine/timing/recorder.py), kept from its admission to its end, and the
 article's accounting of its time to first token made from them (docs/engine.md).
 """
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ class RequestTimes:
     later_sample_s: float = 0.0
     later_delivery_s: float = 0.0
     recovering_since: float | None = None   # preempted after its first token, not yet back to a new one
-    # speculative decoding (engine/speculate.py), vLLM's counts
+    # speculative decoding (engine/model/speculate.py), vLLM's counts
     spec_drafts: int = 0            # steps in which it verified guesses
     spec_draft_tokens: int = 0      # guesses verified
     spec_accepted: int = 0          # ... of which accepted

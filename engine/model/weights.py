@@ -5,7 +5,7 @@ scale d and minimum m: w = d*q + m, q a 4-bit integer; 20 bytes a block) and its
 which is also the output head, as Q8_0 (w = d*q, q an int8; 34 bytes a block). `QuantWeight`
 keeps a layer's blocks, regrouped 16 output rows at a time (the same bytes and numbers, laid
 out so that one vector load holds one weight position of 16 rows), and `dequantise()` gives the
-fp32 matrix those numbers mean, which is what the model's fp32 copy holds. The fused kernel (engine/kernels) multiplies by the blocks directly.
+fp32 matrix those numbers mean, which is what the model's fp32 copy holds. The fused kernel (engine/model/kernels) multiplies by the blocks directly.
 """
 from dataclasses import dataclass
 
@@ -27,7 +27,7 @@ GROUP_BYTES = {Q4_1: GROUP * 20, Q8_0: GROUP * 34}
 @dataclass
 class QuantWeight:
     """One weight matrix [rows, cols] (rows = output features) as ggml blocks, regrouped 16 output
-    rows at a time for the kernel (engine/kernels/csrc/quant_linear.cpp describes the layout: per
+    rows at a time for the kernel (engine/model/kernels/csrc/quant_linear.cpp describes the layout: per
     group and block the 16 rows' scales, then their quants position by position). The last group
     is padded with zero blocks when `rows` is not a multiple of 16."""
     kind: int

@@ -24,7 +24,7 @@ class SamplingParams:
 
 
 class Status(Enum):
-    """Where a request is in the scheduler (engine/scheduler.py sets it as it moves it)."""
+    """Where a request is in the scheduler (engine/core/scheduler.py sets it as it moves it)."""
     WAITING = "waiting"     # in the queue: not yet admitted, or preempted
     # disaggregated, on the decode instance: in the queue until blocks are free for its prompt and
     # its keys/values are copied from the prefill instance's (vLLM's WAITING_FOR_REMOTE_KVS)
@@ -61,10 +61,10 @@ class Sequence:
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
     # --- the request's own times (engine clock), measured by intake; everything timed later is
-    # the step recorder's (engine/request_times.py)
+    # the step recorder's (engine/timing/request_times.py)
     arrival: float = 0.0
     tokenize_end: float = 0.0
-    # its client's end (engine/request.py's RequestHandle): its own token, finished or rejected
+    # its client's end (engine/core/request.py's RequestHandle): its own token, finished or rejected
     # events go there as they are emitted
     handle: object = None
 

@@ -12,7 +12,7 @@ weights·value for every pair a query may see). It cannot be faster than the slo
 Both rates are estimates measured at start (bandwidth.py reads a buffer far larger than the
 caches; `peak_flops` times a large square matmul), so every figure here is labelled an
 estimate. With int8 activations (the `activations` setting) the linear layers' multiply-adds
-are integer ones: their flops go at the int8 path's measured rate (engine/kernels `int8_peak`,
+are integer ones: their flops go at the int8 path's measured rate (engine/model/kernels `int8_peak`,
 a register-resident loop of its instructions), the head's and attention's at the fp32 rate. A forward's measured time above its prediction is overhead the roofline does not
 model (Python, kernel launches, gathers of paged blocks, a kernel below peak); the page
 shows both rather than hiding the difference.
@@ -23,7 +23,7 @@ import time
 import torch
 
 from .bandwidth import startup_bandwidth
-from .kv_cache import head_dim
+from ..core.kv_cache import head_dim
 
 
 def peak_flops(device="cpu", dtype=torch.float32, budget_s=0.4, passes=6):
@@ -56,7 +56,7 @@ def startup_peak_flops(device, dtype):
 @functools.lru_cache(maxsize=None)
 def startup_int8_rate():
     """The int8 path's rate (ops/s), measured once per process; None without the kernels."""
-    from . import kernels
+    from ..model import kernels
     return kernels.int8_peak(0.2) if kernels.available() else None
 
 
@@ -98,7 +98,7 @@ class Roofline:
         """(flops, bytes) of one forward over `parts`: (start, n, logits) per segment, n new
         positions from `start` on, each query seeing every earlier position of its sequence;
         `logits`: the rows of it that want logits (True: one). `weight_bytes`: what the forward's
-        weights path read (engine/linears.py Path; the 4-bit blocks or fp32), else the model's."""
+        weights path read (engine/model/linears.py Path; the 4-bit blocks or fp32), else the model's."""
         linear, other, nbytes = self._cost(parts, weight_bytes)
         return linear + other, nbytes
 
@@ -120,6 +120,6 @@ class Roofline:
         return max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute"
 
     def predict_segments(self, segments, weight_bytes=None):
-        """`predict` for runner Segments (engine/runner.py); a speculating one wants logits at
+        """`predict` for runner Segments (engine/model/runner.py); a speculating one wants logits at
         each guess too."""
         return self.predict([(s.start, s.n, (1 + len(s.draft)) * s.logits) for s in segments], weight_bytes)

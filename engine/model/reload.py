@@ -3,15 +3,15 @@ as a restarted server would (the page's "Reload model" control, the `cold-start`
 
 It runs on the engine thread (the driver's `ReloadModel` command), so nothing is computed while
 it loads: requests that arrive meanwhile wait in the inbox and are admitted after, and the
-part of their wait that overlapped the load is their TTFT's `load` stage (engine/timing.py),
+part of their wait that overlapped the load is their TTFT's `load` stage (engine/timing/recorder.py),
 not "queue". The new weights get a new runner (its prepacked copies are made again); the KV
 store and every block stay as they were, so requests already running carry on (the weights
 are the same values, read again), and so do the kernels set up for each forward shape so far:
-they live in the process, not the runner, so no shape is new again (engine/runner.py
+they live in the process, not the runner, so no shape is new again (engine/model/runner.py
 `SHAPES`). `model_load` says when it started and ended, and /healthz and /metrics report the
 last load's time.
 """
-from .events import ModelLoad
+from ..events import ModelLoad
 from .runner import Runner
 
 

@@ -1,7 +1,7 @@
 """Who runs in the next forward, and how many of their tokens: the waiting queue, batch slots,
-a per-step token budget, and the policy that fills each step from them (engine/policies.py:
+a per-step token budget, and the policy that fills each step from them (engine/core/policies.py:
 mixed, prefill-first, static). Which KV blocks each request holds is the block manager's
-(engine/block_manager.py); the scheduler asks it whether blocks are there and decides who
+(engine/core/block_manager.py); the scheduler asks it whether blocks are there and decides who
 runs, who waits and who is preempted.
 
 A step's moves, in the order a policy composes them: `decode` (every decoding request's next
@@ -16,7 +16,7 @@ recompute preemption). Requests with the KV cache on and off never share a step;
 setting flips, new admissions wait for the running ones to drain.
 
 Speculative decoding (the `speculation` setting): a decoding request's segment also carries
-the proposer's guesses (engine/speculate.py), charged to the step's token budget like any
+the proposer's guesses (engine/model/speculate.py), charged to the step's token budget like any
 token (vLLM V1), never taking the one token each later decode of the step is owed, and only
 as many as its blocks and free ones hold without preempting anyone. Under a step-time
 target the guesses count as decode rows (the step's output counts them so): they leave
@@ -26,10 +26,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .policies import BY_SETTING, ROLES, Blocked
-from .runner import Segment
+from ..model.runner import Segment
 from .sequence import Status
-from .settings import Policy
-from .speculate import Speculator
+from ..settings import Policy
+from ..model.speculate import Speculator
 
 
 @dataclass
@@ -43,11 +43,11 @@ class Schedule:
 
 class Scheduler:
     def __init__(self, blocks, max_slots, step_cost, max_waiting=512, role=ROLES[None]):
-        """`step_cost`: what forwards cost lately (engine/stepcost.py), which its owner feeds
+        """`step_cost`: what forwards cost lately (engine/timing/stepcost.py), which its owner feeds
         after every forward; the step-time target sizes prompt work by it. `role`: the engine's
-        part of the work (engine/policies.py: colocated, or a disaggregated instance's)."""
+        part of the work (engine/core/policies.py: colocated, or a disaggregated instance's)."""
         self.role = role
-        self.blocks = blocks            # engine/block_manager.py's BlockManager
+        self.blocks = blocks            # engine/core/block_manager.py's BlockManager
         self.max_slots = max_slots
         self.slot_limit = max_slots     # live settings (`apply`)
         self.max_batched_tokens = 256
@@ -106,7 +106,7 @@ class Scheduler:
 
     def prefill(self, out, budget):
         """The next chunk of every running request still computing its prompt (or everything
-        again, after a preemption), oldest first, as large as the policy allows (engine/policies.py
+        again, after a preemption), oldest first, as large as the policy allows (engine/core/policies.py
         `chunk_limit`); returns the budget left."""
         for seq in self._running(decoding=False):
             if not seq.kv_cache:

@@ -1,9 +1,9 @@
 """The step recorder: what each request is charged, and the events that carry those figures.
 
 `Engine.step()` does the work (schedule, forward, sample, hand out, finish) and reads the
-clock at its fixed points into a `StepOutput` (engine/step_output.py). The recorder reads
+clock at its fixed points into a `StepOutput` (engine/core/step_output.py). The recorder reads
 that once per step (`record`) and turns it, in the order things happened, into each
-request's stage accounting (a `RequestTimes`, engine/request_times.py, kept from its
+request's stage accounting (a `RequestTimes`, engine/timing/request_times.py, kept from its
 admission to its end), the rolling stats, and the `preempted`, `admitted`, `stats`,
 `prefill`, `step`, `token` and `finished` events. It is never called from inside a step and
 never changes an event it has returned.
@@ -18,11 +18,11 @@ Both read one clock (the coordinator's origin), so the stages of one request add
 from collections import deque
 from dataclasses import replace
 
-from .disagg.messages import HandOff
-from .events import Admitted, Finished, KVTransfer, Preempted, Prefill, Rejected, Stats, Step
+from ..disagg.messages import HandOff
+from ..events import Admitted, Finished, KVTransfer, Preempted, Prefill, Rejected, Stats, Step
 from .request_times import RequestTimes
 from .stats import RollingStats
-from .step_output import Ended
+from ..core.step_output import Ended
 
 STATS_EVERY_S = 0.5
 COMPLETED = ("stop", "stop_string", "length")   # finish reasons judged against the SLOs (not cancels, errors)
@@ -49,7 +49,7 @@ def stats_view(sched, kv_cache_on, subscribers, now):
 
 class StepRecorder:
     def __init__(self, clock, roofline=None):
-        """`roofline`: predicts each forward's time (engine/roofline.py), carried in `step` events."""
+        """`roofline`: predicts each forward's time (engine/timing/roofline.py), carried in `step` events."""
         self.clock = clock
         self.roofline = roofline
         self.instance = None           # disaggregated: the instance's name, carried in its events
@@ -57,7 +57,7 @@ class StepRecorder:
         # whenever its settings change; None: nobody is judged.
         self.targets = None
         self.stats = RollingStats(started=clock.now())
-        self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/reload.py)
+        self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/model/reload.py)
         self._next_stats = 0.0
         self._times = {}               # request id -> RequestTimes, from its admission to its end
 

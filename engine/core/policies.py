@@ -1,7 +1,7 @@
 """The scheduler's policies (the `schedule` setting): how one step is filled.
 
 A policy is an object that answers the questions below, given the scheduler `s`
-(engine/scheduler.py), whose steps it composes from three moves: `s.decode` (every decoding request's next token, and its
+(engine/core/scheduler.py), whose steps it composes from three moves: `s.decode` (every decoding request's next token, and its
 guesses), `s.prefill` (running requests' prompt work) and `s.admit` (waiting requests, first
 come, first served). Each move takes the token budget left and returns what it leaves.
 
@@ -18,7 +18,7 @@ from enum import Enum
 import math
 
 from .sequence import Status
-from .settings import Policy
+from ..settings import Policy
 
 
 class Blocked(str, Enum):
@@ -56,7 +56,7 @@ class Mixed(SchedulingPolicy):
 
     With a step-time target (`max_step_ms`), prompt work is further cut to what the forwards
     measured lately say fits beside the step's decode rows under the target
-    (engine/stepcost.py): the streams' steps stay short, the prompt takes more steps. Guesses
+    (engine/timing/stepcost.py): the streams' steps stay short, the prompt takes more steps. Guesses
     count as decode rows (the step recorder measures them so), and are never cut for it."""
 
     def plan(self, s, out, kv_cache_on):

@@ -13,7 +13,7 @@ recording until every request it saw has finished, so the trace ends with the en
 import json
 import time
 
-from .settings import SettingError
+from ..settings import SettingError
 
 POLL_S = 0.1
 DRAIN_LIMIT_S = 120.0   # a drain that has not ended by then stops anyway (a stuck run is still a trace)

@@ -1,6 +1,6 @@
-"""Builds the engine's C++ kernels (engine/kernels/csrc) into one shared library for torch.
+"""Builds the engine's C++ kernels (engine/model/kernels/csrc) into one shared library for torch.
 
-`make run` and `make test` run `python -m engine.kernels.build` first; the engine also builds
+`make run` and `make test` run `python -m engine.model.kernels.build` first; the engine also builds
 on first use when the library is missing. The library's name carries a hash of the sources, the
 compiler flags and torch's version, so an edited source or another torch gets a fresh build and
 a stale one is never loaded. No -march flag: every instruction-set path is compiled for its own
@@ -69,7 +69,7 @@ def build(quiet=False):
     return out
 
 
-if __name__ == "__main__":   # python -m engine.kernels is the usual way (it says what runs)
+if __name__ == "__main__":   # python -m engine.model.kernels is the usual way (it says what runs)
     try:
         print(build())
     except RuntimeError as e:

@@ -1,4 +1,4 @@
-"""A request's way in: a `GenerateRequest` (engine/request.py, validated when built) resolved
+"""A request's way in: a `GenerateRequest` (engine/core/request.py, validated when built) resolved
 against the live settings and its prompt tokenized (in the submitting thread: the request's
 tokenize stage), the `request` and `tokenized` events that announce it,
 and why it can never run on this engine (a `rejected` reason and code).
@@ -8,10 +8,10 @@ and why it can never run on this engine (a `rejected` reason and code).
 """
 import itertools
 
-from .events import Rejected, Request, Tokenized
+from ..events import Rejected, Request, Tokenized
 from .request import RequestHandle
 from .sequence import Sequence
-from .settings import SettingError, check_text
+from ..settings import SettingError, check_text
 
 CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
 

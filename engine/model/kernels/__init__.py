@@ -1,7 +1,7 @@
-"""The engine's CPU kernels: torch custom ops built from csrc/ (engine/kernels/build.py), each
+"""The engine's CPU kernels: torch custom ops built from csrc/ (engine/model/kernels/build.py), each
 with the plain-torch computation it must equal beside it.
 
-`quant_linear(x, w)`: x [rows, cols] fp32 times a `QuantWeight`'s blocks (engine/weights.py),
+`quant_linear(x, w)`: x [rows, cols] fp32 times a `QuantWeight`'s blocks (engine/model/weights.py),
 transposed, = x @ w.dequantise().T up to summation order (fp32 throughout; the activations are
 never rounded to int8), at any number of rows. `quant_rows(w, ids)`: rows of w.dequantise(). The instruction-set path is picked once per process from what the CPU
 has (AVX-512, else AVX2+FMA+F16C, else portable C++); FIRST_TOKEN_ISA=avx2|portable picks a
@@ -101,7 +101,7 @@ def quant_linear_reference(x, w):
 
 
 # The fused ops around the linear layers (csrc/fused.cpp), called as torch.ops.first_token.NAME
-# by engine/llama.py; each reference below is what its op computes, in plain torch.
+# by engine/model/llama.py; each reference below is what its op computes, in plain torch.
 def rms_norm_reference(h, w, eps):
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
 

@@ -1,6 +1,6 @@
 """The linear layers the engine runs, and which copy of the weights they read.
 
-Where the model came from a GGUF file and the kernels are built (engine/kernels), the engine
+Where the model came from a GGUF file and the kernels are built (engine/model/kernels), the engine
 keeps the file's own blocks (`stored`: Q4_1 layers and a Q8_0 head for SmolLM2, ~97 MB read a
 decode step) and reads them through the 4-bit kernel at every row count: decode batches,
 verification rows and prompt chunks alike. The fp32 matrices they mean (`dequantised`: 538 MB a
@@ -9,7 +9,7 @@ the blocks when it is switched to `dequantised` (the time it took is said in the
 event), freed when it is switched back. A model without blocks has only its own fp32 copy.
 The `activations` setting picks the stored layers' arithmetic: fp32 activations (the default:
 results equal fp32 matmul on the dequantised weights) or int8 ones, rounded as llama.cpp rounds
-them, with integer dot products (engine/kernels `quant_linear_int8`; Q4_1 layers, the head keeps fp32).
+them, with integer dot products (engine/model/kernels `quant_linear_int8`; Q4_1 layers, the head keeps fp32).
 """
 from dataclasses import dataclass
 import time
@@ -17,7 +17,7 @@ import time
 import torch
 
 from . import kernels
-from .memory import return_freed_memory
+from ..timing.memory import return_freed_memory
 from .weights import Q4_1
 
 FORMATS = ("stored", "dequantised")
@@ -108,7 +108,7 @@ class Formats:
 
 def on_cpu(t):
     """Whether a weight is the CPU's: a CPU tensor, or one left unmade (meta) because the engine
-    reads it from its blocks (engine/model.py loads the server's model so; it is never on a GPU)."""
+    reads it from its blocks (engine/model/loading.py loads the server's model so; it is never on a GPU)."""
     return t.device.type == "cpu" or t.is_meta
 
 

@@ -2,21 +2,21 @@
 admissions), run (one forward over the scheduled tokens) and postprocess (sample, hand each
 token out, finish what stopped), returning the typed events it produced. The step writes what
 it did, with the clock read at its fixed points, into one `StepOutput`
-(engine/step_output.py); the step recorder (engine/timing.py) reads that once at the step's
+(engine/core/step_output.py); the step recorder (engine/timing/recorder.py) reads that once at the step's
 end and makes each request's stage accounting and the events that carry it. Commands that
 end requests outside a step (cancel, clear the queue, reset, fail all) go the same way. The
-step-cost model the scheduler sizes prompt work by (engine/stepcost.py) is the engine's, fed
+step-cost model the scheduler sizes prompt work by (engine/timing/stepcost.py) is the engine's, fed
 each forward's time from the step's output.
 
 It owns no thread and takes no locks: one caller (the driver thread in engine/driver.py,
 or a test) calls `add`, `cancel`, `apply_settings`, `reset` and `step` in turn, and
-publishes what they return. Other threads may call only `new_sequence` (engine/intake.py:
+publishes what they return. Other threads may call only `new_sequence` (engine/core/intake.py:
 validation and the tokenize stage), which touches no engine state.
 
 An exception in a forward or in sampling fails that batch's requests (reason "error") and the
 step carries on; any other exception escapes `step()` and the driver fails everything in flight.
 
-Disaggregated (engine/disagg/), an engine has a role (engine/policies.py): the prefill instance
+Disaggregated (engine/disagg/), an engine has a role (engine/core/policies.py): the prefill instance
 hands each request off once its prompt is computed (a `HandOff` among the step's events, its
 blocks held until a `release`), the decode instance takes it (`take`), copies its keys and
 values in at the end of a step when blocks and a slot are there, and tells the prefill
@@ -24,28 +24,30 @@ instance to let them go (a `Release`).
 """
 from dataclasses import replace
 
-from . import bandwidth, presets, sampler, speculate
-from .agreement import measure as agreement_of
-from .disagg import transfer
-from .disagg.messages import Release
+from ..timing import bandwidth
+from ..teach import presets
+from ..model import sampler, speculate
+from ..model.agreement import measure as agreement_of
+from ..disagg import transfer
+from ..disagg.messages import Release
 from .detok import Detokenizer, Pieces, StopStrings
-from .config import EngineConfig
-from .events import PROTOCOL, SHOWN, Clock, Error, Hello, Reset, Settings
+from ..config import EngineConfig
+from ..events import PROTOCOL, SHOWN, Clock, Error, Hello, Reset, Settings
 from .policies import ROLES
 from .request import RequestHandle
 from .block_manager import BlockManager
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
-from .loadgen import LoadGenerator
-from .memory import rss_bytes
-from .runner import Runner
-from .roofline import Roofline
+from ..teach.loadgen import LoadGenerator
+from ..timing.memory import rss_bytes
+from ..model.runner import Runner
+from ..timing.roofline import Roofline
 from .scheduler import Scheduler
 from .sequence import Status
-from .settings import Live, defaults, make_settings
+from ..settings import Live, defaults, make_settings
 from .step_output import Ended, Moved, Placed, StepOutput
-from .stepcost import StepCost
-from .timing import StepRecorder, stats_view
+from ..timing.stepcost import StepCost
+from ..timing.recorder import StepRecorder, stats_view
 
 
 class Engine:
@@ -94,7 +96,7 @@ class Engine:
         eos = getattr(model.generation_config, "eos_token_id", None) or tok.eos_token_id
         self.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         self._by_id = {}
-        # Whether every token's odds are wanted (a page's SHOWN candidates, engine/sampler.py): they
+        # Whether every token's odds are wanted (a page's SHOWN candidates, engine/model/sampler.py): they
         # cost more than 2 % of a batch-1 decode step on a CPU (bench/candidates.py), so the driver
         # asks its pages (a page that shows candidates says so, `view`); off, only the requests that
         # ask (the API's logprobs, a student's phone) get them. A bare engine (a disaggregated
@@ -127,7 +129,7 @@ class Engine:
 
     # ------------------------------------------- any thread: validate + tokenize
     def new_sequence(self, request):
-        """A `GenerateRequest` validated against this engine and tokenized (engine/intake.py): a
+        """A `GenerateRequest` validated against this engine and tokenized (engine/core/intake.py): a
         Sequence not yet known to the engine (hand it to `add`). SettingError names a bad field."""
         return self.intake.new_sequence(request)
 
@@ -290,7 +292,7 @@ class Engine:
 
     def _pull(self, out):
         """Disaggregated, the decode instance: copy the keys and values of the queued requests
-        the role picks (blocks and a slot are there for them; engine/policies.py DecodeOnly) from
+        the role picks (blocks and a slot are there for them; engine/core/policies.py DecodeOnly) from
         the prefill instance's store into the blocks just allocated, positions 0..p-2 of a p-token
         prompt. vLLM's decode instance reads every remote prompt block, then computes the last
         prompt position again for the first token's logits; the last position's keys and values

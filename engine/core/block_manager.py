@@ -8,7 +8,7 @@ blocks for each step's next tokens (`may_append`), all given back when it finish
 preempted (`free`). Whom to preempt when blocks run out is the scheduler's decision; this
 module only answers whether they are there (`can_allocate`, `can_append`).
 
-Prefix caching: a full prompt block's chained hash (engine/kv_cache.py) names its contents.
+Prefix caching: a full prompt block's chained hash (engine/core/kv_cache.py) names its contents.
 Once the block's last position is computed its name is registered (`computed`), and a later
 request whose prompt starts with the same blocks takes them instead of computing them. Names
 are given to prompt blocks only, so speculative guesses are never findable; after
@@ -24,7 +24,7 @@ def _pool_figure(name):
 
 class BlockManager:
     def __init__(self, pool):
-        self.pool = pool                # engine/kv_cache.py's BlockPool: the blocks by number
+        self.pool = pool                # engine/core/kv_cache.py's BlockPool: the blocks by number
         self.block_size = pool.block_size
         self.capacity = pool.capacity
         self.prefix_caching = True      # live setting (`configure`)
@@ -156,7 +156,7 @@ class BlockManager:
         return self.pool.blocks_for(seq.num_computed + n) - len(seq.block_table)
 
     def computed(self, seg):
-        """Record a finished segment (engine/runner.py): its positions hold keys/values now (its
+        """Record a finished segment (engine/model/runner.py): its positions hold keys/values now (its
         guesses wait for `accepted`), and its request's full prompt blocks become findable by
         later requests with the same prefix. A segment without the cache holds nothing."""
         seq = seg.seq

@@ -1,4 +1,4 @@
-"""`python -m engine.kernels`: build the kernels now (make run and make test do), say what runs."""
+"""`python -m engine.model.kernels`: build the kernels now (make run and make test do), say what runs."""
 import sys
 
 from . import describe, status

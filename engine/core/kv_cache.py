@@ -18,7 +18,7 @@ whose last user left keeps its contents and hash in the free list, least recentl
 first, until it is handed out again (evicted).
 
 This module knows blocks by number only; which blocks a request holds, and when it takes or
-gives them back, is engine/block_manager.py's.
+gives them back, is engine/core/block_manager.py's.
 """
 from collections import OrderedDict
 import hashlib

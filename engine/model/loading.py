@@ -68,7 +68,7 @@ class ModelBundle:
     dtype: torch.dtype
     load_s: float
     from_cache: bool
-    # The file's own blocks by parameter name (engine/weights.py QuantWeight; the tied head under
+    # The file's own blocks by parameter name (engine/model/weights.py QuantWeight; the tied head under
     # "lm_head.weight" too), for the fused kernel; empty when the model did not come from blocks.
     quant: dict = field(default_factory=dict)
     # False: the model's linear weights and embedding were never made (meta tensors): only the
@@ -127,7 +127,7 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     """(model, blocks) from the file's blocks. `dense`: every weight dequantised into the model (fp32,
     or `torch_dtype`); else only the tensors the file holds unquantised (the norms): the model's
     linear weights and embedding stay unmade (meta tensors, no memory) and the engine reads the
-    blocks (engine/llama.py), if it can here (`_blocks_suffice`); otherwise they are made after all."""
+    blocks (engine/model/llama.py), if it can here (`_blocks_suffice`); otherwise they are made after all."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     config = AutoConfig.from_pretrained(directory)
@@ -158,7 +158,7 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
 
 def _blocks_suffice(model, torch_dtype):
     """Whether the engine can serve this model from its blocks alone here (the fused Llama forward
-    with the kernels built: engine/llama.py), so its fp32 weights need not be made."""
+    with the kernels built: engine/model/llama.py), so its fp32 weights need not be made."""
     from . import llama
     return torch_dtype == torch.float32 and llama.supported(model)
 
@@ -202,6 +202,6 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     dense = not any(p.is_meta for p in model.parameters())
-    model = (model.to(device) if dense else model).eval()    # unmade weights are the CPU's (engine/linears.py on_cpu)
+    model = (model.to(device) if dense else model).eval()    # unmade weights are the CPU's (engine/model/linears.py on_cpu)
     progress("ready", 1.0)
     return ModelBundle(model, tokenizer, name, device, torch_dtype, time.perf_counter() - t0, from_cache, quant, dense)

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from .loadgen import CORPUS
-from .measure import _Synthetic
+from ..teach.loadgen import CORPUS
+from ..timing.measure import _Synthetic
 
 POSITIONS = 2048
 CHUNK = 512

@@ -3,13 +3,13 @@ forward's start and end, the sampling's, each token handed out (its `token` even
 delivery ended) and each request that ended, in the order these happened.
 
 `Engine.step()` fills one as it works; reading the clock at the step's fixed points is its only
-timing work. The step recorder (engine/timing.py) then reads it once and turns it into each
+timing work. The step recorder (engine/timing/recorder.py) then reads it once and turns it into each
 request's stage accounting and the step's events. The engine's commands outside a step (cancel,
 clear the queue, reset, fail all) report the requests they end through one too.
 """
 from dataclasses import dataclass, field
 
-from .events import Token
+from ..events import Token
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class StepOutput:
     running: list = field(default_factory=list)     # the running requests when the forward ran
     segments: list = field(default_factory=list)    # the forward's work (runner Segments)
     forward: tuple | None = None      # (start, end); None: no forward ran (or it raised)
-    first_shape: bool = False         # the forward was the first of its shape (engine/runner.py)
-    path: object = None               # the weights it read (engine/linears.py Path)
+    first_shape: bool = False         # the forward was the first of its shape (engine/model/runner.py)
+    path: object = None               # the weights it read (engine/model/linears.py Path)
     cache: tuple = (0, 0)             # (positions held, blocks used) right after the forward
     sampling: tuple = (0.0, 0.0)      # (start, end): every token of a step is sampled at once
     accepted: dict = field(default_factory=dict)    # request id -> its guesses the model kept

@@ -50,7 +50,7 @@ tail included; the whole-text check only finds them; 5 Dec 2026, two runs):
     512           ~55-80               ~0.75               ~3                    ~1.3
     2048         ~225-410              ~0.75               ~10-14                ~1.3
 
-(`python -m engine.detok` prints these figures again.)
+(`python -m engine.core.detok` prints these figures again.)
 
 Stop strings
 ------------
@@ -253,11 +253,11 @@ def _measure(lengths=(64, 512, 2048), stops=("\n\nUser:", "</s>", "###", "THE EN
 def _corpus_ids(n):
     """The default model's tokenizer and at least `n` ids of the shipped corpus."""
     from transformers import AutoTokenizer
-    from engine import model
-    from engine.loadgen import CORPUS
-    directory = model._gguf_cache_dir(model.default_model_path())
+    from engine.model import loading
+    from engine.teach.loadgen import CORPUS
+    directory = loading._gguf_cache_dir(loading.default_model_path())
     if not directory.exists():
-        model.load()
+        loading.load()
     tok = AutoTokenizer.from_pretrained(directory)
     return tok, tok(CORPUS.read_text() * (n // 1000 + 2), add_special_tokens=False)["input_ids"]
 

@@ -14,8 +14,8 @@ relatively, since the page shows the measured ones.
 """
 from dataclasses import dataclass, field, replace
 
-from . import events
-from .settings import SettingError
+from .. import events
+from ..settings import SettingError
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Action:
     shared_prefix: int = 0
     seed: int = 0         # the burst's prompts: the same every time the preset runs
     max_new_tokens: int | None = None   # default: the preset's setting
-    reload: bool = False  # instead of a burst: load the model again (a cold start, engine/reload.py)
+    reload: bool = False  # instead of a burst: load the model again (a cold start, engine/model/reload.py)
     task: str | None = None   # a chat request asking this of each prompt (loadgen.TASKS), e.g. "copy"
     # instead of a burst: change these settings at that time (a lesson that switches mid-run: the
     # `weights` preset reads fp32, then the file's 4-bit blocks); a comparison's overrides win
@@ -285,7 +285,7 @@ PRESETS = {p.name: p for p in (
            "decode step time, fp32 vs 4-bit, against each format's bandwidth floor",
            {"weights": "dequantised", "prompt_tokens": 32, "max_new_tokens": 192},
            (Action(0, 1), Action(4.0, 0, settings={"weights": "stored"}))),
-    # Every token's odds are on its event (engine/sampler.py): the page draws each token's
+    # Every token's odds are on its event (engine/model/sampler.py): the page draws each token's
     # candidates as bars, the model's own distribution and the one the draw used.
     Preset("sampling", "Choosing a token",
            "The same question five times at once: greedy, temperature 0.7, 1 and 1.5, and top-p 0.5. "
@@ -297,7 +297,7 @@ PRESETS = {p.name: p for p in (
            {"max_new_tokens": 32}, SAMPLING),
     # Eight streams read the 4-bit blocks with fp32 activations, then, 4 s in, int8 ones (the
     # `activations` setting): llama.cpp's arithmetic, integer dot products. The switch first
-    # measures how far it moves the output (engine/agreement.py: teacher-forced top-1 agreement
+    # measures how far it moves the output (engine/model/agreement.py: teacher-forced top-1 agreement
     # and the largest logit difference), then the steps run on it: the page's figure is each
     # arithmetic's median decode step (step.kernel says which) and that agreement.
     Preset("int8", "Another arithmetic: int8 activations",
