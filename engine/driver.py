@@ -31,7 +31,7 @@ from .timing.memory import rss_bytes
 from .core.request import GenerateRequest
 from .teach import presets
 from .settings import SettingError, coerce, validate
-from .timing.recorder import STATS_EVERY_S
+from .timing.recorder import STATS_EVERY_S, to_client
 
 INBOX = 1024   # commands waiting for the engine thread before submits and settings are refused
 
@@ -109,8 +109,8 @@ class ReloadModel:
 class MeasureDecode:
     def run(self, driver):
         from .timing import measure   # here: it imports torch, which observe mode never loads
-        driver._publish(measure.announce(driver.engine))
-        return measure.run(driver.engine, publish=driver._publish)
+        driver.publish(measure.announce(driver.engine))
+        return measure.run(driver.engine, publish=driver.publish)
 
 
 class EngineDriver:
@@ -124,7 +124,7 @@ class EngineDriver:
         self.clock = engine.clock
         self.specs = engine.specs
         self.settings = engine.settings   # settings.Live: the engine thread replaces its value
-        self.api_model = engine.bundle.name
+        self.api_model = engine.name
         self.max_context = engine.max_context
         self.events = Broadcaster(history=engine.config.history)
         engine.subscribers = lambda: self.events.subscribers
@@ -272,7 +272,9 @@ class EngineDriver:
         self._wake.set()
         return True
 
-    def _publish(self, events):
+    def publish(self, events):
+        """Publish events to every subscriber (the engine's, or, for a coordinator of engine
+        processes, what they sent)."""
         if self.publishing:
             for ev in events:
                 self.events.publish(ev)
@@ -280,7 +282,9 @@ class EngineDriver:
     def _refuse(self, seq, reason, code):
         """A request that cannot be queued (the engine stopped, or the inbox is full): rejected
         at once in the caller's thread, never left waiting."""
-        self.events.publish(self.engine.intake.reject(seq, reason, code))
+        event = self.engine.intake.reject(seq, reason, code)
+        to_client(seq, event)
+        self.events.publish(event)
 
     # ------------------------------------------------------------ engine thread
     def _loop(self):
@@ -288,18 +292,19 @@ class EngineDriver:
         try:
             while not self._stop:
                 w0, c0 = time.perf_counter(), time.thread_time()
-                f0w, f0c = eng.runner.wall_s, eng.runner.cpu_s
+                f0w, f0c = eng.forward_s
                 self._drain_inbox()
                 self._run_due_actions()
-                self._publish(eng.step())
-                if eng.runner.wall_s != f0w:   # a forward ran: the rest of this turn was between forwards
-                    self.between_wall_s += time.perf_counter() - w0 - (eng.runner.wall_s - f0w)
-                    self.between_cpu_s += time.thread_time() - c0 - (eng.runner.cpu_s - f0c)
+                self.publish(eng.step())
+                f1w, f1c = eng.forward_s
+                if f1w != f0w:   # a forward ran: the rest of this turn was between forwards
+                    self.between_wall_s += time.perf_counter() - w0 - (f1w - f0w)
+                    self.between_cpu_s += time.thread_time() - c0 - (f1c - f0c)
                 if not eng.busy:
                     self._wake.wait(self._wait_s())
                     self._wake.clear()
         except Exception as e:  # noqa: BLE001 -- the one place a fault outside a forward lands
-            self._die(e)
+            self.fail(e)
 
     def _drain_inbox(self):
         while True:
@@ -307,7 +312,7 @@ class EngineDriver:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            self._publish(command.run(self))
+            self.publish(command.run(self))
 
     def _run_due_actions(self):
         """A preset's bursts whose time has come (on this thread: `reset` cancels the rest).
@@ -317,10 +322,10 @@ class EngineDriver:
         self._actions[:] = [(at, a) for at, a in self._actions if at > now]
         for a in due:
             if a.reload:    # on this thread, so the bursts queued before it wait for the load
-                self._publish(ReloadModel().run(self))
+                self.publish(ReloadModel().run(self))
                 continue
             if a.settings:  # a lesson's switch mid-run; one this engine lacks is said, not applied
-                self._publish(self._timed_settings(a.settings))
+                self.publish(self._timed_settings(a.settings))
                 continue
             s = self.settings.now
             new = a.max_new_tokens or s.sampling.max_new_tokens
@@ -348,10 +353,19 @@ class EngineDriver:
             wait = min(wait, max(0.0, min(at for at, _ in self._actions) - self.clock.now()))
         return wait
 
-    def _die(self, error):
+    @property
+    def stopping(self):
+        """Whether `shutdown` was asked for (its threads end)."""
+        return self._stop
+
+    def fail(self, error):
+        """The engine stopped on `error`: every request in flight fails, every page is told, new
+        requests are refused (once: a second failure changes nothing)."""
         message = f"{type(error).__name__}: {error}"
         traceback.print_exception(error)
         with self._lock:
+            if self.failure is not None:
+                return
             self.failure = message
             pending = []
             while not self._inbox.empty():

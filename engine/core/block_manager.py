@@ -63,26 +63,25 @@ class BlockManager:
                     f"{self.pool.block_budget * self.block_size} tokens")
         return None
 
-    def can_allocate(self, seq, limit):
+    def can_allocate(self, seq, limit, external=0):
         """Whether the fresh blocks for the request's first step (at most `limit` tokens after
-        any prefix hit) are free now; nothing is taken. One holding its blocks already
-        (disaggregated: its keys and values copied in) needs none."""
-        if seq.block_table:
-            return True
+        any prefix hit, or after the `external` positions whose keys and values its connector
+        loads) are free now; nothing is taken."""
         bs = self.block_size
-        cached = self.pool.peek(self._prefix_hashes(seq)) if self.prefix_caching else 0
-        first = min(seq.num_tokens - cached * bs, limit)
-        return self.pool.can_allocate(self.pool.blocks_for(cached * bs + first) - cached)
+        cached = self.pool.peek(self._prefix_hashes(seq)) if self.prefix_caching and not external else 0
+        done = cached * bs or external
+        first = min(seq.num_tokens - done, limit)
+        return self.pool.can_allocate(self.pool.blocks_for(done + first) - cached)
 
-    def allocate(self, seq, limit):
+    def allocate(self, seq, limit, external=0):
         """Give the admitted request the cached blocks that match its prompt, then fresh ones for
         its first step's tokens (at most `limit`): how many tokens that step computes, or None
-        (nothing taken) when the blocks are not free. A request that holds its blocks already
-        (disaggregated: filled from the prefill instance's, `allocate_remote`) takes none."""
-        if seq.block_table:
-            return min(seq.num_tokens - seq.num_computed, limit)
-        cached = self._match(seq)
-        seq.num_computed = len(cached) * self.block_size
+        (nothing taken) when the blocks are not free. With `external` positions whose keys and
+        values its connector loads (engine/core/connector.py), no prefix is looked up: fresh
+        blocks hold those too, counted computed (as vLLM's decode instance reads every remote
+        block it is told of), and they are no prefix hit."""
+        cached = self._match(seq) if not external else []
+        seq.num_computed = len(cached) * self.block_size or external
         n = min(seq.num_tokens - seq.num_computed, limit)
         need = self.pool.blocks_for(seq.num_computed + n) - len(cached)
         # A preempted request comes back only when all it had fits again (plus its next token);
@@ -97,23 +96,11 @@ class BlockManager:
             return None
         seq.block_table = cached + fresh
         seq.admitted_cached = seq.num_computed
-        if not seq.preemptions:     # counted once per request: its prompt, at its first admission
+        if not seq.preemptions and not external:   # counted once per request: its prompt, at its first admission
             seq.cached_tokens = seq.num_computed
             self.queries += seq.num_tokens
             self.hits += seq.num_computed
         return n
-
-    def allocate_remote(self, seq):
-        """Disaggregated, on the decode instance: fresh blocks for every prompt position of a
-        request whose keys/values are on the prefill instance (they are copied into all but
-        the last, which it recomputes: engine/disagg/transfer.py); whether they were free
-        (nothing is taken if not). No prefix is looked up here: every position comes from the
-        prefill instance, as vLLM's decode instance pulls all the remote blocks it is told of."""
-        fresh = self.pool.allocate(self.pool.blocks_for(seq.num_tokens))
-        if fresh is None:
-            return False
-        seq.block_table = fresh
-        return True
 
     def _match(self, seq):
         """The cached blocks of the request's prompt prefix, taken; none when prefix caching is

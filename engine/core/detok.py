@@ -177,6 +177,15 @@ class Pieces:
             text = self._text[token_id] = self.tokenizer.decode([token_id])
         return text
 
+    def odds(self, token_id, chance):
+        """Token `token_id`'s `sampler.Chance` as its `token` event's fields, each candidate with
+        its text ({} without odds)."""
+        if chance is None:
+            return {}
+        name = lambda c: (c[0], self(c[0]), c[1], c[2])   # noqa: E731
+        return dict(p=chance.p, p_raw=chance.p_raw, top=[name(c) for c in chance.top],
+                    rejected=chance.rejected and name(chance.rejected), own_text=self(token_id))
+
 
 class StopStrings:
     """OpenAI's stop rule for one request's streamed text, the one place it is applied: the text

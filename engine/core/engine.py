@@ -16,73 +16,66 @@ validation and the tokenize stage), which touches no engine state.
 An exception in a forward or in sampling fails that batch's requests (reason "error") and the
 step carries on; any other exception escapes `step()` and the driver fails everything in flight.
 
-Disaggregated (engine/disagg/), an engine has a role (engine/core/policies.py): the prefill instance
-hands each request off once its prompt is computed (a `HandOff` among the step's events, its
-blocks held until a `release`), the decode instance takes it (`take`), copies its keys and
-values in at the end of a step when blocks and a slot are there, and tells the prefill
-instance to let them go (a `Release`).
+Keys and values computed elsewhere come and go through the engine's one connector
+(engine/core/connector.py: a colocated engine's does nothing), whose hooks the engine calls before
+the forward (`load`) and after it (`leaves`), and the scheduler where a request is admitted and
+where it ends; what the connector says to other engines goes out with each call's events.
 """
-from dataclasses import replace
-
-from ..timing import bandwidth
-from ..teach import presets
 from ..model import sampler, speculate
 from ..model.agreement import measure as agreement_of
-from ..disagg import transfer
-from ..disagg.messages import Release
-from .detok import Detokenizer, Pieces, StopStrings
+from ..model.runner import Runner
 from ..config import EngineConfig
 from ..events import PROTOCOL, SHOWN, Clock, Error, Hello, Reset, Settings
-from .policies import ROLES
-from .request import RequestHandle
+from ..settings import Live, defaults, make_settings
+from ..teach import presets
+from ..teach.loadgen import LoadGenerator
+from ..timing import bandwidth
+from ..timing.memory import rss_bytes
+from ..timing.recorder import StepRecorder, stats_view
+from ..timing.roofline import Roofline
+from ..timing.stepcost import StepCost
 from .block_manager import BlockManager
+from .connector import KVConnector
+from .detok import Detokenizer, Pieces, StopStrings
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
-from ..teach.loadgen import LoadGenerator
-from ..timing.memory import rss_bytes
-from ..model.runner import Runner
-from ..timing.roofline import Roofline
 from .scheduler import Scheduler
-from .sequence import Status
-from ..settings import Live, defaults, make_settings
-from .step_output import Ended, Moved, Placed, StepOutput
-from ..timing.stepcost import StepCost
-from ..timing.recorder import StepRecorder, stats_view
+from .step_output import Ended, Placed, Refused, StepOutput
 
 
 class Engine:
-    def __init__(self, bundle, config=None, bench=None, role=None, clock=None, kv_memory=None, peer_store=None):
+    def __init__(self, bundle, config=None, bench=None, clock=None, kv_memory=None, connector=None):
         """`bench`: the committed `python -m bench` results for this model, carried in `hello`.
-        Disaggregated (engine/disagg/): `role` "prefill" or "decode" (None: colocated), `clock`
-        the coordinator's (one clock for both), `kv_memory` the shared memory its KV store lies
-        in, and the decode instance's `peer_store`, the prefill instance's store it copies from."""
+        `clock`: the engine's (one shared by every engine of a server), `kv_memory`: memory for its
+        KV store to lie in (shared memory another process reads), `connector`: keys and values
+        computed elsewhere (engine/core/connector.py; None: colocated)."""
         self.config = config = config or EngineConfig()
         self.bundle = bundle
+        self.name = bundle.name
         model, cfg, tok = bundle.model, bundle.model.config, bundle.tokenizer
         self.tokenizer = tok
-        self.role = ROLES[role]
         self.clock = clock or Clock()
         self.max_context = min(config.max_context, getattr(cfg, "max_position_embeddings", config.max_context))
         self.bytes_per_token = kv_bytes_per_token(cfg, bundle.dtype)
         self.blocks = BlockManager(BlockPool(config.block_size, config.cache_capacity_tokens // config.block_size))
         self.step_cost = StepCost()     # fed every forward's time (`_run`)
-        self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost, role=self.role)
+        self.connector = connector or KVConnector()
+        self.scheduler = Scheduler(self.blocks, config.slots, self.step_cost, connector=self.connector)
         self.intake = Intake(tok, self.clock, self.max_context, self.scheduler)
         self._out = []
         self.params = sum(p.numel() for p in model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        # Measured read bandwidth and matmul rate (~1 s, once a process): estimated floors (roofline.py)
         self.store = PagedKVStore(cfg, self.blocks.capacity, config.block_size, bundle.dtype, bundle.device,
                                   memory=kv_memory)
-        self.peer_store = peer_store
-        self.held = {}      # prefill instance: handed-off requests whose blocks the decode instance reads
         self.runner = Runner(model, self.store, bundle.quant)
-        # What a decode step reads in the default format (the file's blocks where they can be read)
+        # Measured read bandwidth and matmul rate (~1 s, once a process): estimated floors (roofline.py),
+        # for what a decode step reads in the default format (the file's blocks where they can be read)
         self.bandwidth = bandwidth.floor(self.runner.formats.path(1, 1).weight_bytes, bundle.device)
         self.roofline = Roofline.measured(model, self.weight_bytes, self.bytes_per_token, bundle.device, bundle.dtype,
                                           int8="int8" in self.runner.formats.activations)
         self.timing = StepRecorder(self.clock, self.roofline)
-        self.timing.instance = self.role.name
+        self.timing.instance = self.connector.name
+        self.connector.bind(self)
         self.specs = make_settings(config.slots, self.blocks.capacity * config.block_size,
                                    config.block_size, self.max_context, self.runner.formats.available,
                                    self.runner.formats.activations)
@@ -127,6 +120,11 @@ class Engine:
     def in_flight(self):
         return len(self._by_id)
 
+    @property
+    def forward_s(self):
+        """(wall, CPU) seconds this engine's forwards have taken so far (the driver's between-forwards figures)."""
+        return self.runner.wall_s, self.runner.cpu_s
+
     # ------------------------------------------- any thread: validate + tokenize
     def new_sequence(self, request):
         """A `GenerateRequest` validated against this engine and tokenized (engine/core/intake.py): a
@@ -134,11 +132,9 @@ class Engine:
         return self.intake.new_sequence(request)
 
     # ------------------------------------------------ commands (the caller's turn)
-    def _emit(self, event):
-        self._out.append(event)
-
     def _take(self):
-        out, self._out = self._out, []
+        """The events of this call so far, with the connector's messages for other engines after them."""
+        out, self._out = self._out + self.connector.outbox(), []
         return out
 
     def _record(self, out):
@@ -149,59 +145,36 @@ class Engine:
     def add(self, seq):
         """Queue a request from `new_sequence` (or reject it, with a reason); return the events."""
         self._out += self.intake.announce(seq)
-        return self._queue(seq)
+        return self.enqueue(seq)
 
-    def take(self, handoff):
-        """Disaggregated, the decode instance: queue a request the prefill instance handed off
-        (a `HandOff`), WAITING_FOR_REMOTE_KVS until its keys and values are copied in (at the
-        end of a step: `_pull`); or reject it, with a reason (e.g. it can never fit this
-        instance's cache), its remote blocks released. Return the events."""
-        seq = replace(handoff.seq, status=Status.WAITING_FOR_REMOTE_KVS, handle=RequestHandle(handoff.id))
-        self.timing.adopt(seq.id, handoff.times)
-        return self._queue(seq)
-
-    def _queue(self, seq):
+    def enqueue(self, seq):
+        """Queue a request already announced (a new one, or one its connector took over from
+        another engine, engine/core/connector.py), or reject it, with a reason; return the events."""
         refusal = self.intake.refusal(seq)
         if refusal:
-            self.timing.forget(seq.id)
-            self._emit(self._reject(seq, *refusal))
+            out = StepOutput(self.clock)
+            self.scheduler.finish(seq)      # never queued: what it holds elsewhere is let go
+            out.ended.append(self._reject(seq, *refusal))
+            self._record(out)
             return self._take()
         seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
         seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
         self._by_id[seq.id] = seq
-        self.scheduler.waiting.append(seq)
-        return self._take()
-
-    def release(self, rid):
-        """Disaggregated, the prefill instance: the decode instance no longer needs the blocks of
-        a request handed off (vLLM's delayed free ends); they are given back."""
-        seq = self.held.pop(rid, None)
-        if seq is not None:
-            self.blocks.free(seq)
+        self.scheduler.add(seq)
         return self._take()
 
     def _reject(self, seq, reason, code):
-        """The request's `rejected` event (already with its client); it is no longer known."""
-        self._forget(seq)
-        return self.intake.reject(seq, reason, code)
-
-    def _forget(self, seq):
-        """The request is no longer this engine's; a decode instance's whose keys and values were
-        never copied tells the prefill instance to let them go."""
+        """The request's refusal (its `rejected` event; the recorder hands it to its client); it is
+        no longer known."""
         self._by_id.pop(seq.id, None)
-        self._release_remote(seq)
-
-    def _release_remote(self, seq):
-        if seq.remote is not None:
-            self._emit(Release(seq.id))
-            seq.remote = None
+        return Refused(seq, self.intake.reject(seq, reason, code))
 
     def _end_all(self, seqs, reason, error=None):
         """End `seqs` outside a step (a command's work); their `finished` events join those the
         caller returns."""
         out = StepOutput(self.clock)
         for seq in list(seqs):
-            self._finish(out, seq, reason, error)
+            out.ended.append(self._end(seq, reason, error))
         self._record(out)
 
     def cancel(self, rid):
@@ -228,8 +201,8 @@ class Engine:
         agreement = None
         if self.runner.formats.int8 and self.int8_agreement is None:
             agreement = self.int8_agreement = agreement_of(self)
-        self._emit(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made,
-                            int8_agreement=agreement))
+        self._out.append(Settings(t=self.clock.now(), settings=s.wire(), changed=sorted(changes), fp32_made_s=made,
+                                  int8_agreement=agreement))
         return self._take()
 
     def reset(self):
@@ -239,7 +212,7 @@ class Engine:
         self.scheduler.reset_counters()
         # every block is free: forget their prefixes too (vLLM's reset_prefix_cache); a lesson run again starts empty
         self.blocks.forget_hashes()
-        self._emit(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
+        self._out.append(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
         return self._take()
 
     def fail_all(self, message):
@@ -251,9 +224,8 @@ class Engine:
     # ------------------------------------------------------------------ the step
     @property
     def busy(self):
-        """Whether the next `step()` will run a forward (someone holds a slot, or, disaggregated,
-        a request whose keys and values were copied in waits to be admitted)."""
-        return bool(self.scheduler.running) or any(s.block_table for s in self.scheduler.waiting)
+        """Whether the next `step()` will run a forward (someone holds a slot)."""
+        return bool(self.scheduler.running)
 
     def idle_timeout(self):
         """How long the caller may wait for news before the next `step()` is due (stats)."""
@@ -271,44 +243,9 @@ class Engine:
                     self._postprocess(out, logits)
                 except Exception as e:  # noqa: BLE001 -- fault isolation: fail the batch, not the engine
                     self._fail(out, [seg.seq for seg in out.segments], e)
-            self._hand_off(out)
-            self._pull(out)
         finally:
             self._record(out)
         return self._take()
-
-    def _hand_off(self, out):
-        """Disaggregated, the prefill instance: each request whose prompt the forward completed
-        leaves its slot, its blocks held (`release` frees them); the recorder makes its `HandOff`."""
-        if out.forward is None:
-            return
-        for seg in out.segments:
-            seq = seg.seq
-            if seq.status is Status.RUNNING and self.role.hands_off(seq):
-                self.scheduler.hand_off(seq)
-                self._by_id.pop(seq.id)
-                self.held[seq.id] = seq
-                out.handed_off.append(seq)
-
-    def _pull(self, out):
-        """Disaggregated, the decode instance: copy the keys and values of the queued requests
-        the role picks (blocks and a slot are there for them; engine/core/policies.py DecodeOnly) from
-        the prefill instance's store into the blocks just allocated, positions 0..p-2 of a p-token
-        prompt. vLLM's decode instance reads every remote prompt block, then computes the last
-        prompt position again for the first token's logits; the last position's keys and values
-        are computed again anyway, so only 0..p-2 are copied here. Each waits to be admitted
-        then, its prefill blocks released."""
-        bs = self.blocks.block_size
-        for seq in self.role.to_pull(self.scheduler):
-            tokens = len(seq.prompt_ids) - 1
-            start = self.clock.now()
-            nbytes = transfer.pull(self.peer_store, self.store, seq.remote, seq.block_table, tokens)
-            end = self.clock.now()
-            out.moved.append(Moved(seq, start, end, tokens, nbytes, transfer.blocks_moved(seq.remote, tokens, bs),
-                                   transfer.blocks_moved(seq.block_table, tokens, bs)))
-            seq.num_computed, seq.status = tokens, Status.WAITING
-            seq.admitted_cached = tokens    # its admission here finds them in its blocks (admitted.cached_tokens)
-            self._release_remote(seq)
 
     def _schedule(self, out):
         """The scheduler's plan for this step, its preemptions, refusals and admissions noted;
@@ -330,8 +267,10 @@ class Engine:
         out.running, out.segments = list(self.scheduler.running), plan.segments
 
     def _run(self, out):
-        """One forward over the step's segments; their positions are computed after it. The
-        logits of those that sample."""
+        """The keys and values the connector brings in, then one forward over the step's segments;
+        their positions are computed after it, and a request whose work here it ended leaves
+        (the connector's `leaves`). The logits of those that sample."""
+        self.connector.load(out)
         start = self.clock.now()
         logits = self.runner.forward(out.segments)
         out.forward = (start, self.clock.now())
@@ -340,6 +279,11 @@ class Engine:
         out.first_shape, out.path = self.runner.first_shape, self.runner.path
         out.cache = (self.scheduler.kv_tokens_in_use, self.blocks.used)
         self.step_cost.observe(*out.work(), out.forward[1] - out.forward[0])
+        for seg in out.segments:
+            if self.connector.leaves(seg.seq):    # it ends here without a finish reason: it goes on elsewhere
+                self._by_id.pop(seg.seq.id)
+                self.scheduler.finish(seg.seq)
+                out.left.append(seg.seq)
         return logits
 
     def _postprocess(self, out, logits):
@@ -348,52 +292,35 @@ class Engine:
         segs = [seg for seg in out.segments if seg.logits]
         if not segs:
             return
+        shown = SHOWN if self.candidates() else None   # the page's candidates, or more if a client asked
+        want = [shown if g.seq.params.logprobs is None else max(g.seq.params.logprobs, shown or 0) for g in segs]
         start = self.clock.now()
         runs, failed, odds = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
-                                            [g.draft for g in segs], [self._wanted(g.seq.params) for g in segs])
+                                            [g.draft for g in segs], want)
         out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
-        delivered = [(seg.seq, self._deliver_run(out, seg, run, chances))
+        delivered = [(seg.seq, self._deliver(out, seg, run, chances))
                      for seg, run, chances in zip(segs, runs, odds) if run is not None]
         for i, error in failed.items():
             self._fail(out, [segs[i].seq], error, "sampling")
         for seq, stop in delivered:
             if stop:
-                self._finish(out, seq, stop)
+                out.ended.append(self._end(seq, stop))
 
-    def _wanted(self, params):
-        """How many candidates a request's tokens carry (the page's, or more if its client asked),
-        or None for no odds."""
-        shown = self.candidates()
-        if params.logprobs is None:
-            return SHOWN if shown else None
-        return max(params.logprobs, SHOWN if shown else 0)
-
-    def _deliver_run(self, out, seg, run, chances):
-        """One request's tokens from this forward, in order, each with its odds (None: none asked
-        for); why the request ends, if one ends it."""
+    def _deliver(self, out, seg, run, chances):
+        """One request's tokens from this forward, in order, each appended and handed out with its
+        odds (None: none asked for; its client gets its text under the stop rule,
+        `Sequence.append`); why the request ends, if one of them ends it (none after that)."""
+        seq = seg.seq
         if seg.draft:       # the rejected guesses' positions are given back first
             self.blocks.accepted(seg, len(run) - 1)
-            out.accepted[seg.seq.id] = len(run) - 1
-        n = len(run)
-        kinds = speculate.kinds(n, len(seg.draft))   # map is lazy: none delivered after a stop
-        return next(filter(None, map(self._deliver, [out] * n, [seg.seq] * n, run, kinds, chances or [None] * n)), None)
-
-    def _deliver(self, out, seq, tid, spec=None, chance=None):
-        """Append the token and hand its `token` event out (to pages, and to the request's
-        client: its text under the stop rule, `Sequence.append`), with its odds; return why it
-        ends the request, if it does."""
-        text, client_text, stop = seq.append(tid, tid in self.eos)
-        out.hand_out(seq, tid, text, client_text, spec, self._named(tid, chance))
-        return stop
-
-    def _named(self, tid, chance):
-        """Token `tid`'s `sampler.Chance` as its event's fields, each candidate with its text."""
-        if chance is None:
-            return {}
-        name = lambda c: (c[0], self.pieces(c[0]), c[1], c[2])   # noqa: E731
-        return dict(p=chance.p, p_raw=chance.p_raw, top=[name(c) for c in chance.top],
-                    rejected=chance.rejected and name(chance.rejected), own_text=self.pieces(tid))
+            out.accepted[seq.id] = len(run) - 1
+        for tid, spec, chance in zip(run, speculate.kinds(len(run), len(seg.draft)), chances or [None] * len(run)):
+            text, client_text, stop = seq.append(tid, tid in self.eos)
+            out.hand_out(seq, tid, text, client_text, spec, self.pieces.odds(tid, chance))
+            if stop:
+                return stop
+        return None
 
     def _fail(self, out, seqs, error, what="a step"):
         """A forward or sampling raised (e.g. out of memory): end the requests it touched with
@@ -402,15 +329,12 @@ class Engine:
         out.ended.append(Error(t=self.clock.now(), message=message))
         for seq in seqs:
             if seq.id in self._by_id:
-                self._finish(out, seq, "error", message)
-
-    def _finish(self, out, seq, reason, error=None):
-        out.ended.append(self._end(seq, reason, error))
+                out.ended.append(self._end(seq, "error", message))
 
     def _end(self, seq, reason, error=None):
-        """The request is done: freed, forgotten, and noted as ended now (its `finished` event is
-        the recorder's)."""
-        self._forget(seq)
-        self.scheduler.remove(seq)
+        """The request is done: it leaves the scheduler (its slot and blocks given back), is
+        forgotten, and is noted as ended now (its `finished` event is the recorder's)."""
+        self._by_id.pop(seq.id, None)
         seq.finish_reason = reason
+        self.scheduler.finish(seq)
         return Ended(seq, reason, error, self.clock.now())

@@ -69,11 +69,9 @@ class Intake:
                           truncated=n > len(shown))]
 
     def reject(self, seq, reason, code):
-        """The request's `rejected` event, built once: handed to its client, and returned to be
-        published (by the engine, or by the driver when the request never reached it)."""
-        event = Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code)
-        seq.handle.put(event)
-        return event
+        """The request's `rejected` event, built once (the step recorder's `to_client` hands it to
+        its client; it is published by the engine, or by the driver when it never reached it)."""
+        return Rejected(t=self.clock.now(), id=seq.id, reason=reason, code=code)
 
     def refusal(self, seq):
         """(reason, code) when the request can never run here, else None. The code is a stable

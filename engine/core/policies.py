@@ -2,8 +2,8 @@
 
 A policy is an object that answers the questions below, given the scheduler `s`
 (engine/core/scheduler.py), whose steps it composes from three moves: `s.decode` (every decoding request's next token, and its
-guesses), `s.prefill` (running requests' prompt work) and `s.admit` (waiting requests, first
-come, first served). Each move takes the token budget left and returns what it leaves.
+guesses), `s.prefill` (running requests' prompt work) and `s.admit` (waiting requests, in the
+order of the scheduler's request queue, engine/core/queues.py). Each move takes the token budget left and returns what it leaves.
 
 * `plan(s, out, kv_cache_on)`: fill the step's Schedule `out`; return the budget left.
 * `chunk_limit(budget)`: the most prompt tokens of one request a step computes.
@@ -17,7 +17,6 @@ come, first served). Each move takes the token budget left and returns what it l
 from enum import Enum
 import math
 
-from .sequence import Status
 from ..settings import Policy
 
 
@@ -105,60 +104,3 @@ class Static(SchedulingPolicy):
 
 
 BY_SETTING = {Policy.MIXED: Mixed(), Policy.PREFILL_FIRST: PrefillFirst(), Policy.STATIC: Static()}
-
-
-# ------------------------------------------------------------------ roles
-# Prefill/decode disaggregation (engine/disagg/, vLLM V1's P/D with a KV connector): an engine
-# may do one half of the work. Its role answers the few questions where the halves differ; the
-# policy above still fills each step.
-
-class Colocated:
-    """One engine computes prompts and decodes (no disaggregation)."""
-    name = None
-    samples = True      # a prompt's last chunk wants logits: the first token is sampled here
-
-    def hands_off(self, seq):
-        """Whether the request leaves this engine now, its prompt computed (its blocks held
-        until the decode instance has copied them)."""
-        return False
-
-    def to_pull(self, sched):
-        """Queued requests whose keys/values this engine copies from the prefill instance now
-        (first come, first served): none."""
-        return []
-
-
-class PrefillOnly(Colocated):
-    """The prefill instance (vLLM's is sent each request with max_tokens=1 and
-    do_remote_decode): it admits and computes prompts in chunks as the policy sizes them, and
-    hands each request off once its whole prompt is computed. Unlike vLLM's, which samples one
-    token that its proxy throws away, it never samples (the last chunk wants no logits)."""
-    name = "prefill"
-    samples = False
-
-    def hands_off(self, seq):
-        return seq.num_computed >= seq.num_tokens
-
-
-class DecodeOnly(Colocated):
-    """The decode instance (vLLM's, its requests WAITING_FOR_REMOTE_KVS until the KV connector
-    has read the remote blocks): a request handed over waits in the queue until blocks for its
-    prompt are free, and a slot for it, then its keys/values are copied in; admitted then, its
-    first forward recomputes only the prompt's last position, whose logits give the first
-    token. It decodes as any engine does."""
-    name = "decode"
-
-    def to_pull(self, sched):
-        room = sched.slot_limit - len(sched.running) - sum(
-            1 for s in sched.waiting if s.block_table and s.status is Status.WAITING)
-        for seq in list(sched.waiting):
-            if room <= 0:
-                return
-            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
-                if not sched.blocks.allocate_remote(seq):
-                    return      # first come, first served: nobody overtakes it
-                room -= 1
-                yield seq
-
-
-ROLES = {r.name: r for r in (Colocated(), PrefillOnly(), DecodeOnly())}

@@ -4,16 +4,20 @@ mixed, prefill-first, static). Which KV blocks each request holds is the block m
 (engine/core/block_manager.py); the scheduler asks it whether blocks are there and decides who
 runs, who waits and who is preempted.
 
+It owns its queue: requests come in through `add`, wait in a request queue whose order is the
+queue policy's (engine/core/queues.py: first come, first served by default), and leave through
+`finish` (done, cancelled, failed, refused, or gone on to another engine), the one way out.
+
 A step's moves, in the order a policy composes them: `decode` (every decoding request's next
 token), `prefill` (running requests' prompt work, in chunks the policy sets), `admit`
-(waiting requests, first come, first served, nobody overtaking). Each spends the step's token
+(waiting requests, in the queue's order, nobody overtaking its head). Each spends the step's token
 budget (`max_batched_tokens`) and returns what is left.
 
 Blocks are taken as tokens are written. When a step needs a block and none is free within the
 budget, the most recently admitted running request is preempted: its blocks are freed, its
-tokens kept, and it goes back to the front of the queue to be recomputed (vLLM V1's
-recompute preemption). Requests with the KV cache on and off never share a step; after the
-setting flips, new admissions wait for the running ones to drain.
+tokens kept, and it goes back to the queue (the front, first come first served) to be
+recomputed (vLLM V1's recompute preemption). Requests with the KV cache on and off never
+share a step; after the setting flips, new admissions wait for the running ones to drain.
 
 Speculative decoding (the `speculation` setting): a decoding request's segment also carries
 the proposer's guesses (engine/model/speculate.py), charged to the step's token budget like any
@@ -22,10 +26,11 @@ as many as its blocks and free ones hold without preempting anyone. Under a step
 target the guesses count as decode rows (the step's output counts them so): they leave
 less room for prompt work, and are never cut for it.
 """
-from collections import deque
 from dataclasses import dataclass, field
 
-from .policies import BY_SETTING, ROLES, Blocked
+from .connector import KVConnector
+from .policies import BY_SETTING, Blocked
+from .queues import create_request_queue
 from ..model.runner import Segment
 from .sequence import Status
 from ..settings import Policy
@@ -42,18 +47,18 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, blocks, max_slots, step_cost, max_waiting=512, role=ROLES[None]):
+    def __init__(self, blocks, max_slots, step_cost, max_waiting=512, connector=None):
         """`step_cost`: what forwards cost lately (engine/timing/stepcost.py), which its owner feeds
-        after every forward; the step-time target sizes prompt work by it. `role`: the engine's
-        part of the work (engine/core/policies.py: colocated, or a disaggregated instance's)."""
-        self.role = role
+        after every forward; the step-time target sizes prompt work by it. `connector`: the
+        engine's (engine/core/connector.py), asked at admissions and ends."""
+        self.connector = connector or KVConnector()
         self.blocks = blocks            # engine/core/block_manager.py's BlockManager
         self.max_slots = max_slots
         self.slot_limit = max_slots     # live settings (`apply`)
         self.max_batched_tokens = 256
         self.policy = BY_SETTING[Policy.MIXED]
         self.max_waiting = max_waiting
-        self.waiting = deque()
+        self.waiting = create_request_queue("fcfs")
         self.running = []               # admission order: the last is preempted first
         self.slots = [None] * max_slots
         self.preemptions = 0
@@ -119,29 +124,17 @@ class Scheduler:
         return budget
 
     def _refuse(self, out, seq, reason):
-        """A waiting request the cache budget can never hold leaves the queue, refused; blocks it
-        holds already (disaggregated: its keys/values copied in) go back."""
-        self.waiting.remove(seq)
-        self.blocks.free(seq)
-        seq.status = Status.FINISHED
+        """A waiting request the cache budget can never hold leaves, refused."""
+        self.finish(seq)
         out.refused.append((seq, reason))
 
     def admit(self, out, budget, kv_cache_on):
-        """Waiting requests, first come, first served, while a slot and the blocks allow and the
-        policy lets the head join; nobody overtakes (but a disaggregated request whose blocks are
-        filled already, which needs none). Returns the budget left."""
+        """Waiting requests in the queue's order, while a slot and the blocks allow and the policy
+        lets the head join; nobody overtakes it. Keys and values the connector has for a prompt
+        (`external_tokens`) are allocated blocks as a prefix hit is, and loaded before the
+        forward. Returns the budget left."""
         while self.waiting and len(self.running) < self.slot_limit:
-            # One that holds its blocks already (disaggregated: its keys/values copied in) goes
-            # first: it takes no blocks from anyone, and must not wait behind one that needs them.
-            seq = next((s for s in self.waiting if s.block_table), self.waiting[0])
-            if seq.status is Status.WAITING_FOR_REMOTE_KVS:
-                # its keys/values are not here yet (the role pulls them), and never will be if the
-                # cache budget was lowered under it since it came: refused then, not left waiting
-                reason = self.blocks.never_fits(seq)
-                if reason:
-                    self._refuse(out, seq, reason)
-                    continue
-                break
+            seq = self.waiting.peek()
             if self.running and self.running[0].kv_cache != kv_cache_on:
                 break                   # mode change: drain first
             if budget <= 0 and not self.policy.admits_past_budget:
@@ -152,9 +145,13 @@ class Scheduler:
                 continue
             if not self.policy.admits(out, seq, budget):
                 break
-            n = self.blocks.allocate(seq, self.policy.chunk_limit(budget)) if kv_cache_on else seq.num_tokens
+            external = self.connector.external_tokens(seq) if kv_cache_on else 0
+            limit = self.policy.chunk_limit(budget)
+            n = self.blocks.allocate(seq, limit, external) if kv_cache_on else seq.num_tokens
             if n is None:
                 break                   # not enough free blocks: wait
+            if kv_cache_on:
+                self.connector.allocated(seq)
             self.waiting.remove(seq)
             seq.kv_cache, seq.status = kv_cache_on, Status.RUNNING
             seq.slot = self.slots.index(None)
@@ -180,7 +177,7 @@ class Scheduler:
     def _segment(self, out, seq, n, draft=()):
         """The request's next `n` tokens (and its guesses) in this forward."""
         out.segments.append(Segment(seq, seq.num_computed, n + len(draft), cached=seq.kv_cache,
-                                    logits=self.role.samples and seq.num_computed + n == seq.num_tokens,
+                                    logits=self.connector.samples and seq.num_computed + n == seq.num_tokens,
                                     draft=draft))
 
     def _recompute(self, out, seq):
@@ -213,35 +210,33 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------------ leaving
+    def add(self, seq):
+        """A new request joins the queue."""
+        self.waiting.add(seq)
+
     def preempt(self, seq):
-        """Free the request's blocks and slot; it waits at the front of the queue to be recomputed."""
+        """Free the request's blocks and slot; it waits in the queue to be recomputed."""
         self._release(seq)
+        self.blocks.free(seq)
         seq.status = Status.WAITING
         seq.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.prepend(seq)
 
-    def remove(self, seq):
-        """The request is done (finished, cancelled, failed): free its slot and blocks."""
+    def finish(self, seq):
+        """The request is done here (finished, cancelled, failed, refused, or gone on to another
+        engine): out of the queue or its slot, its blocks given back unless the connector keeps
+        them (`finished`: a delayed free, the connector frees them later)."""
         self.speculator.finished(seq)
-        if seq.status in (Status.WAITING, Status.WAITING_FOR_REMOTE_KVS):
-            self.waiting.remove(seq)
-            self.blocks.free(seq)       # disaggregated: blocks it took for its remote keys/values
-        elif seq.status is Status.RUNNING:
+        if seq.status is Status.RUNNING:
             self._release(seq)
-        seq.status = Status.FINISHED
-
-    def hand_off(self, seq):
-        """Disaggregated, on the prefill instance: its prompt is computed and it leaves for the
-        decode instance; its slot is free, its blocks stay held until they have been copied
-        (vLLM's delayed free) and are then given back with `blocks.free`."""
-        self.slots[seq.slot] = None
-        seq.slot = None
-        self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if not self.connector.finished(seq):
+            self.blocks.free(seq)
         seq.status = Status.FINISHED
 
     def _release(self, seq):
-        self.blocks.free(seq)
         self.slots[seq.slot] = None
         seq.slot = None
         self.running.remove(seq)
@@ -253,14 +248,13 @@ class Scheduler:
         step's budget)."""
         if not self.waiting:
             return None
-        why = None
+        head, why = self.waiting.peek(), None
         if len(self.running) >= self.slot_limit:
             why = Blocked.SLOT
         elif self.running and self.running[0].kv_cache != kv_cache_on:
             why = Blocked.DRAIN
-        elif self.waiting[0].status is Status.WAITING_FOR_REMOTE_KVS:
-            why = Blocked.CACHE         # disaggregated: no free blocks to copy its keys/values into
-        elif kv_cache_on and not self.blocks.can_allocate(self.waiting[0], self.max_batched_tokens):
+        elif kv_cache_on and not self.blocks.can_allocate(head, self.max_batched_tokens,
+                                                          self.connector.external_tokens(head)):
             why = Blocked.CACHE
         return self.policy.blocked(self, why)
 

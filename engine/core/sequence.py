@@ -26,9 +26,6 @@ class SamplingParams:
 class Status(Enum):
     """Where a request is in the scheduler (engine/core/scheduler.py sets it as it moves it)."""
     WAITING = "waiting"     # in the queue: not yet admitted, or preempted
-    # disaggregated, on the decode instance: in the queue until blocks are free for its prompt and
-    # its keys/values are copied from the prefill instance's (vLLM's WAITING_FOR_REMOTE_KVS)
-    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"     # holds a batch slot (and its blocks)
     FINISHED = "finished"   # done, cancelled, failed or refused: holds nothing
 
@@ -52,21 +49,27 @@ class Sequence:
     cached_tokens: int = 0    # prompt tokens found in the prefix cache at its first admission
     admitted_cached: int = 0  # tokens found there at its latest admission (a recompute's too)
     preemptions: int = 0
-    # disaggregated, on the decode instance: the prefill instance's blocks holding its prompt's
-    # keys/values, until they are copied into its own (or it ends first); None: nothing remote
-    remote: list | None = None
     output_ids: list = field(default_factory=list)
     detok: object = None      # detok.Detokenizer: its text so far, token by token
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
     # --- the request's own times (engine clock), measured by intake; everything timed later is
-    # the step recorder's (engine/timing/request_times.py)
+    # the step recorder's, its RequestTimes (engine/timing/request_times.py), written by it alone
     arrival: float = 0.0
     tokenize_end: float = 0.0
-    # its client's end (engine/core/request.py's RequestHandle): its own token, finished or rejected
-    # events go there as they are emitted
+    times: object = None
+    # its client's end (engine/core/request.py's RequestHandle): the step recorder writes its own
+    # token, finished or rejected events there
     handle: object = None
+
+    # What a request is between processes (nano-vllm's `Sequence.__getstate__`): its tokens, its
+    # place in the cache and its times, without this engine's objects around it (its
+    # detokenizer, stop watcher, sampling generator and client), which whoever takes it makes anew.
+    LOCAL = ("detok", "stops", "generator", "handle")
+
+    def __getstate__(self):
+        return {k: (None if k in self.LOCAL else v) for k, v in self.__dict__.items()}
 
     @property
     def num_tokens(self):

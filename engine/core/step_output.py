@@ -1,6 +1,7 @@
 """What one engine step did, as facts: whom its scheduling preempted, refused and admitted, the
-forward's start and end, the sampling's, each token handed out (its `token` event and when its
-delivery ended) and each request that ended, in the order these happened.
+forward's start and end (and the keys and values the connector loaded before it), the sampling's,
+each token handed out (its `token` event), each request that left for another engine and each
+that ended, in the order these happened.
 
 `Engine.step()` fills one as it works; reading the clock at the step's fixed points is its only
 timing work. The step recorder (engine/timing/recorder.py) then reads it once and turns it into each
@@ -38,18 +39,24 @@ class Ended:
 
 
 @dataclass(frozen=True)
-class Handed:
-    """A token handed out: its `token` event (already with the request's client) and when that
-    hand-out ended (its delivery to an in-process consumer)."""
+class Refused:
+    """A request refused before its first token (it may have been admitted): its `rejected` event."""
     seq: object
-    event: Token
-    delivered: float
+    event: object
 
 
 @dataclass(frozen=True)
-class Moved:
-    """Disaggregated, on the decode instance: a request's keys and values copied in from the
-    prefill instance's blocks (engine/disagg/transfer.py), from `start` to `end`."""
+class Handed:
+    """A token handed out by the step: its request and its `token` event (the recorder gives it to
+    the request's client, and notes when that ended: its delivery)."""
+    seq: object
+    event: Token
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A request's keys and values copied in through the connector (engine/core/connector.py
+    `load`), from `start` to `end`, into its blocks `dst_blocks` from `src_blocks` elsewhere."""
     seq: object
     start: float
     end: float
@@ -64,7 +71,7 @@ class StepOutput:
     clock: object
     scheduled: float | None = None    # when scheduling ended: its preemptions and admissions happened then
     preempted: list = field(default_factory=list)   # Placed
-    refused: list = field(default_factory=list)     # Ended (it had started) or its `rejected` event
+    refused: list = field(default_factory=list)     # Ended (it had started) or Refused
     admitted: list = field(default_factory=list)    # Placed
     stats: dict | None = None         # the queue and cache as the `stats` event shows them, when one is due
     running: list = field(default_factory=list)     # the running requests when the forward ran
@@ -76,11 +83,9 @@ class StepOutput:
     sampling: tuple = (0.0, 0.0)      # (start, end): every token of a step is sampled at once
     accepted: dict = field(default_factory=dict)    # request id -> its guesses the model kept
     tokens: list = field(default_factory=list)      # Handed, in hand-out order
-    ended: list = field(default_factory=list)       # Ended, or the `error` event that ended those after it
-    # disaggregated (engine/disagg/): on the prefill instance, requests whose prompt the forward
-    # completed, handed off (their blocks held); on the decode instance, the copies it made after it
-    handed_off: list = field(default_factory=list)  # Sequence
-    moved: list = field(default_factory=list)       # Moved
+    ended: list = field(default_factory=list)       # Ended, Refused, or the `error` event that ended those after it
+    loaded: list = field(default_factory=list)      # Loaded, before the forward
+    left: list = field(default_factory=list)        # Sequences whose work here the forward ended (`leaves`)
 
     def work(self):
         """(decode tokens, prompt tokens) of the forward: a decoding request's one token and its
@@ -89,13 +94,12 @@ class StepOutput:
         return decode, sum(seg.n for seg in self.segments) - decode
 
     def hand_out(self, seq, token_id, text, client_text, spec=None, odds=None):
-        """Hand the token just appended to `seq.output_ids` to the request's client, as its
-        `token` event; `client_text` is carried only where stop strings made it differ from the
-        token's text; `spec`: what speculative decoding made of it (`speculate.kinds`); `odds`:
-        what it was chosen from (the event's `p`, `p_raw`, `top`, `rejected`), when computed."""
+        """The token just appended to `seq.output_ids`, as its `token` event (the recorder hands it
+        to the request's client); `client_text` is carried only where stop strings made it differ
+        from the token's text; `spec`: what speculative decoding made of it (`speculate.kinds`);
+        `odds`: what it was chosen from (the event's `p`, `p_raw`, `top`, `rejected`), when computed."""
         index, (_, sampled) = len(seq.output_ids) - 1, self.sampling
-        ev = Token(t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text,
-                   first=index == 0, sampled=sampled, sample_s=sampled - self.sampling[0],
-                   client_text=None if client_text == text else client_text, spec=spec, **(odds or {}))
-        seq.handle.put(ev)
-        self.tokens.append(Handed(seq, ev, self.clock.now()))
+        self.tokens.append(Handed(seq, Token(
+            t=self.clock.now(), id=seq.id, index=index, token_id=token_id, text=text, first=index == 0,
+            sampled=sampled, sample_s=sampled - self.sampling[0],
+            client_text=None if client_text == text else client_text, spec=spec, **(odds or {}))))

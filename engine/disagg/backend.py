@@ -28,15 +28,14 @@ import itertools
 import multiprocessing
 import threading
 from dataclasses import replace
-from types import SimpleNamespace
 
+from ..core.intake import Intake
+from ..core.step_output import Ended, StepOutput
 from ..driver import Add, Cancel, ChangeSettings, ClearQueue, EngineDriver, ResetEngine
 from ..events import Error, Finished, Rejected, Reset, Settings, Stats, Token
-from ..core.intake import Intake
-from ..teach.loadgen import LoadGenerator
-from ..core.request import RequestHandle
 from ..settings import Live, SettingError, defaults, validate
-from ..timing.recorder import STATS_EVERY_S
+from ..teach.loadgen import LoadGenerator
+from ..timing.recorder import STATS_EVERY_S, StepRecorder, to_client
 from . import child, shm
 from .messages import Ack, HandOff, Release
 
@@ -85,8 +84,12 @@ class Instances:
     """The two processes as the one engine `EngineDriver` drives: its commands become messages
     to them; what they send back is published and routed by `route` (on the reader threads)."""
 
+    forward_s = (0.0, 0.0)   # the instances run the forwards, in their processes
+    busy = False
+
     def __init__(self, factory, configs, threads, clock, bench=None):
         self.clock = clock
+        self.config = configs["decode"]
         ctx = multiprocessing.get_context("spawn")
         self.by_role = {r: Instance(ctx, r, factory, configs, threads[r], clock.origin(), bench) for r in ROLES}
         self.segments = []
@@ -118,6 +121,7 @@ class Instances:
         self.lock = threading.Lock()    # flights, owner, cancelled: the driver's thread vs the readers
         self._acks = {}
         self._tokens = itertools.count(1)
+        self._ends = StepRecorder(clock)   # the `finished` of requests failed here (no instance can)
 
     @staticmethod
     def _expect(message, kind):
@@ -140,7 +144,7 @@ class Instances:
         with self.lock:
             self.flights[seq.id] = seq
             self.owner[seq.id] = self.prefill
-            self.prefill.send(Add(replace(seq, handle=RequestHandle(seq.id))))
+            self.prefill.send(Add(seq))     # its inter-process form: without its handle, which stays here
         return []
 
     def cancel(self, rid):
@@ -189,21 +193,22 @@ class Instances:
             done.set()
 
     def fail_all(self, message):
-        """Every request in flight ends with reason "error" (an instance died): built here, where
-        the handles are; whatever the instances still send of them is dropped."""
+        """Every request in flight ends with reason "error" (an instance died), its `finished` made
+        here (by a step recorder, as an engine's are), where the handles are; whatever the
+        instances still send of them is dropped. Both processes are stopped, the shared memory freed."""
         with self.lock:
             flights, self.flights = self.flights, {}
             self.owner.clear()
             self.cancelled.clear()
         self.release_waits()
-        now, out = self.clock.now(), []
-        for seq in flights.values():
-            fin = Finished(t=now, id=seq.id, reason="error", source=seq.source, prompt_tokens=len(seq.prompt_ids),
-                           output_tokens=len(seq.output_ids), e2e=now - seq.arrival, error=message,
-                           cached_tokens=0, preemptions=0)
-            seq.handle.put(fin)
-            out.append(fin)
-        return out
+        out = StepOutput(self.clock)
+        out.ended = [Ended(seq, "error", message, self.clock.now()) for seq in flights.values()]
+        events = self._ends.record(out)
+        self.stop()
+        return events
+
+    def step(self):
+        return []           # the instances step themselves
 
     def idle_timeout(self):
         return STATS_EVERY_S
@@ -255,7 +260,7 @@ class Instances:
                 del self.flights[event.id]
                 self.owner.pop(event.id, None)
                 self.cancelled.discard(event.id)
-            seq.handle.put(event)
+            to_client(seq, event)
         return [event]
 
     def stop(self):
@@ -266,7 +271,8 @@ class Instances:
 
 
 class DisaggBackend(EngineDriver):
-    """A Backend over a prefill and a decode engine process (module docstring)."""
+    """A Backend over a prefill and a decode engine process (module docstring): an EngineDriver
+    whose engine is `Instances`, used through the driver's public surface."""
 
     def __init__(self, factory, prefill_config, decode_config=None, threads=(1, 1), bench=None, inbox=None):
         """`factory()`: the model bundle, in each process (picklable: a module-level function or a
@@ -276,12 +282,8 @@ class DisaggBackend(EngineDriver):
         clock = Clock()
         configs = {"prefill": prefill_config, "decode": decode_config or prefill_config}
         self.instances = Instances(factory, configs, dict(zip(ROLES, threads)), clock, bench)
-        self.instances.bundle = SimpleNamespace(name=self.instances.name)   # what the driver reads of it
-        self.instances.config = configs["decode"]
         super().__init__(self.instances, **({"inbox": inbox} if inbox else {}))
-        self.api_model = self.instances.name
         self._readers = []
-        self._dying = False
         atexit.register(self.instances.stop)    # the processes and the shared memory, even on Ctrl-C
 
     def start(self, load=True):
@@ -300,33 +302,14 @@ class DisaggBackend(EngineDriver):
             except (EOFError, OSError):
                 break
             try:
-                self._publish(self.instances.route(inst, message))
+                self.publish(self.instances.route(inst, message))
             except Exception as e:  # noqa: BLE001 -- a reader that stops would leave its instance unread: fail it all
-                self._die(e)
+                self.fail(e)
                 return
-        if not self._stop and self.failure is None:
+        if not self.stopping and self.failure is None:
             inst.process.join(5)
-            self._die(RuntimeError(f"the {inst.role} instance (pid {inst.info['pid']}) exited with code "
+            self.fail(RuntimeError(f"the {inst.role} instance (pid {inst.info['pid']}) exited with code "
                                    f"{inst.process.exitcode}"))
-
-    def _loop(self):
-        """The driver's thread here runs commands and a preset's timed bursts; the instances step."""
-        try:
-            while not self._stop:
-                self._drain_inbox()
-                self._run_due_actions()
-                self._wake.wait(self._wait_s())
-                self._wake.clear()
-        except Exception as e:  # noqa: BLE001 -- the one place a fault outside an instance lands
-            self._die(e)
-
-    def _die(self, error):
-        with self._lock:    # once: a reader thread and the driver thread may both get here
-            if self._dying:
-                return
-            self._dying = True
-        super()._die(error)
-        self.instances.stop()       # the other one too; the shared memory freed
 
     def health(self):
         if self.failure:
@@ -345,8 +328,7 @@ class DisaggBackend(EngineDriver):
         changes = validate(self.specs, changes)
         if changes.get("kv_cache") is False:
             raise SettingError("kv_cache", "disaggregated serving moves KV blocks: the KV cache stays on")
-        self._put_or_refuse(ChangeSettings(changes))
-        return changes
+        return super().update_settings(changes)
 
     def reload(self):
         raise SettingError("reload", "not available when disaggregated (two engine processes hold the model)")

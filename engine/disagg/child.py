@@ -3,7 +3,7 @@
 Started by the coordinator (engine/disagg/backend.py) with the multiprocessing spawn context,
 it builds its model bundle from a picklable factory, sets its model threads, asks for and maps
 its store's shared memory (and the decode instance the prefill instance's), builds an `Engine`
-with its role on the coordinator's clock, and runs an `EngineDriver` on it (its engine thread
+with its role's connector on the coordinator's clock, and runs an `EngineDriver` on it (its engine thread
 only: the coordinator generates load) whose events go down the pipe. The main thread feeds the
 driver's inbox from the pipe: the driver's own commands (`Add`, `Cancel`, `ChangeSettings`,
 `ResetEngine`, `ClearQueue`) and the two below, and exits when the pipe closes, when told to
@@ -24,7 +24,8 @@ class Take:
     handoff: object
 
     def run(self, driver):
-        return driver.engine.take(self.handoff)
+        engine = driver.engine
+        return engine.enqueue(engine.connector.adopt(self.handoff))
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class ReleaseBlocks:
     rid: str
 
     def run(self, driver):
-        return driver.engine.release(self.rid)
+        return driver.engine.connector.release(self.rid)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def main(role, factory, configs, threads, origin, conn, bench=None):
     from engine import Engine, EngineDriver
     from engine.events import Clock
     from engine.core.kv_cache import PagedKVStore
+    from engine.disagg.connector import DecodeConnector, PrefillConnector
 
     torch.set_num_threads(threads)
     bundle = factory()
@@ -76,13 +78,14 @@ def main(role, factory, configs, threads, origin, conn, bench=None):
     conn.send(("store", PagedKVStore.nbytes_for(cfg, blocks(configs[role]), configs[role].block_size, bundle.dtype)))
     names = conn.recv()
     own, memory = shm.attach(names[role])
-    peer = None
     if role == "decode":
         pc = configs["prefill"]
         _, peer_memory = shm.attach(names["prefill"])
-        peer = PagedKVStore(cfg, blocks(pc), pc.block_size, bundle.dtype, bundle.device, memory=peer_memory)
-    engine = Engine(bundle, configs[role], bench=bench, role=role, clock=Clock(*origin), kv_memory=memory,
-                    peer_store=peer)
+        connector = DecodeConnector(PagedKVStore(cfg, blocks(pc), pc.block_size, bundle.dtype, bundle.device,
+                                                 memory=peer_memory))
+    else:
+        connector = PrefillConnector()
+    engine = Engine(bundle, configs[role], bench=bench, clock=Clock(*origin), kv_memory=memory, connector=connector)
     driver = EngineDriver(engine)
     driver.events = PipeOut(conn)
     conn.send(("ready", {"hello": engine.hello(), "specs": engine.specs, "tokenizer": bundle.tokenizer,

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class HandOff:
-    """Prefill -> decode: a request whose prompt is computed. `seq` is a copy of its Sequence
-    without its engine-side objects (detokenizer, generator, handle), `seq.remote` its blocks
-    on the prefill instance, in order; `times` its RequestTimes so far (its tokenize, queue and
-    prefill stages), `times.handed_off` when its last prompt forward ended."""
+    """Prefill -> decode: a request whose prompt is computed, its Sequence in its inter-process
+    form (`Sequence.__getstate__`): its block table the prefill instance's blocks holding the
+    prompt's keys and values, its `times` its record so far (its tokenize, queue and prefill
+    stages; `queued_at` when its last prompt forward ended)."""
     seq: object
-    times: object
 
     @property
     def id(self):

@@ -8,21 +8,22 @@ admission to its end), the rolling stats, and the `preempted`, `admitted`, `stat
 `prefill`, `step`, `token` and `finished` events. It is never called from inside a step and
 never changes an event it has returned.
 
-Disaggregated (engine/disagg/), each instance's recorder names its instance in the events it
-makes. The prefill instance's record of a request leaves with it when it is handed off (its
-tokenize, queue and prefill stages so far, in the `HandOff`); the decode instance adopts it and
-adds its own wait (to `queue`), the copy (`transfer`, with a `kv_transfer` event), the
-recompute of the prompt's last position (to `prefill`) and the rest as a colocated engine does.
-Both read one clock (the coordinator's origin), so the stages of one request add up.
+It is also the one writer of a request's own output: each `token`, `finished` and `rejected` event
+goes to the request's client (its RequestHandle) from here, as the events are made (`to_client`).
+
+Where a connector moves requests between engines (engine/core/connector.py), the record travels
+with the request (`Sequence.times`): an engine the request leaves notes when (`left`: it waits
+from then, as after a preemption, until the next engine admits it), the next one adds its own
+wait, the copy of its keys and values (`transfer`, with a `kv_transfer` event) and the rest.
+Each recorder names its engine's instance in the events it makes; every engine of one server
+reads one clock, so the stages of one request add up.
 """
 from collections import deque
-from dataclasses import replace
 
-from ..disagg.messages import HandOff
-from ..events import Admitted, Finished, KVTransfer, Preempted, Prefill, Rejected, Stats, Step
+from ..events import Admitted, Finished, KVTransfer, Preempted, Prefill, Stats, Step
 from .request_times import RequestTimes
 from .stats import RollingStats
-from ..core.step_output import Ended
+from ..core.step_output import Ended, Refused
 
 STATS_EVERY_S = 0.5
 COMPLETED = ("stop", "stop_string", "length")   # finish reasons judged against the SLOs (not cancels, errors)
@@ -52,14 +53,13 @@ class StepRecorder:
         """`roofline`: predicts each forward's time (engine/timing/roofline.py), carried in `step` events."""
         self.clock = clock
         self.roofline = roofline
-        self.instance = None           # disaggregated: the instance's name, carried in its events
+        self.instance = None           # the engine's instance name (its connector's), carried in its events
         # What completed requests are judged by (settings.Targets), handed in by the engine
         # whenever its settings change; None: nobody is judged.
         self.targets = None
         self.stats = RollingStats(started=clock.now())
         self.loads = deque(maxlen=8)   # (start, end) of the latest model loads (engine/model/reload.py)
         self._next_stats = 0.0
-        self._times = {}               # request id -> RequestTimes, from its admission to its end
 
     def reset(self):
         """Start the rolling stats afresh (the engine's reset)."""
@@ -89,74 +89,52 @@ class StepRecorder:
             if out.stats is not None:
                 self._next_stats = out.stats["t"] + STATS_EVERY_S
                 events.append(Stats(**out.stats, **self.stats.snapshot(out.stats["t"]), instance=self.instance))
+        events += [self._loaded(m) for m in out.loaded]
         if out.forward is not None:
             events += self._forward(out)
         for handed in out.tokens:
-            self._delivered(handed, out.sampling)
+            to_client(handed.seq, handed.event)
+            self._delivered(handed, out.sampling, self.clock.now())
             events.append(handed.event)
+        for seq in out.left:
+            self._times_of(seq).queued_at = out.forward[1]   # it waits from then, for the next engine
         events += [self._end(e) for e in out.ended]
-        events += [self._handed_off(seq, out.forward[1]) for seq in out.handed_off]
-        events += [self._moved(m) for m in out.moved]
         return events
 
-    # ------------------------------------------------------------------ disaggregation
-    def adopt(self, rid, times):
-        """Disaggregated, on the decode instance: a handed-off request's record so far."""
-        self._times[rid] = times
+    def _times_of(self, seq):
+        if seq.times is None:
+            seq.times = RequestTimes(seq.arrival, seq.tokenize_end, queued_at=seq.arrival)
+        return seq.times
 
-    def forget(self, rid):
-        """Drop a request's record (one taken over and then refused)."""
-        self._times.pop(rid, None)
-
-    def _handed_off(self, seq, now):
-        """The prefill instance's `HandOff` of a request whose prompt it computed by `now`: a
-        copy of it without its engine-side objects, and its record (it leaves with it)."""
-        times = self._times.pop(seq.id)
-        times.handed_off = now
-        light = replace(seq, detok=None, stops=None, generator=None, handle=None, remote=list(seq.block_table),
-                        block_table=[], output_ids=[], block_hashes=[])
-        return HandOff(light, times)
-
-    def _moved(self, m):
-        """Its keys and values were copied into the decode instance's blocks: the `transfer`
-        stage, and the `kv_transfer` event."""
+    def _loaded(self, m):
+        """Its keys and values were copied in through the connector before the forward: the
+        `transfer` stage, and the `kv_transfer` event."""
         self._times_of(m.seq).transfer_s += m.end - m.start
         return KVTransfer(t=m.end, id=m.seq.id, start=m.start, end=m.end, tokens=m.tokens, bytes=m.bytes,
                           src_blocks=m.src_blocks, dst_blocks=m.dst_blocks)
-
-    def _times_of(self, seq):
-        times = self._times.get(seq.id)
-        if times is None:
-            times = self._times[seq.id] = RequestTimes(seq.arrival, seq.tokenize_end)
-        return times
 
     # ------------------------------------------------------------------ scheduling
     def _preempted(self, placed, now):
         """Preempted at `now`: a request past its first token is recovering until its next one."""
         times = self._times_of(placed.seq)
-        times.preempted_at = now
+        times.queued_at, times.preempted = now, True
         if times.first_delivered is not None and times.recovering_since is None:
             times.recovering_since = now
         return Preempted(t=now, id=placed.seq.id, tokens=placed.tokens, preemptions=placed.preemptions,
                          instance=self.instance)
 
     def _admitted(self, placed, now):
-        """Took a slot at `now`: how long it waited, since it arrived or was preempted (before
-        its first token that wait is its queue stage too)."""
+        """Took a slot at `now`: how long it waited since it last joined the queue (its arrival, a
+        preemption, or leaving an engine before this one); a wait before its first token other than
+        its first is its queue stage too."""
         seq, times = placed.seq, self._times_of(placed.seq)
-        if times.handed_off is not None and times.decode_admitted is None:
-            # disaggregated: its first admission on the decode instance, its wait counted from its hand-off
-            times.decode_admitted = now
-            return Admitted(t=now, id=seq.id, slot=placed.slot, queue_s=now - times.handed_off, blocks=placed.blocks,
-                            prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=False,
-                            instance=self.instance)
-        resumed = times.admitted is not None
-        waited = now - (times.preempted_at if resumed else times.arrival)
-        if resumed and times.first_delivered is None:
-            times.requeue_s += waited
-        if not resumed:     # the part of its wait the model was loading: its `load` stage
+        resumed, waited = times.preempted, now - times.queued_at
+        if times.admitted is None:      # the part of its wait the model was loading: its `load` stage
             times.load_s = sum(max(0.0, min(e, now) - max(s, times.tokenize_end)) for s, e in self.loads)
             times.admitted = now
+        elif times.first_delivered is None:
+            times.requeue_s += waited
+        times.preempted = False
         return Admitted(t=now, id=seq.id, slot=placed.slot, queue_s=waited, blocks=placed.blocks,
                         prompt_tokens=placed.tokens, cached_tokens=placed.cached_tokens, resumed=resumed,
                         instance=self.instance)
@@ -175,9 +153,6 @@ class StepRecorder:
             if times.first_delivered is None:       # the shared forward is each one's prefill time
                 times.prefill_start = times.prefill_start if times.prefill_start is not None else t0
                 times.prefill_s += t1 - t0
-                if times.decode_admitted is not None and not times.decode_wait_s:
-                    # disaggregated: its recompute of the last prompt position; it waited since its hand-off
-                    times.decode_wait_s = t0 - times.handed_off - times.transfer_s
             events.append(Prefill(t=t1, id=seg.seq.id, start=t0, end=t1, pos=seg.start, tokens=seg.n,
                                   done=seg.logits or (not seg.seq.output_ids and seg.start + seg.n == len(seg.seq.prompt_ids)),
                                   instance=self.instance))
@@ -217,7 +192,7 @@ class StepRecorder:
         whole when its next token comes (`_delivered`)."""
         inside = {seg.seq.id for seg in segments}
         for seq in running:
-            times = self._times.get(seq.id)
+            times = seq.times
             if times is None or times.first_delivered is None or times.recovering_since is not None:
                 continue
             if seq.id not in inside:
@@ -228,10 +203,10 @@ class StepRecorder:
                 times.later_decode_s += forward_s
 
     # ------------------------------------------------------------------ tokens
-    def _delivered(self, handed, sampling):
-        """A token reached its in-process consumer (if any): its first token's stages, or a
-        later token's share of sampling, delivery and any preemption it recovered from."""
-        times, delivered = self._times_of(handed.seq), handed.delivered
+    def _delivered(self, handed, sampling, delivered):
+        """A token reached its client by `delivered`: its first token's stages, or a later token's
+        share of sampling, delivery and any preemption it recovered from."""
+        times = self._times_of(handed.seq)
         (sampling_start, sampled), sample_s = sampling, sampling[1] - sampling[0]
         if handed.event.first:
             times.first_sampled, times.first_sample_s, times.first_delivered = sampled, sample_s, delivered
@@ -255,11 +230,12 @@ class StepRecorder:
         """The event of an end: a request's `finished` (handed to its client too), or an event
         the engine made (`error`, `rejected`) passed on; the request's record is dropped."""
         if isinstance(end, Ended):
-            ev = self._finished(end, self._times.pop(end.seq.id, None))
-            end.seq.handle.put(ev)
+            ev = self._finished(end, end.seq.times)
+            to_client(end.seq, ev)
             return ev
-        if isinstance(end, Rejected):   # refused before its first token (it may have been admitted)
-            self._times.pop(end.id, None)
+        if isinstance(end, Refused):    # before its first token (it may have been admitted)
+            to_client(end.seq, end.event)
+            return end.event
         return end
 
     def _finished(self, end, times):
@@ -288,3 +264,11 @@ class StepRecorder:
         ttft_met, tpot_met = ttft <= ttft_target, tpot is None or tpot <= tpot_target
         return {"ttft_met": ttft_met, "tpot_met": tpot_met, "met": ttft_met and tpot_met,
                 "ttft_target_s": ttft_target, "tpot_target_s": tpot_target}
+
+
+def to_client(seq, event):
+    """The one place a request's own event (token, finished, rejected) is written to its client:
+    its RequestHandle, which keeps it for a streaming client (none: a request taken over from
+    another process, whose client is that process's)."""
+    if seq.handle is not None:
+        seq.handle.put(event)

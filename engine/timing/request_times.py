@@ -11,15 +11,15 @@ LATER = ("decode", "mixed", "stalled", "preempted", "sample", "delivery")   # La
 class RequestTimes:
     arrival: float                  # the request's own facts (its Sequence's, from intake),
     tokenize_end: float             # copied so the record reads alone
+    # when it last joined a queue: its arrival, a preemption, or leaving an engine that did part
+    # of its work (engine/core/connector.py `leaves`: it joins the next engine's queue then)
+    queued_at: float = 0.0
+    preempted: bool = False         # it waits after a preemption (to be recomputed)
     admitted: float | None = None   # its first admission
-    preempted_at: float | None = None
     prefill_start: float | None = None
     prefill_s: float = 0.0          # forwards that computed its prompt, before its first token
-    requeue_s: float = 0.0          # waiting again after a preemption, before its first token
-    transfer_s: float = 0.0         # disaggregated: its KV blocks copied to the decode instance
-    handed_off: float | None = None # disaggregated: when the prefill instance finished its prompt
-    decode_admitted: float | None = None   # ... and when the decode instance first admitted it
-    decode_wait_s: float = 0.0      # ... from the first to its decode forward, less the transfer
+    requeue_s: float = 0.0          # waiting again (after a preemption, in a next engine), before its first token
+    transfer_s: float = 0.0         # its keys and values copied in through the connector (`load`)
     load_s: float = 0.0             # of its wait before admission, the part the model was loading
     first_sample_s: float = 0.0
     first_sampled: float | None = None
@@ -46,8 +46,7 @@ class RequestTimes:
         stages = {
             "tokenize": self.tokenize_end - self.arrival,
             "load": self.load_s,
-            "queue": ((self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s
-                      + self.decode_wait_s),
+            "queue": (self.prefill_start or self.tokenize_end) - self.tokenize_end + self.requeue_s - self.load_s,
             "prefill": self.prefill_s,
             "transfer": self.transfer_s,
             "first_sample": self.first_sample_s,

@@ -13,7 +13,7 @@ from engine.core.request import GenerateRequest
 from engine.settings import validate
 from helpers import collect, tiny_bundle
 from server.metrics import EngineMetrics
-from test_engine import Run
+from stepping import Run
 
 LOAD_S = 0.3
 

@@ -5,12 +5,13 @@ two-process backend."""
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, GenerateRequest
+from engine import EngineConfig, GenerateRequest
 from engine import events as ev
 from engine.disagg.messages import HandOff, Release
 from engine.core.sequence import Status
 from engine.settings import validate
 from helpers import tiny_bundle   # noqa: F401 -- the child processes' factory lives there too
+from stepping import Pair as Engines, assert_clean
 
 LONG = ("When in the Course of human events, it becomes necessary for one people to dissolve the "
         "political bands which have connected them with another, and to assume among the powers of the earth")
@@ -21,66 +22,8 @@ def config(**kw):
     return EngineConfig(**{"slots": 4, "kv_tokens": 2048, "block_size": BS, "max_context": 512, **kw})
 
 
-class Pair:
-    """A prefill and a decode Engine in this process, stepped by hand; the test is their
-    coordinator: hand-offs go to the decode engine (unless held back), releases to the prefill one."""
-
-    def __init__(self, bundle, prefill=None, decode=None):
-        self.p = Engine(bundle, prefill or config(), role="prefill")
-        self.d = Engine(bundle, decode or config(), role="decode", clock=self.p.clock, peer_store=self.p.store)
-        self.events, self.handoffs, self.hold = [], [], False
-
-    def route(self, out):
-        for e in out:
-            if isinstance(e, HandOff):
-                self.handoffs.append(e)
-                if not self.hold:
-                    self.deliver()
-            elif isinstance(e, Release):
-                self.route(self.p.release(e.id))
-            else:
-                self.events.append(e)
-
-    def deliver(self):
-        while self.handoffs:
-            self.route(self.d.take(self.handoffs.pop(0)))
-
-    def add(self, prompt_tokens=None, prompt=LONG, **kw):
-        seq = self.p.new_sequence(GenerateRequest(prompt=prompt, prompt_tokens=prompt_tokens, **kw))
-        self.route(self.p.add(seq))
-        return seq.id
-
-    def step(self, n=1):
-        for _ in range(n):
-            self.route(self.p.step())
-            self.route(self.d.step())
-
-    def until_idle(self, limit=2000):
-        for _ in range(limit):
-            if not any(e.scheduler.running or e.scheduler.waiting for e in (self.p, self.d)) and not self.handoffs:
-                return self
-            self.step()
-        raise AssertionError("the pair did not go idle")
-
-    def of(self, kind, rid=None):
-        return [e for e in self.events if isinstance(e, kind) and (rid is None or e.id == rid)]
-
-    def tokens(self, rid):
-        return [e.token_id for e in self.of(ev.Token, rid)]
-
-    def cancel(self, rid):
-        """As the coordinator does: to the instance that owns the request now."""
-        owner = self.d if any(h.id == rid for h in self.handoffs) or rid in self.d._by_id else self.p
-        if owner is self.d:
-            self.deliver()
-        self.route(owner.cancel(rid))
-
-
-def assert_clean(*engines):
-    for e in engines:
-        assert e.blocks.used == 0 and not any(e.blocks.pool.ref), e.role.name
-        assert e.scheduler.slots == [None] * e.scheduler.max_slots
-        assert not e.scheduler.running and not e.scheduler.waiting and e.in_flight == 0 and not e.held
+def Pair(bundle, prefill=None, decode=None):
+    return Engines(bundle, prefill or config(), decode or config(), prompt=LONG)
 
 
 def reference_ids(bundle, ids, max_new):
@@ -203,12 +146,13 @@ def _stage(pair, rid, stage):
     if stage == "waiting-for-remote-kv":   # the decode instance's only slot is taken
         pair.deliver()
         pair.route(d.step())
-        assert d._by_id[rid].status is Status.WAITING_FOR_REMOTE_KVS and rid in p.held
+        assert d._by_id[rid].status is Status.WAITING and rid in d.connector.remote and rid in p.connector.held
         return
     pair.deliver()
     pair.route(d.step())
-    if stage == "right-after-transfer":
-        assert d._by_id[rid].status is Status.WAITING and d._by_id[rid].block_table and rid not in p.held
+    if stage == "right-after-transfer":    # admitted, its keys and values copied in before the forward
+        assert pair.of(ev.KVTransfer, rid) and d._by_id[rid].status is Status.RUNNING
+        assert rid not in d.connector.remote and rid not in p.connector.held
         return
     while not pair.tokens(rid):
         pair.route(d.step())
@@ -251,24 +195,26 @@ def test_a_request_the_decode_cache_can_never_hold_is_rejected_and_its_blocks_fr
 
 
 
-@pytest.mark.parametrize("copied", [False, True], ids=["waiting-for-its-kv", "kv-copied-in"])
-def test_a_handed_off_request_the_lowered_budget_can_never_hold_is_refused_not_left_waiting(tiny, copied):
+@pytest.mark.parametrize("behind", [False, True], ids=["just-taken", "behind-a-busy-slot"])
+def test_a_handed_off_request_the_lowered_budget_can_never_hold_is_refused_not_left_waiting(tiny, behind):
     """The decode instance took it while it fitted; then the cache budget was lowered under it,
-    before its keys and values were copied in, or after (its blocks held, not yet admitted). It is
-    rejected, and every block on both sides comes back: it does not wait forever, holding the
-    prefill instance's blocks and everyone behind it."""
-    pair = Pair(tiny, prefill=config(), decode=config())
+    before its keys and values were copied in: just taken, or after waiting a while for the
+    decode instance's one slot. It is rejected, and every block on both sides comes back: it does
+    not wait forever, holding the prefill instance's blocks and everyone behind it."""
+    pair = Pair(tiny, prefill=config(), decode=config(slots=1 if behind else 4))
+    if behind:          # someone decoding holds the decode instance's one slot
+        other = pair.add(prompt_tokens=5, max_new_tokens=40, ignore_eos=True)
+        while not pair.tokens(other):
+            pair.step()
     pair.hold = True
     rid = pair.add(prompt_tokens=40, max_new_tokens=60)
     while not pair.handoffs:
         pair.step()
     pair.deliver()
-    if copied:
-        pair.route(pair.d.step())       # the copy happens at the end of a step
-        (seq,) = pair.d.scheduler.waiting
-        assert seq.status is Status.WAITING and seq.block_table and pair.of(ev.KVTransfer, rid)
-    else:
-        assert [s.status for s in pair.d.scheduler.waiting] == [Status.WAITING_FOR_REMOTE_KVS]
+    if behind:
+        pair.route(pair.d.step())       # it cannot be admitted: the slot is taken
+    (seq,) = pair.d.scheduler.waiting
+    assert seq.id == rid and rid in pair.d.connector.remote and not seq.block_table
     pair.route(pair.d.apply_settings(validate(pair.d.specs, {"cache_tokens": 64})))
     pair.hold = False
     pair.until_idle()
@@ -433,7 +379,7 @@ def test_a_cancel_that_reaches_the_prefill_instance_after_its_hand_off_follows_t
     inst.add(seq)
     inst.cancel("r1")
     assert [type(m) for m in inst.prefill.sent] == [Add, Cancel]
-    inst.route(inst.prefill, HandOff(seq, None))            # it was handed off before the cancel arrived
+    inst.route(inst.prefill, HandOff(seq))                  # it was handed off before the cancel arrived
     assert [type(m) for m in inst.decode.sent] == [child.Take, Cancel]
     fin = ev.Finished(t=1.0, id="r1", reason="cancelled", source="api", prompt_tokens=2, output_tokens=0, e2e=1.0)
     assert inst.route(inst.decode, fin) == [fin] and inst.route(inst.prefill, fin) == []

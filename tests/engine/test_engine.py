@@ -20,6 +20,7 @@ from engine.settings import Policy, make_settings, validate
 from engine.core.step_output import Ended, Placed, StepOutput
 from engine.timing.stepcost import StepCost
 from engine.timing.recorder import StepRecorder
+from stepping import Run, assert_clean
 from helpers import reference
 
 PROMPTS = ["We hold these truths", "Four score and seven years ago our fathers brought forth",
@@ -27,54 +28,9 @@ PROMPTS = ["We hold these truths", "Four score and seven years ago our fathers b
            "Liberty", "that all men are created equal, that they are endowed"]
 
 
-class Run:
-    """Requests added at chosen steps; every event the engine returned, in order."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.events = []
-        self.ids = []
-
-    def add(self, prompt, **kw):
-        seq = self.engine.new_sequence(GenerateRequest(prompt=prompt, **kw))
-        self.ids.append(seq.id)
-        self.events += self.engine.add(seq)
-        return seq.id
-
-    def step(self, n=1):
-        for _ in range(n):
-            self.events += self.engine.step()
-
-    def until_idle(self, limit=5000):
-        for _ in range(limit):
-            if not (self.engine.scheduler.running or self.engine.scheduler.waiting):
-                return self
-            self.step()
-        raise AssertionError("engine did not go idle")
-
-    def of(self, kind, rid=None):
-        return [e for e in self.events if isinstance(e, kind) and (rid is None or e.id == rid)]
-
-    def tokens(self, rid):
-        return [e.token_id for e in self.of(ev.Token, rid)]
-
-    def finished(self, rid):
-        (fin,) = self.of(ev.Finished, rid)
-        return fin
-
-
 @pytest.fixture
 def engine(tiny):
     return Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, block_size=16, max_context=512))
-
-
-def assert_clean(engine):
-    assert engine.blocks.used == 0 and not any(engine.blocks.pool.ref)
-    assert len(engine.blocks.pool.free) == engine.blocks.capacity
-    assert engine.scheduler.slots == [None] * engine.scheduler.max_slots
-    assert engine.scheduler.kv_tokens_in_use == 0
-    assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert engine.in_flight == 0
 
 
 @pytest.mark.parametrize("settings", [{}, {"max_batched_tokens": 16}, {"kv_cache": False},
@@ -175,7 +131,7 @@ def test_the_recorder_makes_stages_and_events_from_a_step_output_alone():
     assert fin.stages == pytest.approx({"tokenize": 0.2, "load": 0.0, "queue": 0.8, "prefill": 0.5, "transfer": 0.0,
                                         "first_sample": 0.1, "delivery": 0.1, "other": 0.0})
     assert list(seq.handle.events(timeout=0)) == [token, fin]          # the client's own events
-    assert not recorder._times                                           # its record ends with it
+    assert seq.times.first_delivered == 1.7                              # its record is the request's own
 
 
 LONG = " ".join(PROMPTS * 4)
@@ -503,57 +459,6 @@ def test_block_manager_gives_requests_their_blocks_and_prefix_hits():
     assert blocks.used == 0 and a.block_table == b.block_table == [] and blocks.cached_free == 2
     assert blocks.never_fits(synthetic("c", range(30), max_new_tokens=3)) == \
         "needs 33 tokens of KV cache; the cache budget is 32 tokens"
-
-
-def test_the_newest_request_is_preempted_to_the_front_of_the_queue():
-    """Two 8-token prompts fill four blocks; the older one's first output token needs a fifth:
-    the newer one is preempted (blocks freed, status waiting again, first in the queue), and
-    comes back only once all it had fits again."""
-    blocks = BlockManager(BlockPool(block_size=4, num_blocks=4))
-    sched = Scheduler(blocks, max_slots=2, step_cost=StepCost())
-    a, b, c = synthetic("a", range(8)), synthetic("b", range(100, 108)), synthetic("c", range(200, 204))
-    sched.waiting.extend([a, b, c])
-    plan = sched.schedule(kv_cache_on=True)
-    assert plan.admitted == [a, b] and a.status is b.status is Status.RUNNING and blocks.used == 4
-    assert sched.blocked_on(True) is Blocked.SLOT and c.status is Status.WAITING
-    for seg in plan.segments:
-        blocks.computed(seg)
-    a.output_ids.append(1)
-    b.output_ids.append(2)
-    plan = sched.schedule(kv_cache_on=True)
-    assert plan.preempted == [b] and [g.seq for g in plan.segments] == [a]
-    assert b.status is Status.WAITING and list(sched.waiting) == [b, c]
-    assert (b.block_table, b.num_computed, b.preemptions, b.slot) == ([], 0, 1, None)
-    assert sched.blocked_on(True) is Blocked.CACHE    # its 9 tokens and the next need 3 blocks; 1 is free
-    sched.remove(a)
-    assert a.status is Status.FINISHED and blocks.used == 0
-    plan = sched.schedule(kv_cache_on=True)
-    assert plan.admitted == [b, c] and sum(g.n for g in plan.segments if g.seq is b) == 9
-
-
-def test_the_step_time_target_cuts_mixed_steps_only():
-    """`prefill_cap` is what the step-time target allowed the last step: under `mixed`, once the
-    costs are known, a prompt's chunk is cut to it; the other policies have no target (None)."""
-    sched = Scheduler(BlockManager(BlockPool(block_size=4, num_blocks=64)), max_slots=2, step_cost=StepCost())
-    sched.max_step_s = 0.040
-    for rows, tokens in ((4, 0), (0, 64), (4, 400), (2, 128)) * 4:   # 10 ms + 2 ms a row + 0.5 ms a token
-        sched.step_cost.observe(rows, tokens, 0.010 + rows * 0.002 + tokens * 0.0005)
-    sched.waiting.append(synthetic("a", range(100)))
-    plan = sched.schedule(kv_cache_on=True)
-    assert sched.prefill_cap == plan.prefill_cap == 60          # (40 ms - 10 ms) / 0.5 ms: no decode rows
-    assert [g.n for g in plan.segments] == [60]
-    for seg in plan.segments:
-        sched.blocks.computed(seg)
-    sched.policy = BY_SETTING[Policy.PREFILL_FIRST]
-    plan = sched.schedule(kv_cache_on=True)
-    assert sched.prefill_cap is None and [(g.start, g.n) for g in plan.segments] == [(60, 40)]   # the rest, whole
-
-
-def test_blocked_on_reasons_are_the_wire_strings():
-    """`stats.blocked_on` is the `Blocked` enum in the engine, and the protocol's strings are
-    its values (on the wire it is the plain string: test_stats_report_the_queue_when_due)."""
-    (literal, _none) = typing.get_args(typing.get_type_hints(ev.Stats)["blocked_on"])
-    assert set(typing.get_args(literal)) == {b.value for b in Blocked}
 
 
 def test_prefix_caching_turned_on_while_a_prompt_is_computed(tiny, engine):

@@ -5,7 +5,7 @@ from engine import Engine, EngineConfig
 from engine import events as ev
 from engine.teach.loadgen import TASKS
 from helpers import reference
-from test_engine import Run, assert_clean
+from stepping import Run, assert_clean
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,",
            "Explain in one sentence why a KV cache speeds up decoding."]

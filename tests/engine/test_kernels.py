@@ -167,7 +167,7 @@ def test_without_kernels_the_engine_reads_fp32_and_says_so():
     path a GPU takes too), greedy still equal to `generate`."""
     code = ("import sys; sys.path[:0] = ['tests', 'tests/engine']\n"
             "from engine.model import kernels; from engine.core.engine import Engine; from helpers import tiny_quant_bundle\n"
-            "from test_engine import PROMPTS, Run\n"
+            "from stepping import Run; from test_engine import PROMPTS\n"
             "print(kernels.describe())\n"
             "b = tiny_quant_bundle(); e = Engine(b); run = Run(e)\n"
             "ids = [run.add(p, max_new_tokens=8, temperature=0.0, ignore_eos=True) for p in PROMPTS[:3]]\n"

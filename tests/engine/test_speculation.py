@@ -15,7 +15,8 @@ from engine.core.request import GenerateRequest
 from engine.core.sequence import SamplingParams
 from engine.settings import validate
 from helpers import reference
-from test_engine import LONG, PROMPTS, Run, assert_clean
+from stepping import Run, assert_clean
+from test_engine import LONG, PROMPTS
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from engine import events as ev
 from engine.settings import validate
 from engine.model.weights import Q4_1, Q8_0
 from helpers import reference, tiny_quant_bundle
-from test_engine import PROMPTS, Run
+from stepping import Run
+from test_engine import PROMPTS
 
 
 @pytest.fixture(scope="module", params=[Q4_1, Q8_0], ids=["Q4_1", "Q8_0"])
