@@ -329,10 +329,10 @@ class EngineDriver:
                 continue
             s = self.settings.now
             new = a.max_new_tokens or s.sampling.max_new_tokens
-            if a.prompt is not None:    # a fixed question, with its own sampling (the sampling lesson)
+            question = a.question(new)
+            if question is not None:    # a fixed question, with its own sampling (the sampling lesson)
                 for _ in range(a.burst):
-                    self.submit(GenerateRequest(prompt=a.prompt, chat=True, source="load", max_new_tokens=new,
-                                                temperature=a.temperature, top_p=a.top_p, seed=a.seed, label=a.label))
+                    self.submit(question)
                 continue
             n = max(1, min(a.prompt_tokens or s.load.prompt_tokens, self.max_context - new))
             self.burst(a.burst, n, a.shared_prefix, seed=a.seed, max_new_tokens=new, task=a.task)

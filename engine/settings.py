@@ -19,6 +19,8 @@ from enum import Enum
 import math
 from typing import TypedDict
 
+from .core.queues import QUEUES
+
 
 class Policy(str, Enum):
     """The scheduler's policies (the `schedule` setting; engine/core/policies.py says what each does)."""
@@ -135,6 +137,9 @@ def make_settings(max_slots, cache_tokens_max, block_size, max_context, weight_f
         Setting("schedule", "choice", "mixed", applies="next step", choices=POLICIES,
                 doc="mixed: decodes and prompt chunks share each step (vLLM V1); prefill-first: whole "
                     "prompts first, decodes wait (vLLM v0); static: a batch runs to completion before the next"),
+        Setting("scheduling_policy", "choice", "fcfs", applies="next step", choices=tuple(QUEUES),
+                doc="the waiting queue's order and whom to preempt (vLLM's --scheduling-policy): "
+                    + "; ".join(q.summary for q in QUEUES.values())),
         Setting("max_batched_tokens", "int", 256, 16, 4096, 16,
                 doc="token budget of one step: decode tokens plus prompt chunks (vLLM's max_num_batched_tokens)"),
         Setting("max_step_ms", "int", 0, 0, 5000, 5,
@@ -217,6 +222,7 @@ class SchedulingSettings:
     cache_tokens: int
     kv_cache: bool
     schedule: str
+    scheduling_policy: str
     max_batched_tokens: int
     max_step_ms: int
     prefix_caching: bool

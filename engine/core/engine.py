@@ -92,8 +92,8 @@ class Engine:
         # Whether every token's odds are wanted (a page's SHOWN candidates, engine/model/sampler.py): they
         # cost more than 2 % of a batch-1 decode step on a CPU (bench/candidates.py), so the driver
         # asks its pages (a page that shows candidates says so, `view`); off, only the requests that
-        # ask (the API's logprobs, a student's phone) get them. A bare engine (a disaggregated
-        # instance, a test) computes them always.
+        # ask (the API's logprobs, a student's phone) get them. A bare engine (one of several
+        # processes of one server, a test) computes them always.
         self.candidates = lambda: True
         self.pieces = Pieces(tok)   # the candidates' texts
         if config.release_model_weights:      # after everything above has read the model's shapes

@@ -14,9 +14,9 @@ token), `prefill` (running requests' prompt work, in chunks the policy sets), `a
 budget (`max_batched_tokens`) and returns what is left.
 
 Blocks are taken as tokens are written. When a step needs a block and none is free within the
-budget, the most recently admitted running request is preempted: its blocks are freed, its
-tokens kept, and it goes back to the queue (the front, first come first served) to be
-recomputed (vLLM V1's recompute preemption). Requests with the KV cache on and off never
+budget, a running request is preempted, the one the queue's policy names (first come, first
+served: the most recently admitted): its blocks are freed, its tokens kept, and it goes back to
+the queue (first come, first served: its front) to be recomputed (vLLM V1's recompute preemption). Requests with the KV cache on and off never
 share a step; after the setting flips, new admissions wait for the running ones to drain.
 
 Speculative decoding (the `speculation` setting): a decoding request's segment also carries
@@ -58,8 +58,9 @@ class Scheduler:
         self.max_batched_tokens = 256
         self.policy = BY_SETTING[Policy.MIXED]
         self.max_waiting = max_waiting
-        self.waiting = create_request_queue("fcfs")
-        self.running = []               # admission order: the last is preempted first
+        self.queue_policy = "fcfs"      # live: the `scheduling_policy` setting (engine/core/queues.py)
+        self.waiting = create_request_queue(self.queue_policy)
+        self.running = []               # admission order
         self.slots = [None] * max_slots
         self.preemptions = 0
         self.budget_left = 0            # of the last step's token budget
@@ -80,6 +81,8 @@ class Scheduler:
         s = settings
         self.slot_limit, self.max_batched_tokens = s.slots, s.max_batched_tokens
         self.policy = BY_SETTING[Policy(s.schedule)]
+        if s.scheduling_policy != self.queue_policy:    # who waits keeps waiting, in the new order
+            self.queue_policy, self.waiting = s.scheduling_policy, create_request_queue(s.scheduling_policy, self.waiting)
         self.max_step_s = s.max_step_ms / 1000 or None
         self.blocks.configure(s.prefix_caching, s.cache_tokens)
         self.speculator.configure(s.speculation, s.spec_tokens)
@@ -200,7 +203,7 @@ class Scheduler:
         """Blocks for the request's next `n` tokens, preempting the newest running requests
         while they are not free; False if it was preempted itself."""
         while not self.blocks.can_append(seq, n):
-            victim = self.running[-1]
+            victim = self.waiting.victim(self.running)
             self.preempt(victim)
             out.preempted.append(victim)
             out.segments = [s for s in out.segments if s.seq is not victim]

@@ -15,6 +15,7 @@ relatively, since the page shows the measured ones.
 from dataclasses import dataclass, field, replace
 
 from .. import events
+from ..core.request import GenerateRequest
 from ..settings import SettingError
 
 
@@ -42,9 +43,18 @@ class Action:
     top_p: float | None = None
     label: str | None = None
 
+    ASKED = ("prompt", "temperature", "top_p", "label")   # a fixed question's own fields (`question`)
+
+    def question(self, max_new_tokens):
+        """The request a fixed question's burst sends each time (None: a corpus burst)."""
+        if self.prompt is None:
+            return None
+        return GenerateRequest(chat=True, source="load", max_new_tokens=max_new_tokens, seed=self.seed,
+                               **{name: getattr(self, name) for name in self.ASKED})
+
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
-        for name in ("prompt", "temperature", "top_p", "label"):
+        for name in self.ASKED:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.reload:

@@ -18,7 +18,7 @@ const LABELS = {
   load: ["Load generator", ""], rate: ["Load (arrival rate)", "req/s"],
   prompt_tokens: ["Prompt length", "tokens"], max_new_tokens: ["Max new tokens", "tokens"],
   slots: ["Batch slots", ""], cache_tokens: ["KV-cache budget", ""],
-  kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], max_batched_tokens: ["Step token budget", "tok/step"],
+  kv_cache: ["KV cache", ""], schedule: ["Schedule", ""], scheduling_policy: ["Queue order", ""], max_batched_tokens: ["Step token budget", "tok/step"],
   prefix_caching: ["Prefix caching", ""], temperature: ["Temperature", "0 = greedy"], top_p: ["Top-p", ""],
   max_step_ms: ["Step-time target", "ms"], weights: ["Weights", "read by each decode step"],
   activations: ["Activations", "the 4-bit layers' arithmetic"],
@@ -27,7 +27,7 @@ const LABELS = {
   buffer_ms: ["Proxy buffer: flush every", "ms · 0 = off"], buffer_bytes: ["Proxy buffer: or at", "bytes · 0 = off"],
   net_latency_ms: ["Network delay (injected)", "ms"], net_jitter_ms: ["Network jitter (injected)", "+0…N ms"],
 };
-const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "max_batched_tokens", "max_step_ms", "slots",
+const ORDER = ["rate", "prompt_tokens", "max_new_tokens", "schedule", "scheduling_policy", "max_batched_tokens", "max_step_ms", "slots",
                "cache_tokens", "kv_cache", "prefix_caching", "weights", "activations", "speculation", "spec_tokens", "slo_ttft_ms", "slo_tpot_ms",
                "temperature", "top_p"];
 // The way out (server/delivery.py): after the engine's own settings, under their own heading.

@@ -42,6 +42,7 @@ def test_the_wire_dict_is_the_flat_registry_and_comes_back_as_the_same_value():
     assert s.wire() == {name: spec.default for name, spec in SPECS.items()}
     assert Settings.from_wire(s.wire()) == s
     assert s.scheduling == SchedulingSettings(slots=8, cache_tokens=1024, kv_cache=True, schedule="mixed",
+                                              scheduling_policy="fcfs",
                                               max_batched_tokens=256, max_step_ms=0, prefix_caching=True,
                                               speculation="off", spec_tokens=4, weights="dequantised",
                                               activations="fp32")
