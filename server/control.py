@@ -45,7 +45,7 @@ def _parse(backend, raw):
 def _submit(backend, msg, room):
     backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True),
                                    max_new_tokens=msg.get("max_new_tokens"), temperature=msg.get("temperature"),
-                                   top_p=msg.get("top_p"), seed=msg.get("seed")))
+                                   top_p=msg.get("top_p"), seed=msg.get("seed"), priority=msg.get("priority") or 0))
 
 
 def _sync(backend, msg, room):

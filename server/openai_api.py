@@ -114,7 +114,7 @@ def parse_request(kind, body, model_name):
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
                   min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
-                  logprobs=logprobs)
+                  logprobs=logprobs, priority=_or(body.get("priority"), 0))
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:

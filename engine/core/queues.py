@@ -5,7 +5,9 @@ blocks run out (`victim`); what a step is filled with is the step policy's (engi
 The `scheduling_policy` setting offers every queue registered in QUEUES, each described by its
 `summary` (engine/settings.py reads both).
 """
+import bisect
 from collections import deque
+import itertools
 
 
 class FCFSQueue:
@@ -44,7 +46,48 @@ class FCFSQueue:
         return len(self._q)
 
 
-QUEUES = {"fcfs": FCFSQueue}
+class PriorityQueue:
+    """vLLM's `priority` policy: the lowest `priority` value first (a request's own, default 0),
+    then the earliest arrival; a preempted request goes back to its place in that order, and the
+    request preempted when blocks run out is the running one last in it (the highest value, the
+    latest arrival), so an urgent request is never preempted for a batch job."""
+    summary = "priority: a request's priority first, lowest value first (vLLM's), then arrival; the last in that order preempted"
+
+    def __init__(self, seqs=()):
+        self._order = itertools.count()   # ties of priority and arrival keep the order they came in
+        self._q = []                      # sorted (key, seq)
+        for seq in seqs:
+            self.add(seq)
+
+    @staticmethod
+    def _key(seq):
+        return seq.params.priority, seq.arrival
+
+    def add(self, seq):
+        bisect.insort(self._q, (self._key(seq), next(self._order), seq), key=lambda e: e[:2])
+
+    prepend = add   # a preempted request's place is its priority's and arrival's
+
+    def peek(self):
+        return self._q[0][2]
+
+    def remove(self, seq):
+        self._q = [e for e in self._q if e[2] is not seq]
+
+    def victim(self, running):
+        return max(running, key=self._key)
+
+    def __contains__(self, seq):
+        return any(e[2] is seq for e in self._q)
+
+    def __iter__(self):
+        return iter([e[2] for e in self._q])
+
+    def __len__(self):
+        return len(self._q)
+
+
+QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue}
 
 
 def create_request_queue(policy, seqs=()):

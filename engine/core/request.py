@@ -49,6 +49,9 @@ class GenerateRequest:
     # candidates, 0-20 (0: the chosen token's own only); None: not asked (its events still carry
     # the page's candidates, engine/model/sampler.py)
     logprobs: int | None = None
+    # Its place in the queue under the `priority` scheduling policy (vLLM's field): lower values
+    # first, ties by arrival; ignored (kept, shown) under fcfs
+    priority: int = 0
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -68,6 +71,7 @@ class GenerateRequest:
         for name in ("ignore_eos", "chat", "stream"):
             coerce(name, "bool", getattr(self, name))
         fix("min_tokens", coerce("min_tokens", "int", self.min_tokens, 0))
+        fix("priority", coerce("priority", "int", self.priority, -2**31, 2**31 - 1))
         if self.source not in SOURCES:
             raise SettingError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.speculative_config is not None:
@@ -137,7 +141,8 @@ class GenerateRequest:
             min_tokens=self.min_tokens,
             temperature=settings.temperature if self.temperature is None else self.temperature,
             top_p=settings.top_p if self.top_p is None else self.top_p,
-            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs)
+            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs,
+            priority=self.priority)
 
 
 class RequestHandle:

@@ -21,6 +21,7 @@ class SamplingParams:
     speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
     logprobs: int | None = None      # candidates its client asks for with each token (the API's); None: none
+    priority: int = 0                # its place under the `priority` queue policy: lower first (vLLM's)
 
 
 class Status(Enum):

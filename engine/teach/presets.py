@@ -42,15 +42,16 @@ class Action:
     temperature: float | None = None
     top_p: float | None = None
     label: str | None = None
+    priority: int | None = None   # its place under the `priority` queue policy (None: the default, 0)
 
-    ASKED = ("prompt", "temperature", "top_p", "label")   # a fixed question's own fields (`question`)
+    ASKED = ("prompt", "temperature", "top_p", "label", "priority")   # a fixed question's own fields (`question`)
 
     def question(self, max_new_tokens):
         """The request a fixed question's burst sends each time (None: a corpus burst)."""
         if self.prompt is None:
             return None
         return GenerateRequest(chat=True, source="load", max_new_tokens=max_new_tokens, seed=self.seed,
-                               **{name: getattr(self, name) for name in self.ASKED})
+                               **{name: getattr(self, name) for name in self.ASKED if getattr(self, name) is not None})
 
     def describe(self):
         out = {"at": self.at, "burst": self.burst}
@@ -140,6 +141,12 @@ SPECULATIVE = {"speculation": "ngram", "spec_tokens": 4, "prompt_tokens": 96, "m
 # The sampling lesson: one question, answered at once five ways, side by side (the article's "choose
 # a token from the probabilities (greedily or by sampling)"). Seeded, so it repeats token for token.
 SAMPLING_PROMPT = "Write one sentence about the sea."
+# The priority lesson: six batch jobs (each its own seed, so their texts and blocks differ), then one
+# urgent question
+BATCH_JOB = "Summarise the history of the printing press in a long paragraph."
+URGENT = "Is the exam tomorrow at nine?"
+BATCH_JOBS = tuple(Action(0, 1, prompt=BATCH_JOB, temperature=0.8, seed=i, label="batch job", priority=10)
+                   for i in range(6))
 SAMPLING = tuple(Action(0, 1, prompt=SAMPLING_PROMPT, temperature=t, top_p=p, label=name, seed=7)
                  for name, t, p in (("greedy", 0.0, 1.0), ("T 0.7", 0.7, 1.0), ("T 1", 1.0, 1.0),
                                     ("T 1.5", 1.5, 1.0), ("top-p 0.5", 1.0, 0.5)))
@@ -310,6 +317,19 @@ PRESETS = {p.name: p for p in (
     # measures how far it moves the output (engine/model/agreement.py: teacher-forced top-1 agreement
     # and the largest logit difference), then the steps run on it: the page's figure is each
     # arithmetic's median decode step (step.kernel says which) and that agreement.
+    # vLLM's `--scheduling-policy priority` (engine/core/queues.py PriorityQueue): the queue is
+    # ordered by each request's priority, and the request preempted when the cache runs out is the
+    # lowest-priority one; a batch job preempted comes back later and computes its tokens again.
+    Preset("priority", "An urgent question overtakes batch jobs",
+           "Six batch jobs (priority 10) take the four slots and fill the KV cache; two wait. Then a "
+           "student's urgent question (priority 0) arrives. Under the priority policy it goes to the "
+           "head of the queue, past the waiting jobs, and when the cache runs out the scheduler "
+           "preempts the lowest-priority running job to make room, never the question: that job's "
+           "blocks are freed and, back in the queue, it computes its prompt and tokens again (a "
+           "second prefill on its row). Compare with fcfs: the question waits behind every job.",
+           "the question's time to first token against the jobs'; which request was preempted and its recompute",
+           {"scheduling_policy": "priority", "slots": 4, "cache_tokens": 448, "max_new_tokens": 160},
+           BATCH_JOBS + (Action(2.0, 1, prompt=URGENT, label="urgent question", max_new_tokens=32),)),
     Preset("int8", "Another arithmetic: int8 activations",
            "Eight requests decode together reading the 4-bit blocks, first with fp32 activations, "
            "whose results equal fp32 arithmetic on the dequantised weights. A few seconds in, the "

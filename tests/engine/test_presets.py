@@ -8,6 +8,7 @@ from engine import Engine, EngineConfig, EngineDriver, SettingError
 from engine.timing import measure
 from engine.teach import presets
 from engine.settings import validate
+from engine import events as ev
 from helpers import collect, frames, schema_validator
 
 
@@ -275,3 +276,36 @@ def test_the_engine_computes_the_odds_only_while_a_page_shows_candidates(driver)
     rid = driver.submit(GenerateRequest(prompt="We hold these truths", max_new_tokens=3)).id
     events = collect(sub, lambda ev: any(e["type"] == "finished" and e["id"] == rid for e in ev))
     assert all(len(e["top"]) == 5 for e in of(events, "token") if e["id"] == rid)
+
+
+def test_the_priority_lesson_the_urgent_question_overtakes_and_a_batch_job_is_recomputed(tiny):
+    """The lesson's own requests, stepped by hand (its urgent question added once the jobs run):
+    under the priority policy the question is admitted before the jobs still waiting, it is never
+    preempted, and the jobs preempted for blocks come back and compute their tokens again; under
+    fcfs the same question waits for every job that came before it."""
+    from stepping import Run
+    lesson = presets.PRESETS["priority"]
+    admitted_before = {}
+    for policy in ("priority", "fcfs"):
+        engine = Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512))
+        engine.apply_settings({**lesson.full_settings(engine.specs), "scheduling_policy": policy})
+        run, new = Run(engine), engine.settings.now.sampling.max_new_tokens
+        jobs, (question,) = lesson.actions[:-1], lesson.actions[-1:]
+        for a in jobs:
+            run.events += engine.add(engine.new_sequence(a.question(new)))
+        while len(run.of(ev.Admitted)) < 4:
+            run.step()
+        urgent = engine.new_sequence(question.question(question.max_new_tokens))
+        run.events += engine.add(urgent)
+        run.until_idle()
+        order = [e.id for e in run.of(ev.Admitted) if not e.resumed]
+        waiting_jobs = [rid for rid in order[4:] if rid != urgent.id]
+        admitted_before[policy] = order.index(urgent.id) < min(order.index(j) for j in waiting_jobs)
+        preempted = {e.id for e in run.of(ev.Preempted)}
+        if policy == "priority":
+            assert preempted and urgent.id not in preempted
+            for rid in preempted:   # each came back: admitted again, its tokens computed again
+                assert [e for e in run.of(ev.Admitted, rid) if e.resumed]
+                assert len(run.of(ev.Prefill, rid)) >= 2
+        assert [f.reason for f in run.of(ev.Finished, urgent.id)] in (["stop"], ["length"])
+    assert admitted_before == {"priority": True, "fcfs": False}

@@ -32,6 +32,8 @@ BAD = [  # (fields, the field named)
     (dict(prompt="hi", speculative_config={"method": "eagle"}), "speculative_config"),
     (dict(prompt="hi", speculative_config={"num_speculative_tokens": 9}), "speculative_config"),
     (dict(prompt="hi", speculative_config={"method": "ngram", "draft_model": "x"}), "speculative_config"),
+    (dict(prompt="hi", priority="high"), "priority"), (dict(prompt="hi", priority=1.5), "priority"),
+    (dict(prompt="hi", priority=2**31), "priority"), (dict(prompt="hi", priority=None), "priority"),
 ]
 
 
@@ -48,6 +50,8 @@ def test_values_are_normalised():
     assert type(r.max_new_tokens) is int and type(r.temperature) is float
     r = GenerateRequest(prompt="hi", speculative_config={"num_speculative_tokens": 3.0})
     assert r.speculative_config == {"method": None, "num_speculative_tokens": 3}
+    r = GenerateRequest(prompt="hi", priority=-3.0)
+    assert r.priority == -3 and type(r.priority) is int and GenerateRequest(prompt="hi").priority == 0
 
 
 @pytest.fixture
@@ -69,6 +73,11 @@ def test_what_only_the_engine_judges_is_refused_by_submit_and_nothing_is_queued(
     assert e.value.field == field
     assert driver._inbox.empty() and eng.in_flight == 0 and eng.blocks.used == 0
     assert not eng.scheduler.waiting and not eng.scheduler.running
+
+
+def test_a_requests_priority_is_its_own_on_the_engine(driver):
+    seq = driver.engine.new_sequence(GenerateRequest(prompt="hi", priority=7))
+    assert seq.params.priority == 7
 
 
 def test_defaults_come_from_the_live_settings_when_the_engine_takes_it(driver):

@@ -8,6 +8,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.connector import KVConnector
 from engine.core.kv_cache import BlockPool
 from engine.core.policies import BY_SETTING, Blocked
+from engine.core.queues import PriorityQueue, create_request_queue
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import SamplingParams, Sequence, Status
 from engine.settings import Policy
@@ -160,3 +161,44 @@ def test_the_connector_is_asked_at_admission_and_at_the_end():
     assert conn.kept == [a] and sched.blocks.used == 3 and sched.slots == [None, None]
     sched.blocks.free(a)
     assert sched.blocks.used == 0
+
+
+def test_the_priority_queue_orders_by_priority_then_arrival_and_names_the_last_as_victim():
+    """vLLM's priority policy: lower values first, ties by arrival; a preempted request goes back
+    to its own place; the victim is the running request last in that order; switching the policy
+    keeps who waits, in the new order."""
+    def req(rid, priority, arrival):
+        seq = synthetic(rid, range(4))
+        seq.params.priority, seq.arrival = priority, arrival
+        return seq
+
+    batch1, batch2, urgent, later = req("b1", 10, 1.0), req("b2", 10, 2.0), req("u", 0, 3.0), req("l", 10, 4.0)
+    q = PriorityQueue()
+    for seq in (batch1, batch2, urgent, later):
+        q.add(seq)
+    assert list(q) == [urgent, batch1, batch2, later] and q.peek() is urgent and len(q) == 4
+    q.remove(batch1)
+    q.prepend(batch1)               # preempted: back to its place, not the front
+    assert list(q) == [urgent, batch1, batch2, later] and batch1 in q
+    assert q.victim([urgent, batch1, later, batch2]) is later
+    fcfs = create_request_queue("fcfs", q)
+    assert list(fcfs) == [urgent, batch1, batch2, later] and fcfs.victim([urgent, batch1]) is batch1
+    assert list(create_request_queue("priority", [later, urgent])) == [urgent, later]
+
+
+def test_under_the_priority_policy_blocks_running_out_preempt_the_lowest_priority():
+    """Two running requests fill the blocks; the older has the lower priority: it is the one
+    preempted when the newer needs a block (fcfs would preempt the newer)."""
+    for policy, victim in (("priority", "batch"), ("fcfs", "urgent")):
+        sched = scheduler(num_blocks=4, slots=2)
+        sched.queue_policy, sched.waiting = policy, create_request_queue(policy)
+        batch, urgent = synthetic("batch", range(8)), synthetic("urgent", range(100, 108))
+        batch.params.priority, urgent.params.priority = 10, 0
+        batch.arrival, urgent.arrival = 0.0, 1.0
+        sched.add(batch)
+        sched.add(urgent)
+        computed(sched, sched.schedule(kv_cache_on=True))
+        batch.output_ids.append(1)
+        urgent.output_ids.append(2)
+        plan = sched.schedule(kv_cache_on=True)
+        assert [s.id for s in plan.preempted] == [victim], policy

@@ -90,10 +90,11 @@ def test_websocket_hello_submit_and_errors(live):
         assert first[0]["type"] == "hello" and first[0]["kv_bytes_per_token"] > 0
         conn.send(json.dumps({"type": "set", "settings": {"slots": -3}}))
         conn.send(b"\x01binary")
-        conn.send(json.dumps({"type": "submit", "prompt": "Say hi.", "max_new_tokens": 4}))
+        conn.send(json.dumps({"type": "submit", "prompt": "Say hi.", "max_new_tokens": 4, "priority": "top"}))
+        conn.send(json.dumps({"type": "submit", "prompt": "Say hi.", "max_new_tokens": 4, "priority": 3}))
         evs = frames(conn, 30, until=lambda ev: any(e["type"] == "finished" and e["source"] == "page" for e in ev))
         errors = [e for e in evs if e["type"] == "error"]
-        assert [e["field"] for e in errors] == ["slots", "message"]
+        assert [e["field"] for e in errors] == ["slots", "message", "priority"]
         mine = next(e["id"] for e in evs if e["type"] == "request" and e["source"] == "page")
         tokens = [e for e in evs if e["type"] == "token" and e["id"] == mine]
         fin = next(e for e in evs if e["type"] == "finished" and e["id"] == mine)

@@ -155,6 +155,8 @@ def test_bad_requests_get_openai_shaped_errors(live, model):
         (chat, {"model": model, "messages": user, "n": 2}, 400, "n", None),
         (chat, {"model": model, "messages": user, "speculative_config": {"method": "eagle"}}, 400,
          "speculative_config", None),
+        (chat, {"model": model, "messages": user, "priority": "urgent"}, 400, "priority", None),
+        (comp, {"model": model, "prompt": "hi", "priority": 2**40}, 400, "priority", None),
         (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs", None),
         (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs", None),
         (chat, {"model": model, "messages": user, "logprobs": True, "top_logprobs": "5"}, 400, "top_logprobs", None),
