@@ -99,8 +99,11 @@ def test_stage_accounting_sums_to_ttft(engine):
         stages = fin.stages
         assert sum(stages.values()) == pytest.approx(fin.ttft, abs=1e-9)
         assert all(v >= 0 for k, v in stages.items() if k != "other")
-        assert abs(stages["other"]) < 0.05 * fin.ttft + 0.005
-        assert stages["prefill"] > 0
+        # what no stage covers is, for a prompt of one chunk, exactly the engine's own gap from its
+        # forward's end to the sampling's start (its events' clock reads), however slow the machine
+        (prefill,), first = run.of(ev.Prefill, fin.id), run.of(ev.Token, fin.id)[0]
+        assert stages["other"] == pytest.approx(first.sampled - first.sample_s - prefill.end, abs=1e-9)
+        assert stages["other"] >= 0 and stages["prefill"] > 0
         assert fin.tpot > 0 and fin.later["decode"] > 0
     # 6 requests through 4 slots: somebody queued
     assert max(f.stages["queue"] for f in fins) > 0
