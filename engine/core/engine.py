@@ -208,10 +208,7 @@ class Engine:
     def reset(self):
         self._end_all(self._by_id.values(), "cancelled")
         self.timing.reset()
-        self.blocks.reset_counters()
         self.scheduler.reset_counters()
-        # every block is free: forget their prefixes too (vLLM's reset_prefix_cache); a lesson run again starts empty
-        self.blocks.forget_hashes()
         self._out.append(Reset(t=self.clock.now(), cached_blocks=self.blocks.cached_free))
         return self._take()
 
@@ -274,8 +271,7 @@ class Engine:
         start = self.clock.now()
         logits = self.runner.forward(out.segments)
         out.forward = (start, self.clock.now())
-        for seg in out.segments:
-            self.blocks.computed(seg)
+        self.scheduler.computed(out.segments)
         out.first_shape, out.path = self.runner.first_shape, self.runner.path
         out.cache = (self.scheduler.kv_tokens_in_use, self.blocks.used)
         self.step_cost.observe(*out.work(), out.forward[1] - out.forward[0])
@@ -313,7 +309,7 @@ class Engine:
         `Sequence.append`); why the request ends, if one of them ends it (none after that)."""
         seq = seg.seq
         if seg.draft:       # the rejected guesses' positions are given back first
-            self.blocks.accepted(seg, len(run) - 1)
+            self.scheduler.accepted(seg, len(run) - 1)
             out.accepted[seq.id] = len(run) - 1
         for tid, spec, chance in zip(run, speculate.kinds(len(run), len(seg.draft)), chances or [None] * len(run)):
             text, client_text, stop = seq.append(tid, tid in self.eos)

@@ -70,10 +70,13 @@ class Scheduler:
         self.speculator = Speculator()
 
     def reset_counters(self):
-        """Zero the preemption count and forget the earlier outputs the suffix proposer learnt
-        from (the engine's reset: a lesson run again starts from the same state)."""
+        """Zero the preemption and prefix-cache counts, forget the earlier outputs the suffix
+        proposer learnt from, and, every block being free, their prefixes too (vLLM's
+        reset_prefix_cache): the engine's reset, so a lesson run again starts from the same state."""
         self.preemptions = 0
         self.speculator.forget()
+        self.blocks.reset_counters()
+        self.blocks.forget_hashes()
 
     def apply(self, settings):
         """Take the settings that shape its steps (`SchedulingSettings`, from the engine's
@@ -211,6 +214,17 @@ class Scheduler:
                 return False
         self.blocks.may_append(seq, n)
         return True
+
+    # ------------------------------------------------------------------ after the forward
+    def computed(self, segments):
+        """The forward ran: each segment's positions hold keys and values now (their full prompt
+        blocks become findable; a speculating one's guesses wait for `accepted`)."""
+        for seg in segments:
+            self.blocks.computed(seg)
+
+    def accepted(self, seg, n):
+        """`n` of the segment's guesses were accepted; the rest's positions are given back."""
+        self.blocks.accepted(seg, n)
 
     # ------------------------------------------------------------------ leaving
     def add(self, seq):
