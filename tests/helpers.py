@@ -1,6 +1,8 @@
-"""Helpers the tests share: the tiny random model, greedy references, websocket frames."""
+"""Helpers the tests share: the tiny random model, greedy references, engine drivers, apps served
+in this process, websocket frames."""
 import json
 from pathlib import Path
+import threading
 import time
 
 import torch
@@ -191,3 +193,49 @@ def tiny_factory(seed=0, layers=2):
     """`tiny_bundle`, as a disaggregated server's instances build it in their own processes
     (engine/disagg/: a module-level function pickles by name; spawn gives them this sys.path)."""
     return tiny_bundle(seed, layers)
+
+
+def engine_driver(bundle, slots=4, kv_tokens=4096, max_context=512, start=True, **driver):
+    """An engine driver on `bundle` (the engine's dimensions as given), started unless `start` is
+    false (never started: whatever a message queues stays in its inbox); `driver`: EngineDriver's
+    own keywords (`loader`, `inbox`). The one way the tests build a driver (conftest's `driver`
+    fixture is this on the tiny model); the caller shuts it down."""
+    from engine import Engine, EngineConfig, EngineDriver
+    d = EngineDriver(Engine(bundle, EngineConfig(slots=slots, kv_tokens=kv_tokens, max_context=max_context)),
+                     **driver)
+    return d.start() if start else d
+
+
+class Served:
+    """A WSGI app (`create_app`'s) served in this process on a free loopback port by Werkzeug's
+    threaded server, for HTTP and websocket clients: `.url`, `.ws_url`, `.stop()`. The one
+    in-process server of the suite."""
+
+    def __init__(self, app):
+        from werkzeug.serving import make_server
+        self.app = app
+        self.http = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.http.server_port}"
+        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, name="served",
+                         daemon=True).start()   # a short poll: shutdown() waits for it
+
+    def stop(self):
+        self.http.shutdown()
+
+
+class LiveApp(Served):
+    """The app from `create_app` served in this process (`Served`) over an engine driver on
+    `bundle` (no subprocess, no real model). `loader`, when given, is what a reload (a cold
+    start) calls for the model again."""
+
+    def __init__(self, bundle, config, app_config=None, classroom=None, loader=None):
+        from engine import Engine, EngineDriver
+        from server import create_app
+        self.driver = EngineDriver(Engine(bundle, config), loader=loader).start()
+        super().__init__(create_app({"TESTING": True, **(app_config or {})}, backend=self.driver,
+                                    classroom=classroom))
+
+    def stop(self):
+        super().stop()
+        self.driver.shutdown()

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from conftest import LiveApp
 from engine.model import runner
-from helpers import ARTIFACTS, collect
+from helpers import ARTIFACTS, LiveApp, collect
 from test_browser import Page
 from test_teaching import midsize_bundle
 

@@ -6,16 +6,14 @@ that is not a trace changes nothing. An article opened from disk frames /embed; 
 and an export's axis start at the trace's first event, and an export in a 640x400 window takes
 the compact layout; /embed?preset= replays a shipped recording, or asks before resetting an
 engine other pages watch."""
-import http.server
 import json
-import threading
 from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
 
 from engine.teach import record
-from helpers import ARTIFACTS, SCHEMA, wait_until
+from helpers import ARTIFACTS, SCHEMA, Served, wait_until
 from server import export, pages
 
 QUICK = {"load": True, "rate": 6.0, "prompt_tokens": 32, "max_new_tokens": 8}
@@ -208,35 +206,24 @@ def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_pa
     context.close()
 
 
-class OtherOrigin:
+def other_origin(src):
     """A page on another origin (another loopback port) that frames /embed."""
+    body = (f'<!doctype html><title>article</title><p>An article.</p>'
+            f'<iframe id="ft" src="{src}" width="640" height="400" style="border:0"></iframe>').encode()
 
-    def __init__(self, src):
-        body = (f'<!doctype html><title>article</title><p>An article.</p>'
-                f'<iframe id="ft" src="{src}" width="640" height="400" style="border:0"></iframe>').encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_port}/"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.http.shutdown()
+    def article(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/html")])
+        return [body]
+    served = Served(article)
+    served.url += "/"
+    return served
 
 
 def test_embed_replays_a_shipped_trace_in_a_frame_on_another_origin(live, browser, tmp_path, monkeypatch):
     trace = record.record(live.driver, 1.0, settings=QUICK, drain=True)
     monkeypatch.setattr(pages, "EXAMPLES", tmp_path)   # the shipped examples: this one
     (tmp_path / "tiny-run.json").write_text(json.dumps(trace))
-    article = OtherOrigin(f"{live.url}/embed?trace=examples/tiny-run.json&panels=kv,queue")
+    article = other_origin(f"{live.url}/embed?trace=examples/tiny-run.json&panels=kv,queue")
     try:
         page = Watch(browser, article.url, width=800, height=500)
         frame = page.page.frame_locator("#ft")

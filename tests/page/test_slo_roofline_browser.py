@@ -338,7 +338,7 @@ def test_the_sweep_after_the_queueing_lesson_reaches_max_slots_and_draws_the_flo
 def test_the_sweep_names_the_points_it_skipped_and_why(tiny, browser):
     """64 KV blocks of 16: two or four 513-position requests need 66 or 132, more than the store:
     skipped, named in the sheet with the blocks needed, and in their context's legend entry."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     from engine import EngineConfig
     app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=1024))
     try:

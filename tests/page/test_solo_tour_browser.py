@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LiveApp
-from helpers import ARTIFACTS, page_module
+from helpers import ARTIFACTS, LiveApp, page_module
 from test_layout_browser import open_page
 from test_presenter_tour_browser import SETTLE_MS, walk_tour
 

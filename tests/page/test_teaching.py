@@ -6,8 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import LiveApp
-from helpers import tiny_tokenizer
+from helpers import LiveApp, tiny_tokenizer
 from test_browser import Page, restore_engine
 
 

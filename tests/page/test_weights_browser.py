@@ -231,7 +231,7 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
 def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser):
     """A viewer's page names the format as the presenter switches it; its own control is disabled
     (and the server refuses its `set` anyway: tests/engine/test_weights.py); no Measure-both button."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     from server.classroom import Classroom
     classroom = Classroom(join_code="owl")
     app = LiveApp(quant, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)

@@ -13,7 +13,7 @@ import requests
 from simple_websocket import Client, ConnectionClosed
 
 from app import parse_args
-from helpers import ROOT, frames, wait_until
+from helpers import ROOT, Served, frames, wait_until
 from server import create_app, loader, pages
 
 
@@ -162,19 +162,6 @@ def test_an_engine_fault_reaches_every_client(live, monkeypatch):
         assert len(refused) == 3 and all(e["code"] == "engine_error" for e in refused)   # two API, one page
     finally:
         conn.close()
-
-
-class Served:
-    """An app served on a free loopback port in this process (for its websocket)."""
-
-    def __init__(self, app):
-        from werkzeug.serving import make_server
-        self.http = make_server("127.0.0.1", 0, app, threaded=True)
-        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.http.shutdown()
 
 
 def test_a_model_that_fails_to_load_is_reported(tmp_path):

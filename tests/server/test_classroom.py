@@ -30,7 +30,7 @@ def room(tiny):
     """The app in classroom mode with join code "owl"; students get 2 prompts in a row, then
     one a minute. `room.gate` paused (cleared) holds every request in the queue: the engine
     thread keeps draining its inbox (cancels, clearing) but runs no step."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     classroom = Classroom(join_code="owl", rate_burst=2, rate_every_s=60)
     live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     live.classroom = classroom
@@ -399,7 +399,7 @@ def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
     """--view-code: without the code the pages answer a form (403) and /ws is refused before its
     upgrade; ?view=CODE becomes a cookie that opens both; the presenter needs none; wrong codes
     count against the address's join rate; students still join and ask at /join."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     classroom = Classroom(join_code="owl", view_code="heron", join_burst=5, join_every_s=60)
     live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     classroom.base = live.url

@@ -14,10 +14,10 @@ import requests
 from simple_websocket import Client, ConnectionError as WsRefused
 
 from bench.launch import App, free_port
-from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, ROOT, collect, frames, idle, wait_until
+from helpers import ARTIFACTS, ROOT, Served, collect, engine_driver, frames, idle, wait_until
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
 
@@ -105,12 +105,9 @@ def test_cross_origin_post_is_refused_with_an_openai_error(live):
 def test_allow_list_and_framing(live):
     """An allowed origin may use the websocket and the API; the page itself is framed only by
     its own origin, /embed by any (tests/test_replay_embed.py: --frame-ancestors narrows it)."""
-    from werkzeug.serving import make_server
     from server import create_app
-    app = create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver)
-    http = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{http.server_port}"
+    served = Served(create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver))
+    url = served.url
     try:
         ok = {"Origin": "https://course.example.org"}
         assert requests.post(url + "/v1/completions", json={"model": live.driver.api_model, "prompt": "Hi",
@@ -126,12 +123,12 @@ def test_allow_list_and_framing(live):
         assert embed.headers["Content-Security-Policy"] == "frame-ancestors * file:"
         assert "X-Frame-Options" not in embed.headers
     finally:
-        http.shutdown()
+        served.stop()
 
 
 # ------------------------------------------------------------------ overload
 def test_a_full_inbox_refuses_at_once_and_never_blocks(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)), inbox=3)  # not started
+    d = engine_driver(tiny, slots=2, kv_tokens=1024, max_context=256, start=False, inbox=3)
     sub = d.events.subscribe(replay=False)
     handles = [d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True)) for _ in range(3)]
     t0 = time.monotonic()

@@ -7,10 +7,9 @@ import time
 import pytest
 from simple_websocket import Client
 
-from engine import Engine, EngineConfig, EngineDriver
 from engine.events import Error, Sync
 from engine.core.request import GenerateRequest
-from helpers import collect, frames, schema_validator, wait_until
+from helpers import collect, engine_driver, frames, schema_validator, wait_until
 from server import control
 
 BAD = [
@@ -30,7 +29,7 @@ BAD = [
 @pytest.fixture(scope="module")
 def idle_driver(tiny):
     """A driver that was never started: whatever a message queues stays in its inbox."""
-    return EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)))
+    return engine_driver(tiny, slots=2, kv_tokens=1024, max_context=256, start=False)
 
 
 @pytest.mark.parametrize("raw,field", BAD)
