@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -89,6 +90,19 @@ def wait_until(predicate, timeout, what, every=0.02):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(every)
+
+
+def ticking_clock(monkeypatch, module, tick):
+    """`module`'s `time.perf_counter` (the module's alone) made a synthetic clock that reads
+    `tick` seconds more at each reading, from 0: a measurement's budget judged on it, not on this
+    machine's speed. The list of readings, one entry each, to count them."""
+    readings = []
+
+    def perf_counter():
+        readings.append(len(readings) * tick)
+        return readings[-1]
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=perf_counter))
+    return readings
 
 
 def idle(driver):
