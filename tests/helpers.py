@@ -253,3 +253,45 @@ class LiveApp(Served):
     def stop(self):
         super().stop()
         self.driver.shutdown()
+
+
+# ------------------------------------------------------------------ pages: waits on what the page shows
+def frames_drawn(page, n=2):
+    """Wait until the page (or frame) has run `n` more animation frames: what was due to be drawn
+    on its next frame, and any task its handlers queued (a timeout of 0) before, is done."""
+    page.evaluate("n => new Promise(done => setTimeout(() => { const f = (k) => k ? requestAnimationFrame("
+                  "() => f(k - 1)) : done(); f(n); }))", n)
+
+
+STILL = """ms => {
+  const at = [scrollX, scrollY, document.body.scrollHeight];
+  for (const e of document.querySelectorAll('.spot, #lesson')) {
+    const r = e.getBoundingClientRect(); at.push(r.left, r.top, r.right, r.bottom); }
+  const now = performance.now(), w = window.__still || (window.__still = {at: [], since: now});
+  // moved: more than 2 px anywhere (a panel the tour scrolls again each tick may swing by one)
+  if (at.length !== w.at.length || at.some((x, i) => Math.abs(x - w.at[i]) > 2)) { w.at = at; w.since = now; }
+  return now - w.since >= ms && (delete window.__still, true);
+}"""
+
+
+def settled(page, ticks=2, timeout=60_000):
+    """Wait until the page stands still: its scroll, its height and the boxes of the lesson and
+    of the parts a step outlines (`.spot`) unchanged, read every animation frame, over `ticks`
+    of the page's 4 Hz DOM ticks (ft-app.js: the panels written, then the tour's scroll to its
+    parts on the next frame), so what a preset's events filled in has been scrolled for. A page
+    or a frame."""
+    page.evaluate("() => { delete window.__still; }")
+    page.wait_for_function(STILL, arg=250 * ticks + 50, polling="raf", timeout=timeout)
+
+
+def preset_arrives(page, start, preset, timeout=60_000):
+    """Run `start()` (what sends a preset: a click, a tour step) and wait until the server's
+    `preset` event for it has reached the page (ft-teach.js's `active`, a new one), then until
+    the page stands still (`settled`). `preset` None: a step without one, only settled."""
+    teach = page_module(page, "teach")
+    page.evaluate("teach => { window.__presetBefore = teach.active; }", teach)
+    start()
+    if preset is not None:
+        page.wait_for_function("([teach, name]) => teach.active !== window.__presetBefore && teach.active && "
+                               "teach.active.name === name", arg=[teach, preset], timeout=timeout)
+    settled(page)
