@@ -295,3 +295,27 @@ def preset_arrives(page, start, preset, timeout=60_000):
         page.wait_for_function("([teach, name]) => teach.active !== window.__presetBefore && teach.active && "
                                "teach.active.name === name", arg=[teach, preset], timeout=timeout)
     settled(page)
+
+
+RECORD_SENT = """() => {
+  if (!window.__sent) {
+    window.__sent = [];
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) { window.__sent.push(JSON.parse(data)); return send.call(this, data); };
+  }
+  return window.__sent.length;
+}"""
+
+
+def record_sent(page):
+    """Record, in the page, every message it sends on a websocket from now on (the socket's own
+    `send`, so a message is recorded as it is sent, not when the browser reports the frame);
+    how many it has recorded so far, for `sent_since`."""
+    return page.evaluate(RECORD_SENT)
+
+
+def sent_since(page, n):
+    """The messages (dicts) the page sent after the first `n` recorded, once what its handlers
+    queued has run (`frames_drawn`)."""
+    frames_drawn(page)
+    return page.evaluate("n => window.__sent.slice(n)", n)

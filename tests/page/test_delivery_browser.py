@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine.model import runner
-from helpers import ARTIFACTS, LiveApp, collect
+from helpers import ARTIFACTS, LiveApp, collect, record_sent, sent_since, settled
 from test_browser import Page
 from test_teaching import midsize_bundle
 
@@ -167,9 +167,10 @@ def test_reload_asks_first_while_requests_run(page):
     page.page.click("#btn-burst")   # one request of 400 tokens (the context holds 512): running for seconds
     page.wait("() => [...firstToken.state.reqs.values()].some(r => r.end === null)", timeout=10_000)
     before = page.js("() => firstToken.state.loads.length")
+    sent = record_sent(page.page)
     page.page.click("#btn-reload")            # the page's dialog handler dismisses the confirm
     assert len(page.dialogs) == 1 and "running or waiting" in page.dialogs[0]
-    time.sleep(0.5)   # nothing to wait on: a reload that got through would show within this grace period
+    assert sent_since(page.page, sent) == []   # no reload sent: none can happen
     assert page.js("() => firstToken.state.loads.length") == before
     assert not any('"reload"' in m for m in page.sent)
     page.js("() => { const lim = firstToken.state.limits; firstToken.send({type: 'reset'}); firstToken.send({type: 'set', "
@@ -242,7 +243,7 @@ def tour_step_run(page, sub, step, n):
               [i for i, r in reqs.items() if "finished" in r], timeout=30_000)
     arrivals = page.js("ids => Object.fromEntries(ids.map(id => [id, firstToken.state.reqs.get(id).arrivals]))",
                        list(reqs))
-    page.page.wait_for_timeout(600)    # the banner is written on the page's 4 Hz tick
+    page.js("() => firstToken.refresh()")    # the banner, written now rather than on the page's 4 Hz tick
     return reqs, arrivals, [e for e in got if e["type"] == "model_load"], page.page.text_content("#lesson-live")
 
 
@@ -270,7 +271,7 @@ def test_the_tour_ends_with_the_other_suspects_and_quotes_what_the_events_give(b
             for w, h in ((1366, 768), (390, 844)):
                 page.page.set_viewport_size({"width": w, "height": h})
                 page.js("() => firstToken.refresh()")
-                page.page.wait_for_timeout(300)   # the step scrolls its parts into view again (a screenshot's settle)
+                settled(page.page)   # the step scrolls its parts into view again (a screenshot's settle)
                 page.page.screenshot(path=str(ARTIFACTS / f"tour-{step['key']}-{w}x{h}.png"))
             page.page.set_viewport_size({"width": 1366, "height": 768})
         page.js("() => import('ft/tour').then(t => t.stop())")
