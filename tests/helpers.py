@@ -316,6 +316,6 @@ def record_sent(page):
 
 def sent_since(page, n):
     """The messages (dicts) the page sent after the first `n` recorded, once what its handlers
-    queued has run (`frames_drawn`)."""
+    queued has run (`frames_drawn`), less its clock syncs (sent on timers of their own)."""
     frames_drawn(page)
-    return page.evaluate("n => window.__sent.slice(n)", n)
+    return page.evaluate("n => window.__sent.slice(n).filter(m => m.type !== 'sync')", n)
