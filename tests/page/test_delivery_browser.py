@@ -74,11 +74,12 @@ def why(page, rid):
 
 
 def moments(arrivals, within=0.02):
-    """Distinct arrival moments: frames within 20 ms of the previous moment count as one."""
-    out = [arrivals[0]]
-    for a in arrivals[1:]:
-        if a - out[-1] > within:
-            out.append(a)
+    """The indices where a distinct arrival moment starts: frames within 20 ms of the previous
+    moment count as one."""
+    out = [0]
+    for i in range(1, len(arrivals)):
+        if arrivals[i] - arrivals[out[-1]] > within:
+            out.append(i)
     return out
 
 
@@ -91,11 +92,17 @@ def test_buffered_proxy_clumps_the_arrivals_here_while_the_engine_stays_steady(p
         median = gaps[len(gaps) // 2]
         assert gaps[int(len(gaps) * 0.9)] < 4 * median + 0.01, gaps   # the engine's tokens: steady steps
         m = moments(a)
-        assert len(m) <= len(t) / 4, (len(m), m)                      # here: a few clumps of many tokens
         assert all(x >= y - 1e-6 for x, y in zip(a, t))              # never before the engine made them
-        if len(m) > 2:   # the proxy lets go every 500 ms (or at the end): clumps about half a second apart
-            apart = sorted(y - x for x, y in zip(m, m[1:]))
-            assert apart[len(apart) // 2] >= 0.4 > 4 * median, (apart, median)
+        # Here: clumps, judged on the engine's clock (the page's arrivals are on it, synced), not
+        # on how fast this machine makes tokens. The proxy lets go every 500 ms of what it took
+        # since it last did: at most one clump per 500 ms of the engine's time (and one for the
+        # tokens held at the end) ...
+        span = t[-1] - t[0]
+        assert len(m) <= (span + 0.55) / 0.5 + 1, (len(m), span)
+        # ... and each clump after the first arrived 500 ms or more after the engine made the last
+        # token of the one before (the proxy took nothing sooner; 50 ms: the clock sync's error)
+        for prev, k in zip(m, m[1:]):
+            assert a[k] - t[k - 1] >= 0.45, (k, a[k] - t[k - 1], prev)
     # drawn: the arrival marks apart from the ticks, and the legend names the proxy (real, not injected)
     page.js("() => firstToken.refresh()")
     drawn = page.js("() => firstToken.ui.layouts.timeline.delivery")
