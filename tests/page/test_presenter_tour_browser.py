@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, page_module, preset_arrives
+from helpers import ARTIFACTS, page_module, preset_arrives, settled
 from test_classroom import room, student  # noqa: F401  (room: a fixture)
 
 SCREENS = [(1024, 768), (1280, 800), (1366, 768)]
@@ -122,8 +122,11 @@ def walk_tour(page, button, label, judge):
                        page.evaluate("([t, i]) => t.STEPS[i].preset", [tour, i]))
         if not i:
             assert page.evaluate("document.body.classList.contains('touring')")
-        page.evaluate("firstToken.refresh()")
         key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])
+        if key == "slow":   # no preset: what it outlines is the selected request's diagnosis, once written
+            page.wait_for_function("() => document.getElementById('d-why').dataset.cause", timeout=60_000)
+            settled(page)
+        page.evaluate("firstToken.refresh()")
         where = f"{label} step {i + 1} ({key})"
         try:
             judge(i, key, where)
