@@ -264,12 +264,13 @@ def frames_drawn(page, n=2):
 
 
 STILL = """ms => {
-  const at = [scrollX, scrollY, document.body.scrollHeight];
+  const at = [scrollX, scrollY], what = ['scroll', 'scroll'];
   for (const e of document.querySelectorAll('.spot, #lesson')) {
-    const r = e.getBoundingClientRect(); at.push(r.left, r.top, r.right, r.bottom); }
-  const now = performance.now(), w = window.__still || (window.__still = {at: [], since: now});
+    const r = e.getBoundingClientRect(); at.push(r.left, r.top, r.right, r.bottom); what.push(...Array(4).fill(e.id || e.className)); }
+  const now = performance.now(), w = window.__still || (window.__still = {at: [], since: now, moved: 0, last: null});
   // moved: more than 2 px anywhere (a panel the tour scrolls again each tick may swing by one)
-  if (at.length !== w.at.length || at.some((x, i) => Math.abs(x - w.at[i]) > 2)) { w.at = at; w.since = now; }
+  const i = at.length !== w.at.length ? 0 : at.findIndex((x, i) => Math.abs(x - w.at[i]) > 2);
+  if (i >= 0) { w.at = at; w.since = now; w.moved++; w.last = what[i] || 'the parts outlined'; }
   return now - w.since >= ms && (delete window.__still, true);
 }"""
 
@@ -280,8 +281,14 @@ def settled(page, ticks=2, timeout=60_000):
     of the page's 4 Hz DOM ticks (ft-app.js: the panels written, then the tour's scroll to its
     parts on the next frame), so what a preset's events filled in has been scrolled for. A page
     or a frame."""
+    from playwright.sync_api import TimeoutError as Timeout
     page.evaluate("() => { delete window.__still; }")
-    page.wait_for_function(STILL, arg=250 * ticks + 50, polling="raf", timeout=timeout)
+    try:
+        page.wait_for_function(STILL, arg=250 * ticks + 50, polling="raf", timeout=timeout)
+    except Timeout:
+        moved = page.evaluate("() => window.__still && [window.__still.moved, window.__still.last]")
+        raise AssertionError(f"the page never stood still for {ticks} ticks in {timeout} ms "
+                             f"(moves, the last one's: {moved})") from None
 
 
 def preset_arrives(page, start, preset, timeout=60_000):
