@@ -1,12 +1,11 @@
 """Fixtures: the tiny random model (fast unit tests), the real bundled model, the real app."""
 from collections import Counter
 import os
-import threading
 
 import pytest
 
 from engine.model import loading as model_mod
-from helpers import start_app, tiny_bundle, tiny_quant_bundle
+from helpers import LiveApp, engine_driver, start_app, tiny_bundle, tiny_quant_bundle
 
 
 # The fixtures that bring Chromium or the real model mark every test using them (directly or through
@@ -30,6 +29,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "driver(**keywords): the `driver` fixture's engine_driver keywords "
+                                       "(tests/helpers.py) for a test or a module")
     # Under `make test` two test processes share two cores: torch's default of a thread per core in
     # each oversubscribes them, and OpenMP threads spinning on a taken core made real-model tests
     # ~10x slower than alone (a 2,048-position agreement check: 10 s alone, 102 s in the suite).
@@ -54,6 +55,17 @@ def real():
                           dtype=os.environ.get("FIRST_TOKEN_TEST_DTYPE", "float32"))
 
 
+@pytest.fixture
+def driver(tiny, request):
+    """An engine driver on the tiny model, shut down after the test: tests/helpers.py's
+    `engine_driver` (4 slots, 4,096 KV tokens, a 512-token context, started), with the keywords
+    of a `pytest.mark.driver(...)` on the test or its module."""
+    marker = request.node.get_closest_marker("driver")
+    d = engine_driver(tiny, **(marker.kwargs if marker else {}))
+    yield d
+    d.shutdown()
+
+
 @pytest.fixture(scope="session")
 def browser():
     """One headless Chromium for every browser test."""
@@ -74,29 +86,6 @@ def server():
     app = start_app("--threads", "1")
     yield app
     app.stop()
-
-
-class LiveApp:
-    """The app from `create_app`, served in this process on a free loopback port by Werkzeug's
-    threaded server, with an engine driver on the tiny random model (websocket and HTTP clients
-    can connect; no subprocess, no real model). `loader`, when given, is what a reload (a cold
-    start) calls for the model again."""
-
-    def __init__(self, bundle, config, app_config=None, classroom=None, loader=None):
-        from werkzeug.serving import make_server
-        from engine import Engine, EngineDriver
-        from server import create_app
-        self.driver = EngineDriver(Engine(bundle, config), loader=loader).start()   # loader: what a reload loads
-        self.app = create_app({"TESTING": True, **(app_config or {})}, backend=self.driver, classroom=classroom)
-        self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.http.server_port}"
-        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, name="live-app",
-                         daemon=True).start()   # a short poll: shutdown() waits for it
-
-    def stop(self):
-        self.http.shutdown()
-        self.driver.shutdown()
 
 
 def _live_app(bundle):

@@ -1,7 +1,10 @@
-"""Helpers the tests share: the tiny random model, greedy references, websocket frames."""
+"""Helpers the tests share: the tiny random model, greedy references, engine drivers, apps served
+in this process, websocket frames."""
 import json
 from pathlib import Path
+import threading
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -87,6 +90,19 @@ def wait_until(predicate, timeout, what, every=0.02):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(every)
+
+
+def ticking_clock(monkeypatch, module, tick):
+    """`module`'s `time.perf_counter` (the module's alone) made a synthetic clock that reads
+    `tick` seconds more at each reading, from 0: a measurement's budget judged on it, not on this
+    machine's speed. The list of readings, one entry each, to count them."""
+    readings = []
+
+    def perf_counter():
+        readings.append(len(readings) * tick)
+        return readings[-1]
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=perf_counter))
+    return readings
 
 
 def idle(driver):
@@ -191,3 +207,122 @@ def tiny_factory(seed=0, layers=2):
     """`tiny_bundle`, as a disaggregated server's instances build it in their own processes
     (engine/disagg/: a module-level function pickles by name; spawn gives them this sys.path)."""
     return tiny_bundle(seed, layers)
+
+
+def engine_driver(bundle, slots=4, kv_tokens=4096, max_context=512, start=True, **driver):
+    """An engine driver on `bundle` (the engine's dimensions as given), started unless `start` is
+    false (never started: whatever a message queues stays in its inbox); `driver`: EngineDriver's
+    own keywords (`loader`, `inbox`). The one way the tests build a driver (conftest's `driver`
+    fixture is this on the tiny model); the caller shuts it down."""
+    from engine import Engine, EngineConfig, EngineDriver
+    d = EngineDriver(Engine(bundle, EngineConfig(slots=slots, kv_tokens=kv_tokens, max_context=max_context)),
+                     **driver)
+    return d.start() if start else d
+
+
+class Served:
+    """A WSGI app (`create_app`'s) served in this process on a free loopback port by Werkzeug's
+    threaded server, for HTTP and websocket clients: `.url`, `.ws_url`, `.stop()`. The one
+    in-process server of the suite."""
+
+    def __init__(self, app):
+        from werkzeug.serving import make_server
+        self.app = app
+        self.http = make_server("127.0.0.1", 0, app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.http.server_port}"
+        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, name="served",
+                         daemon=True).start()   # a short poll: shutdown() waits for it
+
+    def stop(self):
+        self.http.shutdown()
+
+
+class LiveApp(Served):
+    """The app from `create_app` served in this process (`Served`) over an engine driver on
+    `bundle` (no subprocess, no real model). `loader`, when given, is what a reload (a cold
+    start) calls for the model again."""
+
+    def __init__(self, bundle, config, app_config=None, classroom=None, loader=None):
+        from engine import Engine, EngineDriver
+        from server import create_app
+        self.driver = EngineDriver(Engine(bundle, config), loader=loader).start()
+        super().__init__(create_app({"TESTING": True, **(app_config or {})}, backend=self.driver,
+                                    classroom=classroom))
+
+    def stop(self):
+        super().stop()
+        self.driver.shutdown()
+
+
+# ------------------------------------------------------------------ pages: waits on what the page shows
+def frames_drawn(page, n=2):
+    """Wait until the page (or frame) has run `n` more animation frames: what was due to be drawn
+    on its next frame, and any task its handlers queued (a timeout of 0) before, is done."""
+    page.evaluate("n => new Promise(done => setTimeout(() => { const f = (k) => k ? requestAnimationFrame("
+                  "() => f(k - 1)) : done(); f(n); }))", n)
+
+
+STILL = """ms => {
+  const at = [scrollX, scrollY], what = ['scroll', 'scroll'];
+  for (const e of document.querySelectorAll('.spot, #lesson')) {
+    const r = e.getBoundingClientRect(); at.push(r.left, r.top, r.right, r.bottom); what.push(...Array(4).fill(e.id || e.className)); }
+  const now = performance.now(), w = window.__still || (window.__still = {at: [], since: now, moved: 0, last: null});
+  // moved: more than 2 px anywhere (a panel the tour scrolls again each tick may swing by one)
+  const i = at.length !== w.at.length ? 0 : at.findIndex((x, i) => Math.abs(x - w.at[i]) > 2);
+  if (i >= 0) { w.at = at; w.since = now; w.moved++; w.last = what[i] || 'the parts outlined'; }
+  return now - w.since >= ms && (delete window.__still, true);
+}"""
+
+
+def settled(page, ticks=2, timeout=60_000):
+    """Wait until the page stands still: its scroll, its height and the boxes of the lesson and
+    of the parts a step outlines (`.spot`) unchanged, read every animation frame, over `ticks`
+    of the page's 4 Hz DOM ticks (ft-app.js: the panels written, then the tour's scroll to its
+    parts on the next frame), so what a preset's events filled in has been scrolled for. A page
+    or a frame."""
+    from playwright.sync_api import TimeoutError as Timeout
+    page.evaluate("() => { delete window.__still; }")
+    try:
+        page.wait_for_function(STILL, arg=250 * ticks + 50, polling="raf", timeout=timeout)
+    except Timeout:
+        moved = page.evaluate("() => window.__still && [window.__still.moved, window.__still.last]")
+        raise AssertionError(f"the page never stood still for {ticks} ticks in {timeout} ms "
+                             f"(moves, the last one's: {moved})") from None
+
+
+def preset_arrives(page, start, preset, timeout=60_000):
+    """Run `start()` (what sends a preset: a click, a tour step) and wait until the server's
+    `preset` event for it has reached the page (ft-teach.js's `active`, a new one), then until
+    the page stands still (`settled`). `preset` None: a step without one, only settled."""
+    teach = page_module(page, "teach")
+    page.evaluate("teach => { window.__presetBefore = teach.active; }", teach)
+    start()
+    if preset is not None:
+        page.wait_for_function("([teach, name]) => teach.active !== window.__presetBefore && teach.active && "
+                               "teach.active.name === name", arg=[teach, preset], timeout=timeout)
+    settled(page)
+
+
+RECORD_SENT = """() => {
+  if (!window.__sent) {
+    window.__sent = [];
+    const send = WebSocket.prototype.send;
+    WebSocket.prototype.send = function (data) { window.__sent.push(JSON.parse(data)); return send.call(this, data); };
+  }
+  return window.__sent.length;
+}"""
+
+
+def record_sent(page):
+    """Record, in the page, every message it sends on a websocket from now on (the socket's own
+    `send`, so a message is recorded as it is sent, not when the browser reports the frame);
+    how many it has recorded so far, for `sent_since`."""
+    return page.evaluate(RECORD_SENT)
+
+
+def sent_since(page, n):
+    """The messages (dicts) the page sent after the first `n` recorded, once what its handlers
+    queued has run (`frames_drawn`), less its clock syncs (sent on timers of their own)."""
+    frames_drawn(page)
+    return page.evaluate("n => window.__sent.slice(n).filter(m => m.type !== 'sync')", n)

@@ -8,6 +8,7 @@ from bench import contenders, tables
 from engine import Engine, EngineConfig
 from engine.timing import bandwidth
 from engine.model.linears import OutputHead
+from helpers import ticking_clock
 
 
 def test_bandwidth_measurement_stops_at_its_budget_and_is_in_hello(tiny, monkeypatch):
@@ -16,12 +17,11 @@ def test_bandwidth_measurement_stops_at_its_budget_and_is_in_hello(tiny, monkeyp
     # The budget judged on a synthetic clock (0.2 s a reading), not this machine's speed: one pass
     # (0.2 s) and the next would end past 0.5 s, so it stops; with room for all, 8 passes.
     for budget, passes in ((0.5, 1), (100.0, 8)):
-        clock = iter(0.2 * i for i in range(1000))
-        readings = []
-        monkeypatch.setattr(bandwidth.time, "perf_counter", lambda: readings.append(1) or next(clock))
-        assert bandwidth.read_bandwidth("cpu", nbytes=bandwidth.MIB, budget_s=budget) == pytest.approx(bandwidth.MIB / 0.2)
+        with monkeypatch.context() as m:
+            readings = ticking_clock(m, bandwidth, 0.2)
+            assert bandwidth.read_bandwidth("cpu", nbytes=bandwidth.MIB, budget_s=budget) == \
+                pytest.approx(bandwidth.MIB / 0.2)
         assert len(readings) == 1 + 3 * passes      # the start, then each pass's start, end and check
-        monkeypatch.undo()
     hello = Engine(tiny, EngineConfig(slots=2, kv_tokens=256, max_context=128)).hello().to_dict()
     bw = hello["bandwidth"]
     assert bw["estimated"] is True and bw["gbs"] > 0

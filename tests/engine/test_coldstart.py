@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import Engine, EngineConfig, SettingError
 from engine.model import reload, runner
 from engine import events as ev
 from engine.core.request import GenerateRequest
 from engine.settings import validate
-from helpers import collect, tiny_bundle
+from helpers import collect, engine_driver, tiny_bundle
 from server.metrics import EngineMetrics
 from stepping import Run
 
@@ -23,11 +23,7 @@ def slow_loader():
     return tiny_bundle()
 
 
-@pytest.fixture
-def driver(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512)), loader=slow_loader)
-    yield d
-    d.shutdown()
+pytestmark = pytest.mark.driver(loader=slow_loader, start=False)   # the `driver` fixture: started by the test
 
 
 def finished(events):
@@ -68,7 +64,7 @@ def test_the_cold_start_preset_reloads_as_its_first_requests_arrive(driver):
 
 
 def test_an_engine_built_in_memory_cannot_reload_and_nothing_changes(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=512, max_context=256)))
+    d = engine_driver(tiny, slots=2, kv_tokens=512, max_context=256, start=False)
     with pytest.raises(SettingError) as e:
         d.reload()
     assert e.value.field == "reload" and d._inbox.empty()
@@ -85,7 +81,7 @@ def test_a_reload_that_cannot_happen_or_fails_is_said_and_serving_carries_on(tin
     def broken():
         raise OSError("the disk cache is gone")
     for loader, said in ((None, "not loaded from disk"), (broken, "the disk cache is gone")):
-        d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=512, max_context=256)), loader=loader).start()
+        d = engine_driver(tiny, slots=2, kv_tokens=512, max_context=256, loader=loader)
         try:
             sub = d.events.subscribe(replay=False)
             d.apply_preset("cold-start")

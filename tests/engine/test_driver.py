@@ -4,22 +4,15 @@ import time
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import SettingError
 from engine.events import Finished, Rejected, Token
 from engine.core.request import GenerateRequest
-from helpers import collect, wait_idle
+from helpers import collect, engine_driver, wait_idle
 
 
 def drain(handle, timeout=60):
     events = list(handle.events(timeout=timeout))
     return [e.token_id for e in events if isinstance(e, Token)], events[-1]
-
-
-@pytest.fixture
-def driver(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))).start()
-    yield d
-    d.shutdown()
 
 
 def test_submit_streams_tokens_then_finished(driver):
@@ -55,7 +48,7 @@ def test_engine_thread_time_between_forwards_is_measured(driver):
     ({"rate": float("nan")}, "rate"), ({"kv_cache": 1}, "kv_cache"), ({"schedule": "fifo"}, "schedule"),
     ({"rate": 1.0, "slots": 99}, "slots"), ({}, "settings"), ([], "settings")])
 def test_bad_settings_change_nothing(tiny, bad, field):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=256)))   # not started
+    d = engine_driver(tiny, kv_tokens=1024, max_context=256, start=False)
     before = d.settings.now
     with pytest.raises(SettingError) as e:
         d.update_settings(bad)

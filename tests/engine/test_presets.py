@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import Engine, EngineConfig, SettingError
 from engine.timing import measure
 from engine.teach import presets
 from engine.settings import validate
@@ -12,11 +12,7 @@ from engine import events as ev
 from helpers import collect, frames, schema_validator
 
 
-@pytest.fixture
-def driver(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512))).start()
-    yield d
-    d.shutdown()
+pytestmark = pytest.mark.driver(kv_tokens=2048)   # the `driver` fixture's store (the sweeps measure it whole)
 
 
 def of(events, kind):

@@ -5,9 +5,9 @@ import re
 
 import jsonschema
 
-from engine import Engine, EngineConfig, EngineDriver, schema
+from engine import schema
 from engine.core.request import GenerateRequest
-from helpers import SCHEMA, collect, schema_validator
+from helpers import SCHEMA, collect, engine_driver, schema_validator
 
 
 def test_schema_file_is_generated_from_the_event_types():
@@ -20,7 +20,7 @@ def test_every_event_of_a_live_run_under_load_validates(tiny):
     """Load generator at its top rate, a burst, a page prompt, a rejected one, settings
     changes and a reset: every event published (and a hello) validates, and a trace made of
     them validates as a whole."""
-    driver = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256))).start()
+    driver = engine_driver(tiny, slots=2, kv_tokens=1024, max_context=256)
     sub = driver.events.subscribe(replay=False)
     try:
         driver.update_settings({"prompt_tokens": 32, "max_new_tokens": 4, "rate": 16.0, "load": True})

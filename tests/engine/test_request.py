@@ -3,7 +3,7 @@ built, naming the field; what only the engine can judge is refused by `submit`; 
 nothing is queued and no slot or block is taken. Defaults come from the live settings."""
 import pytest
 
-from engine import Engine, EngineConfig, EngineDriver, GenerateRequest, SettingError
+from engine import Engine, EngineConfig, GenerateRequest, SettingError
 from engine import events as ev
 from engine.core.request import MAX_LABEL_CHARS, MAX_PROMPT_CHARS
 
@@ -54,9 +54,7 @@ def test_values_are_normalised():
     assert r.priority == -3 and type(r.priority) is int and GenerateRequest(prompt="hi").priority == 0
 
 
-@pytest.fixture
-def driver(tiny):
-    return EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)))   # not started
+pytestmark = pytest.mark.driver(slots=2, kv_tokens=1024, max_context=256, start=False)   # what it queues stays
 
 
 @pytest.mark.parametrize("fields, field", [

@@ -9,11 +9,11 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import Engine, EngineConfig, EngineDriver
+from engine import Engine, EngineConfig
 from engine.model import kernels
 from engine.events import Settings, Step
 from engine.settings import defaults, make_settings
-from helpers import collect, schema_validator
+from helpers import collect, engine_driver, schema_validator
 from server import control
 from server.classroom import VIEWER_REFUSED
 from server.metrics import EngineMetrics
@@ -163,7 +163,7 @@ def test_the_weights_preset_switches_mid_run_and_a_comparison_side_keeps_one_for
 
 
 def test_on_a_model_without_blocks_the_lessons_switch_is_refused_and_said(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256))).start()
+    d = engine_driver(tiny, slots=2, kv_tokens=1024, max_context=256)
     try:
         assert d.hello().limits["weights"]["choices"] == ["dequantised"]
         assert list(d.hello().weights["formats"]) == ["dequantised"]

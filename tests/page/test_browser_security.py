@@ -8,6 +8,7 @@ import pytest
 
 from engine.core import engine as engine_mod
 from engine.core.detok import Detokenizer
+from helpers import frames_drawn
 
 
 # Each would set window.__xss or open a dialog if it ever became markup.
@@ -53,7 +54,7 @@ def test_hostile_prompt_and_model_output_render_as_text(page):
     # The panel refreshes at 4 Hz: within a tick it shows the whole output, as text.
     page.wait_for_function("t => document.getElementById('d-text').textContent === t", arg=text, timeout=5_000)
     page.hover("#timeline")                        # tooltips draw request text too
-    page.wait_for_timeout(600)   # the tooltip draws on a later frame; no markup from it is what is checked
+    frames_drawn(page, 3)   # the tooltip draws on a later frame; no markup from it is what is checked
     assert PROMPT in page.text_content("#d-chips")
     assert page.evaluate(f"document.querySelectorAll(\"{INJECTED}\").length") == 0
     assert page.evaluate("document.scripts.length") == scripts

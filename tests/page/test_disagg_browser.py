@@ -15,11 +15,11 @@ import re
 import jsonschema
 import pytest
 
-from helpers import ARTIFACTS, ROOT, SCHEMA
+from helpers import ARTIFACTS, ROOT, SCHEMA, settled
 from server import export
 from test_disagg_app import disagg  # noqa: F401  (a fixture: the app over the tiny model's two engine processes)
 from test_layout_browser import assert_readable, open_page
-from test_presenter_tour_browser import BOXES, SETTLE_MS, check_step
+from test_presenter_tour_browser import BOXES, check_step
 
 SCREENS = [("1366x768", 1366, 768), ("1920x1080", 1920, 1080)]
 
@@ -143,7 +143,7 @@ def test_the_tour_has_a_disaggregation_step_only_when_disaggregated(browser, tmp
         assert "prefill instance" in text and " MB" in text and "waiting: others' prefill" in text, text
         assert page.text_content("#tour-pos") == f"{keys.index('disaggregation') + 1} / {len(keys)}"
         # the lesson and the parts it points at in the window together, as every tour step's (presenter mode)
-        page.wait_for_timeout(SETTLE_MS)   # its preset fills the panels, its parts are kept in view; no event ends it
+        settled(page)   # a replay sends no preset: its parts kept in view, the page stands still
         page.evaluate("firstToken.refresh()")
         check_step(page.evaluate(BOXES), "disaggregation step")
         page.screenshot(path=str(ARTIFACTS / "disagg-tour-present-1366x768.png"))

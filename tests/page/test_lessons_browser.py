@@ -5,7 +5,7 @@ before a lesson cancels students' questions."""
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import page_module
+from helpers import page_module, preset_arrives, record_sent, sent_since
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page
 
@@ -103,8 +103,9 @@ def test_the_presenter_is_asked_before_a_lesson_cancels_students_questions(room,
         room.driver.submit(GenerateRequest(prompt="what is a token?", source="join", label="Ada", max_new_tokens=4))
         page.wait_for_function("() => firstToken.state.order.length === 1")
         page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+        sent = record_sent(page)
         page.click("#presets .preset >> nth=0")
-        page.wait_for_timeout(500)   # nothing to wait on: a preset wrongly sent would land within it
+        assert sent_since(page, sent) == []   # the page sent no preset: nothing can reach the server
         assert asked and "Ada" in asked[0] and "cancels" in asked[0]
         assert page.evaluate("firstToken.state.reqs.values().next().value.end") is None   # not sent: nothing cancelled
         page.once("dialog", lambda d: (asked.append(d.message), d.accept()))
@@ -126,8 +127,10 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
         page.wait_for_function("() => firstToken.state.hello && document.body.classList.contains('present')")
         tour = page_module(page, "tour")
         for i in range(page.evaluate("tour => tour.STEPS.length", tour)):
-            page.evaluate("([tour, i]) => tour.start(firstToken.state, firstToken.ui, i)", [tour, i])
-            page.wait_for_timeout(1500)   # the step's preset arrives; the outlined parts are scrolled to (smoothly: no event ends it)
+            # the step's preset arrives; the outlined parts are scrolled to and the page stands still
+            preset_arrives(page, lambda: page.evaluate("([tour, i]) => tour.start(firstToken.state, firstToken.ui, i)",
+                                                       [tour, i]),
+                           page.evaluate("([tour, i]) => tour.STEPS[i].preset", [tour, i]))
             spots = page.evaluate("""() => [...document.querySelectorAll('.spot')].filter(e => e.getClientRects().length)
                 .filter(e => !e.matches('h2, h3, .strip-head')).map(e => {
                   const r = e.getBoundingClientRect(); let inside = r.top >= -1 && r.bottom <= innerHeight + 1;

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, page_module
+from helpers import ARTIFACTS, page_module, preset_arrives, settled
 from test_classroom import room, student  # noqa: F401  (room: a fixture)
 
 SCREENS = [(1024, 768), (1280, 800), (1366, 768)]
 CLASS = 25
-SETTLE_MS = 2700   # the step's preset arrives and fills the panels; its parts are kept in view (ft-tour.js)
 
 # Every box the checks need, in screen px: the window, the header, the lesson, each part the step
 # outlines (headings aside: they go with their part) with the scrolling panel that shows it, and
@@ -117,14 +116,17 @@ def walk_tour(page, button, label, judge):
     the step in test-artifacts/ when it fails), with the console clean."""
     tour = page_module(page, "tour")
     n = page.evaluate("tour => tour.STEPS.length", tour)
-    page.click(button)
-    page.wait_for_function("() => document.body.classList.contains('touring')")
     for i in range(n):
-        if i:
-            page.click("#tour-next")
-        page.wait_for_timeout(SETTLE_MS)
-        page.evaluate("firstToken.refresh()")
+        # the step's preset has come (its parts are then kept in view: ft-tour.js) and the page stands still
+        preset_arrives(page, lambda: page.click("#tour-next" if i else button),
+                       page.evaluate("([t, i]) => t.STEPS[i].preset", [tour, i]))
+        if not i:
+            assert page.evaluate("document.body.classList.contains('touring')")
         key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])
+        if key == "slow":   # no preset: what it outlines is the selected request's diagnosis, once written
+            page.wait_for_function("() => document.getElementById('d-why').dataset.cause", timeout=60_000)
+            settled(page)
+        page.evaluate("firstToken.refresh()")
         where = f"{label} step {i + 1} ({key})"
         try:
             judge(i, key, where)
@@ -232,9 +234,10 @@ def test_the_step_chart_draws_one_batch_size_without_a_console_error(live, brows
         pt = "{batch: 1, ms: 3, kv: %s, t: %d, len: 5, predMs: 0.1, bound: 'memory', guesses: 0}"
         for points in ([pt % ("true", 1)], [pt % ("true", 1), pt % ("true", 2)], [], [pt % ("false", 1)]):
             before = len(page.drawn)
-            page.evaluate("() => { const s = firstToken.state; s.points.length = 0; s.points.push(%s); "
-                          "s.version++; firstToken.refresh(); }" % ", ".join(points))
-            page.wait_for_timeout(300)   # the chart redraws on the next frame (page.drawn fills from console events)
+            # the chart redraws on the next frame: its trace's console message is awaited
+            with page.expect_console_message(lambda m: m.text.startswith("plotly.react #chart-steps")):
+                page.evaluate("() => { const s = firstToken.state; s.points.length = 0; s.points.push(%s); "
+                              "s.version++; firstToken.refresh(); }" % ", ".join(points))
             assert any(d.startswith("plotly.react #chart-steps") for d in page.drawn[before:])
             assert page.errors == [], (points, page.errors)
     finally:

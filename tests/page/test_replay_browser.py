@@ -6,16 +6,14 @@ that is not a trace changes nothing. An article opened from disk frames /embed; 
 and an export's axis start at the trace's first event, and an export in a 640x400 window takes
 the compact layout; /embed?preset= replays a shipped recording, or asks before resetting an
 engine other pages watch."""
-import http.server
 import json
-import threading
 from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
 
 from engine.teach import record
-from helpers import ARTIFACTS, SCHEMA, wait_until
+from helpers import ARTIFACTS, SCHEMA, Served, record_sent, sent_since, wait_until
 from server import export, pages
 
 QUICK = {"load": True, "rate": 6.0, "prompt_tokens": 32, "max_new_tokens": 8}
@@ -96,7 +94,14 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     assert len(ids) >= 3
     watcher.wait("ids => ids.every((id) => { const r = firstToken.state.reqs.get(id); return r && r.end !== null; })", ids)
     live.driver.publishing = False   # nothing more reaches the watcher: its figures are final
-    watcher.page.wait_for_timeout(800)   # what was already on the wire arrives (no event marks its end)
+    # The engine thread's turn that may be publishing still ends before it applies a command: once
+    # this one is applied (its settings are a new object), the last event ever published is known;
+    # the watcher has all of it when that one has arrived.
+    applied = live.driver.settings.now
+    live.driver.update_settings({"rate": QUICK["rate"]})
+    wait_until(lambda: live.driver.settings.now is not applied, 30, "the engine thread's next turn")
+    last = dict(live.driver.events._history[-1])
+    watcher.wait("last => firstToken.trace().some(e => e.type === last.type && e.t === last.t)", last)
     watcher.js("firstToken.refresh()")
     seen = watcher.js("firstToken.trace()")
     validate(seen)
@@ -144,10 +149,10 @@ def test_a_replaying_page_leaves_the_live_connection_and_sends_nothing(live, bro
     # The page said `leave` and the server closed: nothing is sent to this tab any more.
     assert json.loads(page.sent[-1]) == {"type": "leave"}
     wait_until(lambda: live.driver.events.subscribers == listening, 30, "the tab's subscription gone")
-    sent = len(page.sent)
+    sent, recorded = len(page.sent), record_sent(page.page)
     page.js("firstToken.replay.setSpeed(4)")
     assert page.js("firstToken.send({type: 'reset'})") is False
-    page.page.wait_for_timeout(1500)   # nothing to wait on: anything sent would show within it
+    assert sent_since(page.page, recorded) == []   # nothing reached the socket
     assert len(page.sent) == sent and page.errors == []
     assert page.js("document.getElementById('controls').offsetParent") is None   # replaced by the replay's
     assert page.js("document.getElementById('replay').offsetParent") is not None
@@ -208,35 +213,24 @@ def test_export_replays_from_file_with_the_network_blocked(live, browser, tmp_pa
     context.close()
 
 
-class OtherOrigin:
+def other_origin(src):
     """A page on another origin (another loopback port) that frames /embed."""
+    body = (f'<!doctype html><title>article</title><p>An article.</p>'
+            f'<iframe id="ft" src="{src}" width="640" height="400" style="border:0"></iframe>').encode()
 
-    def __init__(self, src):
-        body = (f'<!doctype html><title>article</title><p>An article.</p>'
-                f'<iframe id="ft" src="{src}" width="640" height="400" style="border:0"></iframe>').encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_port}/"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.http.shutdown()
+    def article(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/html")])
+        return [body]
+    served = Served(article)
+    served.url += "/"
+    return served
 
 
 def test_embed_replays_a_shipped_trace_in_a_frame_on_another_origin(live, browser, tmp_path, monkeypatch):
     trace = record.record(live.driver, 1.0, settings=QUICK, drain=True)
     monkeypatch.setattr(pages, "EXAMPLES", tmp_path)   # the shipped examples: this one
     (tmp_path / "tiny-run.json").write_text(json.dumps(trace))
-    article = OtherOrigin(f"{live.url}/embed?trace=examples/tiny-run.json&panels=kv,queue")
+    article = other_origin(f"{live.url}/embed?trace=examples/tiny-run.json&panels=kv,queue")
     try:
         page = Watch(browser, article.url, width=800, height=500)
         frame = page.page.frame_locator("#ft")
@@ -262,19 +256,24 @@ def test_slow_motion_and_back_to_live(live, browser):
     page.wait("() => firstToken.state.hello && firstToken.clock.offset !== null")
     live.driver.update_settings(QUICK)
     page.wait("() => firstToken.state.finishedCount >= 3")
-    assert page.js("firstToken.slowMotion(0.1, 2)") is True
-    page.wait("() => firstToken.replay.player.mode === 'slow'")
+    # two seconds behind live (the live engine time read just before and just after it started)
+    before, started, vt0, after = page.js("""() => { const live = () => performance.now() / 1000 - firstToken.clock.offset;
+        const before = live(), started = firstToken.slowMotion(0.1, 2);
+        return [before, started, firstToken.replay.player.vt, live()]; }""")
+    assert started is True and before - 2 <= vt0 <= after - 2
+    assert page.js("firstToken.replay.player.mode") == "slow"
     logged = page.js("firstToken.trace().length")
-    sample = ("() => [performance.now() / 1000, firstToken.replay.player.vt, "
-              "performance.now() / 1000 - firstToken.clock.offset]")
-    wall1, vt1, live1 = page.js(sample)
-    assert 1.8 < live1 - vt1 < 2.6   # two seconds behind live
-    page.page.wait_for_timeout(1500)
-    wall2, vt2, live2 = page.js(sample)
-    # The view moves at a tenth of real time while the engine and the log keep real time.
-    assert 0.05 < (vt2 - vt1) / (wall2 - wall1) < 0.15
-    assert (live2 - live1) / (wall2 - wall1) > 0.9
+    # Each frame moves the view a tenth of the frame's time on (the player's own frame times, not
+    # this machine's pace): read at two frames 1.5 s of frame time apart.
+    sample = "() => [firstToken.replay.player.lastTs, firstToken.replay.player.vt]"
+    page.wait("() => firstToken.replay.player.lastTs !== null")
+    ts1, vt1 = page.js(sample)
+    page.wait("t => firstToken.replay.player.lastTs >= t + 1500", ts1)
+    ts2, vt2 = page.js(sample)
+    assert vt2 - vt1 == pytest.approx(0.1 * (ts2 - ts1) / 1000, rel=1e-6)
+    # while the engine and the log keep real time: live events still logged, newer than the view
     assert page.js("firstToken.trace().length") > logged
+    assert page.js("firstToken.trace().at(-1).t") > vt2
     assert page.js("document.getElementById('rp-live').offsetParent") is not None
     page.page.click("#rp-live")
     assert page.js("firstToken.replay.player.mode") == "live"

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, collect, page_module
+from helpers import ARTIFACTS, collect, frames_drawn, page_module
 from test_layout_browser import assert_readable, open_page
 from test_teaching import midsize_app
 
@@ -203,7 +203,7 @@ def test_the_goodput_comparison_reports_goodput_for_both_runs(live, browser):
         page.wait_for_function("c => c.runs !== null && !document.getElementById('c-run').disabled", arg=compare,
                                timeout=240_000)
         page.evaluate("firstToken.refresh()")
-        page.wait_for_timeout(300)   # the figures are written on the next frame
+        frames_drawn(page)   # the figures are written on the next frame
         for side in ("a", "b"):
             got = page.evaluate("""([c, side]) => { const reqs = [...c.runs[side].s.reqs.values()].filter(r => r.end !== null && r.ttft !== null);
                 const figs = Object.fromEntries([...document.querySelectorAll('#c-' + side + '-figs .fig')].map(f =>
@@ -338,7 +338,7 @@ def test_the_sweep_after_the_queueing_lesson_reaches_max_slots_and_draws_the_flo
 def test_the_sweep_names_the_points_it_skipped_and_why(tiny, browser):
     """64 KV blocks of 16: two or four 513-position requests need 66 or 132, more than the store:
     skipped, named in the sheet with the blocks needed, and in their context's legend entry."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     from engine import EngineConfig
     app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=1024, max_context=1024))
     try:

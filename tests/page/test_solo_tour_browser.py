@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LiveApp
-from helpers import ARTIFACTS, page_module
+from helpers import ARTIFACTS, LiveApp, frames_drawn, page_module, preset_arrives, settled, wait_until
 from test_layout_browser import open_page
-from test_presenter_tour_browser import SETTLE_MS, walk_tour
+from test_presenter_tour_browser import walk_tour
 
 CHECK = (Path(__file__).parent / "tour_check.js").read_text()
 SCREENS = [(1024, 768), (1280, 800), (1366, 768), (1920, 1080)]
@@ -57,7 +56,9 @@ def tour(page, label, later=False):
         assert_step_seen(check(page), where)
         if later and key in ("weights", "speculation"):
             # seconds on: the legends and the banner's live line have grown; the parts are still seen
-            page.wait_for_timeout(6000)
+            page.wait_for_function("t => firstToken.state.latestT >= t + 6", arg=page.evaluate(
+                "firstToken.state.latestT"), timeout=60_000)   # 6 s on the engine's clock (its stats events)
+            settled(page)
             assert_step_seen(check(page), where + " 6 s on")
     walk_tour(page, "#btn-tour", f"solo-{label}", judge)
 
@@ -90,8 +91,9 @@ def test_on_a_phone_the_explanation_comes_first(live, browser):
         ask(page)
         tour_mod = page_module(page, "tour")
         for i in range(page.evaluate("t => t.STEPS.length", tour_mod)):
-            page.evaluate("([t, i]) => t.start(firstToken.state, firstToken.ui, i)", [tour_mod, i])
-            page.wait_for_timeout(SETTLE_MS)
+            preset_arrives(page, lambda: page.evaluate("([t, i]) => t.start(firstToken.state, firstToken.ui, i)",
+                                                       [tour_mod, i]),
+                           page.evaluate("([t, i]) => t.STEPS[i].preset", [tour_mod, i]))
             r = check(page)
             where = f"phone step {i + 1}"
             assert r["text"] and r["text"]["seen"] == r["text"]["points"], (where, r["text"])
@@ -120,7 +122,7 @@ def test_every_lessons_banner_is_on_screen_from_wherever_the_page_was(live, brow
             page.wait_for_function("t => document.getElementById('lesson-title').textContent === t", arg=p["title"],
                                    timeout=10_000)
             page.evaluate("window.scrollTo(0, document.scrollingElement.scrollHeight)")   # and then further down
-            page.wait_for_timeout(100)
+            settled(page)   # the banner follows the scroll
             r = check(page)
             assert r["text"], p["name"]
             b = r["text"]["box"]
@@ -152,7 +154,8 @@ def test_the_header_is_one_row_each_figure_under_its_window(live, browser, width
         ask(page)
         page.wait_for_function("() => firstToken.state.last && firstToken.state.last.slo_attainment !== null",
                                timeout=10_000)
-        page.wait_for_timeout(500)   # the 4 Hz tick fits the row
+        page.evaluate("firstToken.refresh()")   # the 4 Hz tick's work now: the figures written, the row fitted
+        frames_drawn(page)
         r = page.evaluate(HEADER)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"solo-header-{width}x{height}.png"), clip={"x": 0, "y": 0, "width": width, "height": 140})
@@ -218,8 +221,8 @@ def test_a_lone_request_fills_the_window_and_load_gives_the_live_one_back(live, 
         # a reloaded page: the request panel's newest request is on the timeline beside it
         page.reload()
         page.wait_for_function("() => firstToken.state.hello && firstToken.state.order.length > 0")
-        page.wait_for_timeout(300)
-        page.evaluate("firstToken.refresh()")
+        page.wait_for_function("() => (firstToken.refresh(), document.getElementById('d-title').textContent"
+                               ".includes('(newest)'))")   # the history in: its newest request selected
         f2 = page.evaluate(FIT)
         assert f2["title"].startswith(f2["id"] + " ") and "(newest)" in f2["title"], f2
         assert f2["id"] in f2["rows"] and f2["left"] <= f2["arrival"] and f2["end"] <= f2["right"], f2
@@ -260,16 +263,21 @@ def test_a_lessons_requests_stay_in_the_window_after_they_end(live, browser):
 
 @pytest.fixture
 def cold(tiny):
-    """The tiny model's app whose reload sleeps a moment: the cold-start lesson's requests come
-    after it, so the page has no request while the model loads."""
-    import time
+    """The tiny model's app whose reload lasts until the test lets it end (`cold.loaded`, set;
+    `cold.loading`, set while it runs): the cold-start lesson's requests come after it, so the
+    page has no request while the model loads."""
+    import threading
     from engine import EngineConfig
+    loading, loaded = threading.Event(), threading.Event()
 
     def loader():
-        time.sleep(3)
+        loading.set()
+        loaded.wait(60)   # until the test has seen the page during the load (a liveness bound)
         return tiny
     app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), loader=loader)
+    app.loading, app.loaded = loading, loaded
     yield app
+    loaded.set()
     app.stop()
 
 
@@ -285,16 +293,17 @@ def test_the_empty_state_card_leaves_a_cold_starts_timeline_alone(cold, browser,
         tour_mod = page_module(page, "tour")
         n = page.evaluate("t => t.STEPS.findIndex(x => x.key === 'cold')", tour_mod)
         page.evaluate("([t, i]) => t.start(firstToken.state, firstToken.ui, i)", [tour_mod, n])
-        # while the model loads (3 s) no request has come: the card stays away, the timeline is seen
+        # while the model loads no request has come: the card stays away, the timeline is seen
         title = page.evaluate("firstToken.state.hello.presets.find(p => p.name === 'cold-start').title")
         page.wait_for_function("t => document.getElementById('lesson-title').textContent === t", arg=title)
-        page.wait_for_timeout(1000)   # into the load (nothing to wait on: the page hears of it when it ends)
+        wait_until(cold.loading.is_set, 30, "the reload begun")   # into the load
         assert page.evaluate("firstToken.state.order.length") == 0
         page.evaluate("firstToken.refresh()")
         assert page.is_hidden("#start")
         r = check(page)
         timeline = [x for x in r["spots"] if "timeline-wrap" in x["what"]]
         assert timeline and timeline[0]["seenPx"] >= SEEN_PX, r["spots"]
+        cold.loaded.set()
         assert page.errors == []
     finally:
         ctx.close()

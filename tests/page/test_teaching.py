@@ -6,8 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from conftest import LiveApp
-from helpers import tiny_tokenizer
+from helpers import LiveApp, collect, tiny_tokenizer
 from test_browser import Page, restore_engine
 
 
@@ -249,14 +248,20 @@ def test_preset_from_the_url_is_applied_once_and_bad_names_are_named(browser, li
         assert "ignored" not in p.page.text_content("#toast")
     finally:
         p.close()
+    sub = live.driver.events.subscribe(replay=False)
     p = TeachPage(browser, live.url + "/?preset=nope")
     try:
         p.wait("() => document.getElementById('toast').textContent.includes('name: unknown preset')", timeout=10_000)
-        # nothing changed: the preset shown is still the one applied before (from the replayed history)
-        p.page.wait_for_timeout(500)   # nothing to wait on: a change that got through would land within it
+        # Nothing changed: the server refused the preset when it answered. A marker the engine
+        # applies after anything it could have queued: once its event is out, nothing else came.
+        live.driver.update_settings({"slots": 2})
+        came = collect(sub, lambda evs: any(e["type"] == "settings" and e["changed"] == ["slots"] for e in evs))
+        assert [e["type"] for e in came if e["type"] in ("preset", "reset", "settings")] == ["settings"]
+        # the preset shown is still the one applied before (from the replayed history)
         assert p.js("ft => ft.teach.active.name", p.ft()) == "queueing" and p.js("firstToken.state.settings.slots") == 2
         p.idle()
     finally:
+        live.driver.events.unsubscribe(sub)
         p.close()
 
 

@@ -8,7 +8,7 @@ is decided by which format is faster: that is the machine's to say, the page onl
 import pytest
 
 from engine import EngineConfig
-from helpers import ARTIFACTS, page_module, wait_until
+from helpers import ARTIFACTS, RECORD_SENT, page_module, sent_since, settled, wait_until
 from test_layout_browser import open_page
 
 def mb(b):
@@ -203,17 +203,17 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
         page.wait_for_function("() => document.getElementById('lesson-title').textContent === 'Fewer bytes to read, faster decode'",
                                timeout=30_000)
         page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=60_000)
-        page.wait_for_timeout(1500)   # a settled picture for the screenshots (artifacts, not verdicts)
+        settled(page)   # a settled picture for the screenshots (artifacts, not verdicts)
         ARTIFACTS.mkdir(exist_ok=True)
         for w, h in ((1366, 768), (1280, 800), (390, 844)):
             page.set_viewport_size({"width": w, "height": h})
             page.evaluate("() => firstToken.refresh()")
-            page.wait_for_timeout(800)   # the same: the picture at this size settled
+            settled(page)   # the same: the picture at this size settled
             page.screenshot(path=str(ARTIFACTS / f"weights-lesson-{w}x{h}.png"))
         page.set_viewport_size({"width": 1366, "height": 768})
         page.keyboard.press("p")   # presenter mode, as a class sees it
         page.wait_for_function("() => document.body.classList.contains('present')")
-        page.wait_for_timeout(1500)   # the same
+        settled(page)   # the same
         page.screenshot(path=str(ARTIFACTS / "weights-lesson-present-1366x768.png"))
         assert page.is_visible("#h-weights-fig") and not page.is_visible("#h-policy") and page.text_content("#h-weights").startswith("4-bit · ")
         assert "4-bit as stored" in page.text_content("#lesson-live")
@@ -231,15 +231,17 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
 def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser):
     """A viewer's page names the format as the presenter switches it; its own control is disabled
     (and the server refuses its `set` anyway: tests/engine/test_weights.py); no Measure-both button."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     from server.classroom import Classroom
     classroom = Classroom(join_code="owl")
     app = LiveApp(quant, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     classroom.base = app.url
-    ctx, page = open_page(browser, app.url + "/?weights=dequantised", 1366, 768)
+    ctx, page = open_page(browser, "about:blank", 1366, 768)
     try:
+        page.add_init_script(f"({RECORD_SENT})()")   # what the page sends, from its first message
+        page.goto(app.url + "/?weights=dequantised")
         page.wait_for_function("() => firstToken.state.hello && firstToken.state.hello.role === 'viewer'")
-        page.wait_for_timeout(600)   # nothing to wait on: a URL setting wrongly sent would land within it
+        assert [m for m in sent_since(page, 0) if m["type"] == "set"] == []   # its URL's setting not sent
         assert page.is_disabled("#set-weights input[value=stored]") and page.is_disabled("#set-weights input[value=dequantised]")
         assert app.driver.settings.now.scheduling.weights == "stored"   # its URL's setting was not sent
         assert page.text_content("#model-weights").startswith("weights: 4-bit as stored")

@@ -8,6 +8,7 @@ import json
 import re
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -30,7 +31,7 @@ def room(tiny):
     """The app in classroom mode with join code "owl"; students get 2 prompts in a row, then
     one a minute. `room.gate` paused (cleared) holds every request in the queue: the engine
     thread keeps draining its inbox (cancels, clearing) but runs no step."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     classroom = Classroom(join_code="owl", rate_burst=2, rate_every_s=60)
     live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     live.classroom = classroom
@@ -42,8 +43,7 @@ def room(tiny):
     live.gate.set()
 
     def gated():
-        if not live.gate.is_set():
-            time.sleep(0.01)   # a shut gate's turn: the engine thread does nothing, without spinning
+        if not live.gate.wait(0.01):   # shut: a turn waiting for it to open (the inbox drains between)
             return []
         return step()
     eng.step = gated
@@ -260,17 +260,33 @@ def join_as(client, name, code="owl"):
     return client.post("/join/session", json={"name": name, "code": code})
 
 
-def test_a_join_flood_from_one_address_is_capped_while_another_student_joins(room):
-    """1,000 joins from one address: its burst (30), then one a second, every other one a 429
-    `join_rate_limited` with Retry-After, all counted on the presenter's class list; a student
-    on another address joins and asks meanwhile."""
+@pytest.fixture
+def clock(monkeypatch):
+    """The classroom's monotonic clock, synthetic: a microsecond on at each reading (so its
+    events keep their order), and as far as the test moves `.t`."""
+    from server import classroom as classroom_mod
+    now = SimpleNamespace(t=time.monotonic())
+
+    def monotonic():
+        now.t += 1e-6
+        return now.t
+    monkeypatch.setattr(classroom_mod, "time", SimpleNamespace(monotonic=monotonic, time=time.time))
+    return now
+
+
+def test_a_join_flood_from_one_address_is_capped_while_another_student_joins(room, clock):
+    """1,000 joins from one address: its burst (30), then one a second (on the classroom's
+    clock, synthetic here), every other one a 429 `join_rate_limited` with Retry-After, all
+    counted on the presenter's class list; a student on another address joins and asks meanwhile."""
     bot = phone(room, "10.0.0.66")
-    t0 = time.monotonic()
-    replies = [join_as(bot, f"bot{i}") for i in range(1000)]
-    elapsed = time.monotonic() - t0
+    replies = [join_as(bot, f"bot{i}") for i in range(999)]
+    assert [r.status_code for r in replies].count(200) == 30            # the burst, in a few ms of its clock
+    clock.t += 1.0
+    replies += [join_as(bot, "bot999"), join_as(bot, "bot1000")]
+    assert [r.status_code for r in replies[-2:]] == [200, 429]         # one more a second
     ok = [r for r in replies if r.status_code == 200]
     refused = [r for r in replies if r.status_code != 200]
-    assert 30 <= len(ok) <= 30 + elapsed + 1, (len(ok), elapsed)
+    assert len(ok) == 31
     assert all(r.status_code == 429 and r.get_json()["error"]["code"] == "join_rate_limited"
                and 1 <= int(r.headers["Retry-After"]) <= 2 and "try again" in r.get_json()["error"]["message"]
                for r in refused)
@@ -287,7 +303,7 @@ def test_a_wrong_code_counts_against_the_join_rate(room):
     assert codes[:30] == ["bad_code"] * 30 and set(codes[31:]) == {"join_rate_limited"}
 
 
-def test_the_per_address_cap_and_places_freed_by_removal_and_idle_expiry(room):
+def test_the_per_address_cap_and_places_freed_by_removal_and_idle_expiry(room, clock):
     c = room.classroom
     c.join_burst, c.max_per_address, c.max_clients = 1000, 3, 4
     phones = {name: phone(room, "10.0.0.8") for name in "ABCD"}     # one network, four phones
@@ -303,7 +319,7 @@ def test_the_per_address_cap_and_places_freed_by_removal_and_idle_expiry(room):
     assert r.status_code == 503 and r.get_json()["error"]["code"] == "full"   # B, C, D, E
     assert phones["B"].get("/join/session").get_json() == {"joined": True, "name": "B"}   # B was seen last
     c.idle_expire_s = 0.2
-    time.sleep(0.3)   # the time under test: all idle past the expiry, the next join takes the longest idle place
+    clock.t += 0.3   # all idle past the expiry: the next join takes the longest idle place
     assert join_as(phone(room, "10.0.0.10"), "F").status_code == 200
     assert sorted(s.name for s in c.students.values() if not s.removed) == ["B", "D", "E", "F"]
     r = phones["C"].get("/join/session")             # C expired: join again
@@ -399,7 +415,7 @@ def test_a_view_code_keeps_the_page_and_its_events_to_the_class(tiny):
     """--view-code: without the code the pages answer a form (403) and /ws is refused before its
     upgrade; ?view=CODE becomes a cookie that opens both; the presenter needs none; wrong codes
     count against the address's join rate; students still join and ask at /join."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     classroom = Classroom(join_code="owl", view_code="heron", join_burst=5, join_every_s=60)
     live = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512), classroom=classroom)
     classroom.base = live.url
@@ -480,9 +496,12 @@ def test_a_viewer_cannot_change_the_engine_but_the_presenter_can(room):
     errors = [e for e in got if e["type"] == "error"]
     assert len(errors) == len(refused) and all(e["message"] == VIEWER_REFUSED and e["field"] == "type" for e in errors)
     assert any(e["type"] == "sync" and e["client_t"] == 7.0 for e in got)
-    time.sleep(0.3)   # nothing to wait on: a change that got through would land within this grace period
+    # A marker after them: the engine thread applies its inbox in order, so once the marker's
+    # settings event is out, a refused message that got through would have landed before it.
+    room.driver.update_settings({"max_new_tokens": before.sampling.max_new_tokens})
+    marked = collect(sub, lambda evs: any(e["type"] == "settings" and e["changed"] == ["max_new_tokens"] for e in evs))
     assert room.driver.settings.now == before
-    assert not [e for e in sub.get(timeout=0) if e["type"] in ("request", "reset", "preset", "measure") or
+    assert not [e for e in marked + sub.get(timeout=0) if e["type"] in ("request", "reset", "preset", "measure") or
                 (e["type"] == "settings" and "max_new_tokens" not in e["changed"])]
     presenter = presenter_ws(room)
     try:

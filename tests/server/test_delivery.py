@@ -68,17 +68,17 @@ def slow_forwards(live, seconds=0.01):
     live.driver.engine.runner.forward = lambda segments: (time.sleep(seconds), forward(segments))[1]
 
 
-def stream_chunks(url, max_tokens):
-    """(send time, arrival time of each content chunk) of one streaming completion."""
+def stream_chunks(url, max_tokens, clock=time.monotonic):
+    """(send time, arrival time of each content chunk) of one streaming completion, on `clock`."""
     body = {"model": "tiny-random-llama", "prompt": "We hold these truths", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    sent, arrivals = time.monotonic(), []
+    sent, arrivals = clock(), []
     with urllib.request.urlopen(req, timeout=60) as resp:
         for raw in resp:
             if raw.startswith(b"data: {") and json.loads(raw[6:])["choices"][0]["text"]:
-                arrivals.append(time.monotonic())
+                arrivals.append(clock())
     return sent, arrivals
 
 
@@ -87,21 +87,34 @@ def engine_tokens(sub, timeout=30):
     return [e for e in events if e["type"] == "token"], next(e for e in events if e["type"] == "finished")
 
 
+def clumps(arrivals, apart=0.1):
+    """Indices of the chunks that start a clump: arrived more than `apart` s after the one before."""
+    return [0] + [i for i in range(1, len(arrivals)) if arrivals[i] - arrivals[i - 1] > apart]
+
+
 def test_a_buffering_proxy_clumps_what_the_client_receives_while_the_engine_stays_steady(live):
-    # A flush every second against a token every ~10-20 ms (on a quiet machine): a busy one that
-    # makes tokens 10x slower still puts many in each flush.
-    slow_forwards(live)
+    """A flush every second: the client's chunks come in clumps, each (but the one the response's
+    end lets go) a second or more after the engine made its first token, at most one a second of
+    the engine's time; judged on the engine's clock (the client's arrivals read from it too), so
+    a slower machine only makes fewer, bigger clumps."""
+    slow_forwards(live, 0.02)   # 80 tokens span 1.6 s of engine time at least: a flush before the end
     set_and_wait(live, {"buffer_ms": 1000})
     sub = live.driver.events.subscribe(replay=False)
-    sent, arrivals = stream_chunks(live.url, 80)
+    sent, arrivals = stream_chunks(live.url, 80, clock=live.driver.clock.now)
     tokens, _ = engine_tokens(sub)
-    engine_gaps = sorted(b["t"] - a["t"] for a, b in zip(tokens, tokens[1:]))
-    assert len(tokens) == 80 and engine_gaps[len(engine_gaps) // 2] < 0.25   # the engine: steady, many per flush
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    clumps = 1 + sum(g > 0.5 for g in gaps)
-    span = tokens[-1]["t"] - tokens[0]["t"]
-    assert clumps <= span / 1.0 + 2 and clumps < len(arrivals) / 4     # a few clumps, not 80 arrivals
-    assert sum(0.25 <= g <= 0.5 for g in gaps) <= 2                    # within a clump at once; between, a flush apart
+    t = [e["t"] for e in tokens]
+    assert len(t) == 80
+    chunk = [k for k, e in enumerate(tokens) if e["text"]]   # the token of each chunk (one with text)
+    assert len(chunk) == len(arrivals)
+    assert all(a >= t[k] for a, k in zip(arrivals, chunk))            # never before the engine made it
+    starts = clumps(arrivals)
+    span = t[-1] - t[0]
+    assert 2 <= len(starts) <= span / 1.0 + 2, (starts, span)         # a few clumps, not 80 arrivals
+    # Each clump but the last (let go by the response's end) was held a second from the first
+    # token the proxy took after the clump before: one made after that clump's last chunk's token.
+    for i in starts[:-1]:
+        first_held = 0 if i == 0 else chunk[i - 1] + 1
+        assert arrivals[i] - t[first_held] >= 1.0, (i, arrivals[i] - t[first_held])
 
 
 def test_injected_latency_lengthens_the_clients_ttft_but_not_the_engines(live):

@@ -3,7 +3,6 @@ random model behind the same routes and websocket as a colocated engine."""
 import json
 import os
 import signal
-import threading
 
 import pytest
 import requests
@@ -11,25 +10,20 @@ from simple_websocket import Client
 
 from engine import EngineConfig
 from engine.disagg.backend import DisaggBackend
-from helpers import frames, reference, tiny_factory, wait_until
+from helpers import Served, frames, reference, tiny_factory, wait_until
 
 
-class DisaggApp:
-    """create_app over a DisaggBackend, served in this process on a free loopback port."""
+class DisaggApp(Served):
+    """create_app over a DisaggBackend, served in this process (`Served`)."""
 
     def __init__(self):
-        from werkzeug.serving import make_server
         from server import create_app
         self.backend = DisaggBackend(tiny_factory, EngineConfig(slots=4, kv_tokens=2048, max_context=512)).start()
         self.shm = [seg.name for seg in self.backend.instances.segments]
-        self.app = create_app({"TESTING": True}, backend=self.backend)
-        self.http = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.http.server_port}"
-        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        super().__init__(create_app({"TESTING": True}, backend=self.backend))
 
     def stop(self):
-        self.http.shutdown()
+        super().stop()
         self.backend.shutdown()
 
 

@@ -13,8 +13,7 @@ from engine import EngineConfig
 from engine.events import Finished
 from engine.core.request import GenerateRequest
 from server import create_app, control
-from conftest import LiveApp
-from helpers import wait_idle
+from helpers import LiveApp, wait_idle
 
 FUZZ = settings(max_examples=40, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

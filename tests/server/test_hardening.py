@@ -14,10 +14,10 @@ import requests
 from simple_websocket import Client, ConnectionError as WsRefused
 
 from bench.launch import App, free_port
-from engine import Engine, EngineConfig, EngineDriver, SettingError
+from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, ROOT, collect, frames, idle, wait_until
+from helpers import ARTIFACTS, ROOT, Served, collect, engine_driver, frames, idle, wait_until
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
 
@@ -105,12 +105,9 @@ def test_cross_origin_post_is_refused_with_an_openai_error(live):
 def test_allow_list_and_framing(live):
     """An allowed origin may use the websocket and the API; the page itself is framed only by
     its own origin, /embed by any (tests/test_replay_embed.py: --frame-ancestors narrows it)."""
-    from werkzeug.serving import make_server
     from server import create_app
-    app = create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver)
-    http = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{http.server_port}"
+    served = Served(create_app({"ALLOWED_ORIGINS": ["https://Course.Example.org:443/"]}, backend=live.driver))
+    url = served.url
     try:
         ok = {"Origin": "https://course.example.org"}
         assert requests.post(url + "/v1/completions", json={"model": live.driver.api_model, "prompt": "Hi",
@@ -126,26 +123,30 @@ def test_allow_list_and_framing(live):
         assert embed.headers["Content-Security-Policy"] == "frame-ancestors * file:"
         assert "X-Frame-Options" not in embed.headers
     finally:
-        http.shutdown()
+        served.stop()
 
 
 # ------------------------------------------------------------------ overload
 def test_a_full_inbox_refuses_at_once_and_never_blocks(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256)), inbox=3)  # not started
+    from concurrent.futures import ThreadPoolExecutor
+    d = engine_driver(tiny, slots=2, kv_tokens=1024, max_context=256, start=False, inbox=3)
     sub = d.events.subscribe(replay=False)
     handles = [d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True)) for _ in range(3)]
-    t0 = time.monotonic()
-    late = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True))
-    refused = late.next(timeout=0)   # at once, in this thread
-    assert isinstance(refused, ev.Rejected) and refused.code == "queue_full" and late.ended
-    with pytest.raises(SettingError) as e:
-        d.update_settings({"rate": 2.0})
-    assert "busy" in e.value.message
-    d.cancel(handles[0].id)    # what frees capacity always goes in
-    d.reset()
-    # Not started, the engine never drains the inbox: a put that blocked would never return, so
-    # any bound catches it (10 s, far over the microseconds these calls take).
-    assert time.monotonic() - t0 < 10 and d._inbox.qsize() == 5
+
+    def over_the_bound():
+        late = d.submit(GenerateRequest(prompt="Liberty", max_new_tokens=2, stream=True))
+        refused = late.next(timeout=0)   # at once, in this thread
+        assert isinstance(refused, ev.Rejected) and refused.code == "queue_full" and late.ended
+        with pytest.raises(SettingError) as e:
+            d.update_settings({"rate": 2.0})
+        assert "busy" in e.value.message
+        d.cancel(handles[0].id)    # what frees capacity always goes in
+        d.reset()
+    # Not started, the engine never drains the inbox: a put that blocked would never return. The
+    # calls run in a thread of their own, so a hang fails here (a liveness bound, not a speed).
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(over_the_bound).result(timeout=30)
+    assert d._inbox.qsize() == 5
     assert [(x["type"], x["code"]) for x in sub.get(timeout=0)] == [("rejected", "queue_full")]
     d.start()
     try:
@@ -169,10 +170,11 @@ def test_queue_full_is_429(live):
 
 def test_overload_is_refused_with_429_and_stays_bounded_and_responsive(live, monkeypatch):
     """Arrivals far beyond capacity (4 slots; every forward slowed to ~10 ms) from 24 client
-    threads for 4 s: the waiting queue never passes its bound, the rest get 429, memory stays
-    flat, and /healthz keeps answering while the engine is saturated."""
+    threads until 600 have come (and a probe was answered while requests waited): the waiting
+    queue never passes its bound, the rest get 429, memory stays flat, and /healthz keeps
+    answering while the engine is saturated."""
     import psutil
-    driver, bound, seconds = live.driver, 8, 4.0
+    driver, bound, arrivals = live.driver, 8, 600
     driver.engine.scheduler.max_waiting = bound
     slow_forwards(monkeypatch, driver, 0.01)
     proc = psutil.Process()
@@ -180,20 +182,29 @@ def test_overload_is_refused_with_429_and_stays_bounded_and_responsive(live, mon
                                                   "max_tokens": 16, "ignore_eos": True}
     statuses, health_ms, health_waiting = [], [], []
     peaks = {"waiting": 0, "inbox": 0, "rss": proc.memory_info().rss}
-    rss0, stop = peaks["rss"], threading.Event()
+    rss0, stop, stepped = peaks["rss"], threading.Event(), threading.Event()
+    step, put = driver.engine.step, driver._put
+
+    def watched():
+        """Each engine step: the peaks read where they change (the queue once the inbox was
+        drained into it), and a probe may go (it paces itself on the engine's steps)."""
+        peaks["waiting"] = max(peaks["waiting"], len(driver.engine.scheduler.waiting))
+        peaks["rss"] = max(peaks["rss"], proc.memory_info().rss)
+        stepped.set()
+        return step()
+
+    def counted(command):   # the inbox's peak: read at each command put in
+        queued = put(command)
+        peaks["inbox"] = max(peaks["inbox"], driver._inbox.qsize())
+        return queued
+    monkeypatch.setattr(driver.engine, "step", watched)
+    monkeypatch.setattr(driver, "_put", counted)
 
     def client():
         with requests.Session() as s:
             while not stop.is_set():
                 r = s.post(url, json=payload)
                 statuses.append((r.status_code, r.json().get("error", {}).get("code")))
-
-    def watch():
-        while not stop.is_set():
-            peaks["waiting"] = max(peaks["waiting"], len(driver.engine.scheduler.waiting))
-            peaks["inbox"] = max(peaks["inbox"], driver._inbox.qsize())
-            peaks["rss"] = max(peaks["rss"], proc.memory_info().rss)
-            time.sleep(0.005)   # the sampling pace of the peaks
 
     def probe():
         with requests.Session() as s:
@@ -203,13 +214,18 @@ def test_overload_is_refused_with_429_and_stays_bounded_and_responsive(live, mon
                 assert r.status_code == 200
                 health_ms.append((time.perf_counter() - t0) * 1000)
                 health_waiting.append(r.json()["waiting"])
-                time.sleep(0.05)   # a probe's pace, as a deploy's would be
+                stepped.clear()
+                if not stop.is_set():
+                    stepped.wait()   # the next probe after the engine's next step (idle turns step too)
 
-    threads = [threading.Thread(target=f) for f in [client] * 24 + [watch, probe]]
+    threads = [threading.Thread(target=f) for f in [client] * 24 + [probe]]
+    t0 = time.perf_counter()
     for t in threads:
         t.start()
-    time.sleep(seconds)   # the overload's length: what the figures are per second of
+    wait_until(lambda: len(statuses) >= arrivals and any(health_waiting), 120, "the overload's arrivals")
     stop.set()
+    seconds = time.perf_counter() - t0   # what the printed rate is per second of (not judged)
+    stepped.set()
     for t in threads:
         t.join(30)
     ok = sum(1 for s, _ in statuses if s == 200)

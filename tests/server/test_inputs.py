@@ -161,7 +161,7 @@ ws_case = st.one_of(   # escaped: a text frame itself must be UTF-8
 def classroom_app(tiny):
     """Classroom mode (every entry point open: the API with the presenter key, /join for one
     phone, the websocket as the presenter), a rate limit the examples never reach."""
-    from conftest import LiveApp
+    from helpers import LiveApp
     from engine import EngineConfig
     from server.classroom import Classroom
     room = Classroom(rate_burst=10**6, rate_every_s=0.001)

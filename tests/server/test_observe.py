@@ -14,7 +14,7 @@ from simple_websocket import Client
 
 from engine.events import PROTOCOL
 from engine.core.request import GenerateRequest
-from helpers import ROOT, collect, frames, schema_validator, start_app, wait_until
+from helpers import ROOT, LiveApp, Served, collect, frames, schema_validator, start_app, wait_until
 
 BURST = 3
 MAX_NEW = 24   # long enough that the server's /metrics (scraped every 0.5 s) sees them running
@@ -171,22 +171,6 @@ def test_a_hostile_observed_server_fails_only_its_requests(hostile_server):
 
 
 # ------------------------------------------------------------------ First Token observing First Token (tiny model)
-class Served:
-    """A Flask app from `create_app`, served in this process on a free loopback port."""
-
-    def __init__(self, app):
-        import threading
-        from werkzeug.serving import make_server
-        self.app = app
-        self.http = make_server("127.0.0.1", 0, app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.http.server_port}"
-        self.ws_url = f"ws://127.0.0.1:{self.http.server_port}/ws"
-        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def stop(self):
-        self.http.shutdown()
-
-
 def observing(url, api_key=None, classroom=None):
     """An observe-mode app on `url`, in this process, once it has read the server's /metrics."""
     from server import create_app
@@ -207,7 +191,6 @@ def stop_all(conn, obs, observed):
 
 
 def tiny_server(tiny, classroom=None):
-    from conftest import LiveApp
     from engine import EngineConfig
     return LiveApp(tiny, EngineConfig(slots=2, kv_tokens=4096, max_context=512), classroom=classroom)
 

@@ -11,9 +11,8 @@ import pytest
 import requests
 
 import app as app_cli
-from engine import Engine, EngineConfig, EngineDriver
 from engine.teach import record
-from helpers import SCHEMA
+from helpers import SCHEMA, engine_driver
 from server import create_app, export, loader, pages
 
 QUICK = {"load": True, "rate": 8.0, "prompt_tokens": 32, "max_new_tokens": 6}
@@ -25,19 +24,12 @@ def trace_validator():
 
 
 @pytest.fixture
-def driver(tiny):
-    d = EngineDriver(Engine(tiny, EngineConfig(slots=4, kv_tokens=4096, max_context=512))).start()
-    yield d
-    d.shutdown()
-
-
-@pytest.fixture
 def tiny_cli(tiny, monkeypatch):
     """`app.py record` builds its engine on the tiny model instead of loading the bundled one."""
     built = []
 
     def tiny_driver(args, progress):
-        d = EngineDriver(Engine(tiny, EngineConfig(slots=args.slots, max_context=512))).start()
+        d = engine_driver(tiny, slots=args.slots, kv_tokens=None)   # the engine's own KV default
         built.append(d)
         return d
     monkeypatch.setattr(loader, "driver", tiny_driver)

@@ -141,8 +141,11 @@ class Crowd:
 
 
 def timed_get(url):
+    """A GET and how long it took (ms, printed, not judged). Starved would be a worker held by a
+    slowloris connection until ARRIVE_S (10 s) ends it, or no answer at all: such a probe fails
+    here, at half of ARRIVE_S (a liveness bound, ~1000x a quiet machine's answer)."""
     t0 = time.perf_counter()
-    r = requests.get(url, timeout=2 * serving.ARRIVE_S)   # liveness: a hung probe fails here
+    r = requests.get(url, timeout=serving.ARRIVE_S / 2)
     return r, (time.perf_counter() - t0) * 1000
 
 
@@ -196,11 +199,9 @@ def test_a_thousand_open_pages_and_200_slowloris_starve_nobody():
         p99 = statistics.quantiles(times, n=100)[98]
         print(f"\n1000 pages opened in {opened_s:.1f} s; /healthz p50 {statistics.median(times):.0f} ms, "
               f"p99 {p99:.0f} ms, max {max(times):.0f} ms; slowloris answers {sorted(set(crowd.answers))}")
-        # Starved would be a worker held by a slowloris connection until ARRIVE_S (10 s) ends it,
-        # or no answer at all; how fast each answer came is this machine's business (p99 < 200 ms
-        # held on a quiet one, and failed a fresh-clone run at 289 ms on its first call alone), so
-        # it is printed above, not judged: the bound is half of ARRIVE_S, ~1000x the quiet p50.
-        assert max(times) < serving.ARRIVE_S * 1000 / 2, times
+        # Not starved: every probe answered within timed_get's liveness bound. How fast each came
+        # is this machine's business (p99 < 200 ms held on a quiet one, and failed a fresh-clone
+        # run at 289 ms on its first call alone), so it is printed above, not judged.
         assert answer.get("status") == 200 and b'"finished"' in answer["lines"][-1], answer
         assert len(crowd.pages) == 1000 and len(crowd.slow) == 200   # none was dropped
         # the slowloris connections, older than ARRIVE_S by now, were answered 408 and closed
@@ -233,8 +234,9 @@ def test_more_slow_connections_from_one_address_than_allowed_are_refused():
             socks.append(short)
         for short in socks:
             assert reply_head(short).startswith("HTTP/1.1 408")
-            # not before ARRIVE_S; the upper bound only catches a body waited on forever
-            assert serving.ARRIVE_S - 1 < time.monotonic() - t0 < 3 * serving.ARRIVE_S
+            # not before ARRIVE_S (a slower machine only answers later; a body waited on forever
+            # fails at the socket's timeout)
+            assert time.monotonic() - t0 > serving.ARRIVE_S - 1
             short.close()
         socks.clear()
         model = requests.get(app.url + "/v1/models", timeout=10).json()["data"][0]["id"].encode()

@@ -7,8 +7,7 @@ import threading
 
 import requests
 
-from conftest import LiveApp
-from helpers import wait_until
+from helpers import LiveApp, wait_until
 from engine import EngineConfig
 
 HANDSHAKE = ("GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
