@@ -297,3 +297,53 @@ def test_a_hit_covers_the_full_blocks_before_the_last_token(prompt, cached):
     b = seq("b", range(prompt))
     assert bm.allocate(b, 64) == prompt - cached and b.num_computed == cached
     assert bm.hits == cached and len(b.block_table) == -(-prompt // BS)
+
+
+def test_block_pool_counts_shares_and_evicts_oldest_first():
+    bm = BlockPool(block_size=4, num_blocks=4)
+    ids = list(range(12))
+    hashes = block_hashes(ids, 4)
+    assert len(hashes) == 3 and len(set(hashes)) == 3
+    assert block_hashes(ids[:8] + [99] * 4, 4)[:2] == hashes[:2]     # chained: same prefix, same names
+    a = bm.allocate(3)
+    for block, h in zip(a, hashes):
+        bm.register(block, h)
+    assert bm.used == 3 and bm.allocate(2) is None                    # only one block free
+    assert bm.match(hashes[:2]) == a[:2] and bm.shared == 2           # a second user of two blocks
+    bm.release(a[:2])
+    bm.release(a)
+    assert bm.used == 0 and bm.cached_free == 3                       # free, contents kept
+    assert bm.match(hashes) == a and bm.used == 3                     # found again after release
+    bm.release(a)
+    fresh = bm.allocate(2)                                            # the never-used block, then the oldest freed
+    assert fresh[0] == 3 and fresh[1] == a[0] and bm.match(hashes) == []   # a[0] evicted: chain broken at the start
+    bm.block_budget = 2
+    assert not bm.can_allocate(1) and bm.match(hashes[1:2]) is None   # reviving a block would pass the budget
+    bm.release(fresh)
+    assert bm.used == 0
+
+
+def test_block_manager_gives_requests_their_blocks_and_prefix_hits():
+    """On sequences: a prompt's blocks at admission, full prompt blocks findable once computed,
+    a later request with the same prefix taking them, guesses' blocks given back, all freed."""
+    blocks = BlockManager(BlockPool(block_size=4, num_blocks=8))
+    a = seq("a", range(10))
+    assert blocks.never_fits(a) is None and blocks.can_allocate(a, 16)
+    assert blocks.allocate(a, 16) == 10 and len(a.block_table) == 3 and a.num_computed == 0
+    blocks.computed(Segment(a, 0, 10, cached=True, logits=True))
+    assert a.num_computed == 10 and blocks.pool.by_hash.keys() == set(block_hashes(range(10), 4))
+    b = seq("b", [*range(8), 50, 51])
+    assert blocks.allocate(b, 16) == 2                        # the two shared blocks found, two tokens left
+    assert b.block_table[:2] == a.block_table[:2] and blocks.shared == 2
+    assert (b.cached_tokens, blocks.queries, blocks.hits) == (8, 20, 8)
+    # a decode with three guesses needs a fourth block; one guess accepted gives it back again
+    assert blocks.can_append(a, 4)
+    blocks.may_append(a, 4)
+    assert len(a.block_table) == 4 and blocks.used == 5
+    blocks.accepted(Segment(a, 10, 4, cached=True, logits=True, draft=(1, 2, 3)), 1)
+    assert a.num_computed == 11 and len(a.block_table) == 3 and blocks.used == 4
+    blocks.free(a)
+    blocks.free(b)
+    assert blocks.used == 0 and a.block_table == b.block_table == [] and blocks.cached_free == 2
+    assert blocks.never_fits(seq("c", range(30), max_new_tokens=3)) == \
+        "needs 33 tokens of KV cache; the cache budget is 32 tokens"
