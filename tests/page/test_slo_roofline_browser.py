@@ -231,14 +231,19 @@ def capped():
     failed so twice). The midsize model's forward time follows its tokens."""
     with midsize_app() as app:
         app.driver.update_settings({"max_step_ms": 40, "max_batched_tokens": 64})
-        sub = app.driver.events.subscribe(replay=False)
-        for _ in range(4):
-            app.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=48))
-        app.driver.submit(GenerateRequest(prompt=" ".join(["We hold these truths to be self-evident"] * 8),
-                                          max_new_tokens=8))
-        assert all(ev["reason"] == "length" for ev in finished_events(sub, 5))
-        sub.close()
         sched = app.driver.engine.scheduler
+        # A busy machine's jitter can hide the prompt tokens' cost in one round (the fit then
+        # honestly has no cap): the same round again, a few times at most, until it has one.
+        for _ in range(4):
+            sub = app.driver.events.subscribe(replay=False)
+            for _ in range(4):
+                app.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=48))
+            app.driver.submit(GenerateRequest(prompt=" ".join(["We hold these truths to be self-evident"] * 8),
+                                              max_new_tokens=8))
+            assert all(ev["reason"] == "length" for ev in finished_events(sub, 5))
+            sub.close()
+            if sched.prefill_cap is not None:
+                break
         assert sched.prefill_cap is not None, sched.step_cost.coefficients()
         yield app
 

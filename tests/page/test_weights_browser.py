@@ -244,7 +244,7 @@ def test_a_classroom_viewer_sees_the_format_and_cannot_switch_it(quant, browser)
         assert [m for m in sent_since(page, 0) if m["type"] == "set"] == []   # its URL's setting not sent
         assert page.is_disabled("#set-weights input[value=stored]") and page.is_disabled("#set-weights input[value=dequantised]")
         assert app.driver.settings.now.scheduling.weights == "stored"   # its URL's setting was not sent
-        assert page.text_content("#model-weights").startswith("weights: 4-bit as stored")
+        page.wait_for_function("() => document.getElementById('model-weights').textContent.startsWith('weights: 4-bit as stored')")
         app.driver.update_settings({"weights": "dequantised"})   # the presenter switches
         page.wait_for_function("() => document.getElementById('model-weights').textContent.startsWith('weights: fp32 dequantised')")
         page.click("#btn-measure", force=True)   # disabled: nothing sent
