@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, page_module, preset_arrives, settled
+from helpers import ARTIFACTS, page_module
 from test_classroom import room, student  # noqa: F401  (room: a fixture)
 
 SCREENS = [(1024, 768), (1280, 800), (1366, 768)]
 CLASS = 25
+SETTLE_MS = 2700   # the step's preset arrives and fills the panels; its parts are kept in view (ft-tour.js)
 
 # Every box the checks need, in screen px: the window, the header, the lesson, each part the step
 # outlines (headings aside: they go with their part) with the scrolling panel that shows it, and
@@ -116,17 +117,17 @@ def walk_tour(page, button, label, judge):
     the step in test-artifacts/ when it fails), with the console clean."""
     tour = page_module(page, "tour")
     n = page.evaluate("tour => tour.STEPS.length", tour)
+    page.click(button)
+    page.wait_for_function("() => document.body.classList.contains('touring')")
     for i in range(n):
-        # the step's preset has come (its parts are then kept in view: ft-tour.js) and the page stands still
-        preset_arrives(page, lambda: page.click("#tour-next" if i else button),
-                       page.evaluate("([t, i]) => t.STEPS[i].preset", [tour, i]))
-        if not i:
-            assert page.evaluate("document.body.classList.contains('touring')")
-        key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])
-        if key == "slow":   # no preset: what it outlines is the selected request's diagnosis, once written
-            page.wait_for_function("() => document.getElementById('d-why').dataset.cause", timeout=60_000)
-            settled(page)
+        if i:
+            page.click("#tour-next")
+        # A fixed settle, not a wait on the page standing still: judged after `settled`, the
+        # presenter's header at 1280 px was read before its row was fitted to the figures just
+        # written, and a class of 25's tour lost a step's click (two runs beside busy loops).
+        page.wait_for_timeout(SETTLE_MS)
         page.evaluate("firstToken.refresh()")
+        key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])
         where = f"{label} step {i + 1} ({key})"
         try:
             judge(i, key, where)

@@ -8,7 +8,7 @@ is decided by which format is faster: that is the machine's to say, the page onl
 import pytest
 
 from engine import EngineConfig
-from helpers import ARTIFACTS, RECORD_SENT, page_module, sent_since, settled, wait_until
+from helpers import ARTIFACTS, RECORD_SENT, page_module, sent_since, wait_until
 from test_layout_browser import open_page
 
 def mb(b):
@@ -203,17 +203,17 @@ def test_the_weights_lesson_on_the_real_model_screenshots(server, browser):
         page.wait_for_function("() => document.getElementById('lesson-title').textContent === 'Fewer bytes to read, faster decode'",
                                timeout=30_000)
         page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=60_000)
-        settled(page)   # a settled picture for the screenshots (artifacts, not verdicts)
+        page.wait_for_timeout(1500)   # a settled picture for the screenshots (artifacts, not verdicts): a live page never stands still
         ARTIFACTS.mkdir(exist_ok=True)
         for w, h in ((1366, 768), (1280, 800), (390, 844)):
             page.set_viewport_size({"width": w, "height": h})
             page.evaluate("() => firstToken.refresh()")
-            settled(page)   # the same: the picture at this size settled
+            page.wait_for_timeout(800)   # the same: the picture at this size settled
             page.screenshot(path=str(ARTIFACTS / f"weights-lesson-{w}x{h}.png"))
         page.set_viewport_size({"width": 1366, "height": 768})
         page.keyboard.press("p")   # presenter mode, as a class sees it
         page.wait_for_function("() => document.body.classList.contains('present')")
-        settled(page)   # the same
+        page.wait_for_timeout(1500)   # the same
         page.screenshot(path=str(ARTIFACTS / "weights-lesson-present-1366x768.png"))
         assert page.is_visible("#h-weights-fig") and not page.is_visible("#h-policy") and page.text_content("#h-weights").startswith("4-bit · ")
         assert "4-bit as stored" in page.text_content("#lesson-live")

@@ -1,7 +1,7 @@
 // Injected by the tour tests (tests/page/test_solo_tour_browser.py, test_presenter_tour_browser.py):
 // what a person sees of a tour step, judged by what is drawn on top at each point
 // (document.elementFromPoint), not by boxes meeting the window. Returns
-//   {w, h, header: {top, bottom, rows}, text: {box, seen, points, covers}, spots: [{what, box, seenPx, inHeader}]}
+//   {w, h, header: {top, bottom, rows}, text: {box, seen, points, covers}, spots: [{what, box, seenPx, allPx (seenPx were all of it uncovered), inHeader}]}
 // - text: the explanation (#lesson-text): its box, how many of its sampled points show it (the
 //   lesson banner is on top there, inside the window, below the header) of how many, and what
 //   covers the others;
@@ -42,8 +42,9 @@
     .filter((e) => !e.matches("h2, h3, .strip-head")).map((e) => {
       const b = rect(e), inHeader = !!e.closest("header.top");
       const covers = new Set();
-      let rows = 0;
+      let rows = 0, all = 0;
       for (let y = b.top + INSET; y <= b.bottom - INSET; y += STEP) {
+        all++;
         let ok = 0;
         for (const x of xs(b)) {
           const free = onScreen(x, y) && (inHeader || y >= headBottom) &&
@@ -54,7 +55,8 @@
         }
         if (ok * 2 > COLS) rows++;
       }
-      return {what: e.id || e.className, box: b, seenPx: rows * STEP, inHeader, covers: [...covers].slice(0, 4)};
+      return {what: e.id || e.className, box: b, seenPx: rows * STEP, allPx: all * STEP, inHeader,
+              covers: [...covers].slice(0, 4)};
     });
   const figs = [...head.querySelectorAll(".fig")].filter((f) => f.getClientRects().length);
   const rows = new Set(figs.map((f) => Math.round(f.getBoundingClientRect().top))).size;
