@@ -20,7 +20,6 @@ computed again anyway, so only 0..p-2 are copied. A request that ends before its
 refused) lets them go too.
 """
 from ..core.connector import KVConnector
-from ..core.request import RequestHandle
 from ..core.sequence import Status
 from ..core.step_output import Loaded
 from . import transfer
@@ -77,10 +76,10 @@ class DecodeConnector(KVConnector):
 
     def adopt(self, handoff):
         """A request the prefill instance handed off, as this engine queues it: its blocks there
-        remembered, none here yet, a client end of its own (its real client is the coordinator's)."""
+        remembered, none here yet (its client is the coordinator's: no handle here)."""
         seq = handoff.seq
         self.remote[seq.id], seq.block_table = seq.block_table, []
-        seq.num_computed, seq.status, seq.handle = 0, Status.WAITING, RequestHandle(seq.id)
+        seq.num_computed, seq.status = 0, Status.WAITING
         return seq
 
     def external_tokens(self, seq):
@@ -107,8 +106,7 @@ class DecodeConnector(KVConnector):
         """Ended before its keys and values were copied: the prefill instance lets them go."""
         if self.remote.pop(seq.id, None) is not None:
             self._out.append(Release(seq.id))
-        if seq in self._loading:
-            self._loading.remove(seq)
+        self._loading = [s for s in self._loading if s is not seq]
         return False
 
     def outbox(self):
