@@ -114,6 +114,13 @@ function countFrame(ts) {
   perf.framesInWindow = 0; perf.bytesInWindow = 0; perf.windowStart = ts;
 }
 
+// The panels and figures written, then the header's row fitted to them (in that order: a fit
+// before the figures' new text left the widest one clipped until the next tick).
+function updateDom() {
+  panels.update(page); server.update(s, engineNow()); teach.update(page, lessons, embed); weights.update(s); classroom.update(); busy.update(s);
+  if (!embed) present.update();
+}
+
 let lastDom = 0, lastCharts = 0;
 function loop(ts) {
   countFrame(ts);
@@ -121,8 +128,7 @@ function loop(ts) {
   canvases.draw(page);
   perf.drawMs = 0.9 * perf.drawMs + 0.1 * (performance.now() - t0);   // smoothed script time per frame
   if (ts - lastDom >= 250) {
-    lastDom = ts; panels.update(page); server.update(s, engineNow()); teach.update(page, lessons, embed); weights.update(s); classroom.update(); busy.update(s);
-    if (!embed) present.update();
+    lastDom = ts; updateDom();
   }
   if (ts - lastCharts >= 500) { lastCharts = ts; charts.update(s); }
   requestAnimationFrame(loop);
@@ -130,7 +136,7 @@ function loop(ts) {
 
 // Everything drawn now, not at its next tick: what a test reads is then the state's.
 function refresh() {
-  canvases.draw(page); panels.update(page); server.update(s, engineNow()); teach.update(page, lessons, embed); weights.update(s); busy.update(s); charts.update(s);
+  canvases.draw(page); updateDom(); charts.update(s);
 }
 
 // For tests, benchmarks and the console.

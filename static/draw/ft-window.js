@@ -25,7 +25,9 @@ export function latestRun(s, now, lesson) {
   for (let i = s.order.length - 1; i >= 0; i--) {
     const r = s.reqs.get(s.order[i]);
     if (!r) continue;
-    const until = r.end === null ? now : r.end;
+    // a finished request's run lasts until its last token arrived here: behind a buffering proxy
+    // a short answer's tokens all arrive after its end, and a window ending there drew none of them
+    const until = r.end === null ? now : Math.max(r.end, lastArrival(r));
     if (ids.length && until < start - GAP_S && !sent(r)) break;
     ids.push(r.id);
     start = Math.min(start, r.arrival, sent(r) ? lesson.t : Infinity);
@@ -34,6 +36,8 @@ export function latestRun(s, now, lesson) {
   }
   return ids.length ? {start, end, ids, live} : null;
 }
+
+const lastArrival = (r) => r.arrivals.reduce((m, a) => (a === null ? m : Math.max(m, a)), -Infinity);
 
 // Where the window is for this frame (a paused one stays where it was). Sets view.span and
 // view.right, and view.fitted: the run it fits, or null for the live window.

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from engine.model import runner
-from helpers import ARTIFACTS, LiveApp, collect, record_sent, sent_since, settled
+from helpers import ARTIFACTS, LiveApp, collect, page_module, record_sent, sent_since, settled
 from test_browser import Page
 from test_teaching import midsize_bundle
 
@@ -105,6 +105,14 @@ def test_buffered_proxy_clumps_the_arrivals_here_while_the_engine_stays_steady(p
             assert a[k] - t[k - 1] >= 0.45, (k, a[k] - t[k - 1], prev)
     # drawn: the arrival marks apart from the ticks, and the legend names the proxy (real, not injected)
     page.js("() => firstToken.refresh()")
+    # the window fitted to the run holds every arrival here, not only the engine's tokens ...
+    view = page.js("() => ({left: firstToken.view.right - firstToken.view.span, right: firstToken.view.right})")
+    last = max(a for r in reqs for a in r["arrivals"])
+    assert view["left"] <= min(r["arrival"] for r in reqs) and last <= view["right"], (view, last)
+    # ... as for an answer shorter than the proxy's half second, whose tokens all arrive after its end
+    run = page.js("""w => w.latestRun({order: ["a"], reqs: new Map([["a", {id: "a", arrival: 10, end: 10.3,
+        arrivals: [10.5, 10.5, null]}]])}, 11, null)""", page_module(page.page, "window"))
+    assert run["start"] == 10 and run["end"] == 10.5, run
     drawn = page.js("() => firstToken.ui.layouts.timeline.delivery")
     assert drawn["marks"] > 0 and drawn["apart"] > 0 and "buffering proxy" in drawn["note"]
     legend = page.page.text_content("#tl-way")
