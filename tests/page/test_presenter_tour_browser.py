@@ -122,9 +122,13 @@ def walk_tour(page, button, label, judge):
     for i in range(n):
         if i:
             page.click("#tour-next")
-        # A fixed settle, not a wait on the page standing still: judged after `settled`, the
-        # presenter's header at 1280 px was read before its row was fitted to the figures just
-        # written, and a class of 25's tour lost a step's click (two runs beside busy loops).
+        # the step shown and its preset come (a busy machine's can take seconds) ...
+        page.wait_for_function("([t, i, n]) => document.getElementById('tour-pos').textContent === `${i + 1} / ${n}` && "
+                               "(!t.STEPS[i].preset || import('ft/teach').then(m => m.active && m.active.name === t.STEPS[i].preset))",
+                               arg=[tour, i, n], timeout=60_000)
+        # ... then a fixed settle, not a wait on the page standing still: a live page's panels fill
+        # as its requests run, and a class of 25's tour lost a step's click to that wait (two runs
+        # beside busy loops)
         page.wait_for_timeout(SETTLE_MS)
         page.evaluate("firstToken.refresh()")
         key = page.evaluate("([t, i]) => t.STEPS[i].key", [tour, i])

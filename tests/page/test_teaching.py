@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from helpers import LiveApp, collect, tiny_tokenizer
+from helpers import LiveApp, collect, page_module, tiny_tokenizer
 from test_browser import Page, restore_engine
 
 
@@ -286,6 +286,9 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
             tpage.js("""() => { const ui = firstToken.ui;
                                ui.selected = [...firstToken.state.reqs.values()].filter(r => r.stages).pop().id;
                                ui.dirtyDom = true; }""")
+        if ".acc-ttft" in step["spot"]:   # a finished request's accounting: the shown request's, once it ends
+            tpage.wait("p => { const r = p.selectedReq(firstToken.state, firstToken.ui); return r && r.stages; }",
+                       page_module(tpage.page, "panels"), timeout=60_000)
         # a spotted part drawn on the page's tick (the request panel's accounting among them)
         tpage.wait("sels => sels.every(s => [...document.querySelectorAll(s)].some(e => e.classList.contains('spot')))",
                    step["spot"], timeout=15_000)

@@ -123,7 +123,7 @@ def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, brow
         page.wait_for_function("() => firstToken.state.settings.weights === 'stored'", timeout=15_000)   # the preset's switch
         qlive.driver.update_settings({"max_new_tokens": 24})
         qlive.driver.burst(1, seed=5)   # the tiny model's first stream is long done: one more, read as stored
-        page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=20_000)
+        page.wait_for_function("() => /faster|slower/.test(document.getElementById('lesson-live').textContent)", timeout=60_000)
         events = []
 
         def quoted():
@@ -137,7 +137,7 @@ def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, brow
                     by.setdefault(e["weights"], []).append((e["end"] - e["start"]) * 1000)
             return [f"{name} {nearest_rank_median(by[fmt]):.1f} ms (median of {len(by[fmt])} steps"
                     for fmt, name in (("dequantised", "fp32 dequantised"), ("stored", "4-bit as stored")) if fmt in by]
-        wait_until(lambda: len(quoted()) == 2 and all(q in page.text_content("#lesson-live") for q in quoted()), 30,
+        wait_until(lambda: len(quoted()) == 2 and all(q in page.text_content("#lesson-live") for q in quoted()), 60,
                    lambda: f"the banner quoting {quoted()}; it shows {page.text_content('#lesson-live')!r}")
         shown = page.text_content("#lesson-live")
         assert "est.)" in shown and "fewer bytes" in shown
