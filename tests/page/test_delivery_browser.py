@@ -136,7 +136,7 @@ def test_slow_network_adds_the_injected_delay_to_ttft_here_and_says_injected(pag
     d = why(page, reqs[0]["id"])
     assert d["cause"] == "network" and "injected network delay" in d["text"] and "300 ms injected" in d["text"], d
     fmt = page.js("() => import('ft/delivery').then(m => m.ttftHere(firstToken.state.reqs.get(firstToken.ui.selected)))")
-    assert f"TTFT here" in d["acc"] and "with injected network delay" in d["acc"] and fmt > reqs[0]["ttft"], d
+    assert "TTFT here" in d["acc"] and "with injected network delay" in d["acc"] and fmt > reqs[0]["ttft"], d
     assert "300–400 ms injected network delay" in page.page.text_content("#tl-way")
     page.wait("() => /injected network delay/.test(document.getElementById('lesson-live').textContent)", timeout=5_000)
     assert page.errors == []

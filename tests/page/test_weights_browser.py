@@ -5,7 +5,6 @@ as the `step` events give it, the decode-cost sheet measures both formats and dr
 and the comparison runs the two formats side by side. On the tiny model with Q4_1 blocks in
 process; one test on the real model takes the screenshots (1366x768, 1280x800, 390x844). Nothing
 is decided by which format is faster: that is the machine's to say, the page only quotes it."""
-import pytest
 
 from engine import EngineConfig
 from helpers import ARTIFACTS, RECORD_SENT, page_module, sent_since, wait_until
