@@ -84,8 +84,11 @@ class ApplyPreset:
     overrides: dict   # validated settings over the preset's own
 
     def run(self, driver):
-        driver._actions[:] = [(driver.clock.now() + a.at, a) for a in self.preset.timed(self.overrides)]
         events = self.preset.apply(driver.engine, self.overrides)
+        # timed from the lesson's start, once its settings are in: the `weights` preset's switch to
+        # fp32 makes the copy (seconds on a busy machine), and timed from before it, its switch back
+        # "4 s in" was already due, so its request never read fp32 at all
+        driver._actions[:] = [(driver.clock.now() + a.at, a) for a in self.preset.timed(self.overrides)]
         driver._load_wake.set()
         return events
 

@@ -5,8 +5,8 @@ classroom viewer cannot switch it. On the tiny random model with its weights as 
 (tests/helpers.py tiny_quant_bundle), in process. Nothing here is decided by wall-clock speed:
 the bytes and the roofline's estimates are the engine's own figures."""
 import json
+import time
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine, EngineConfig
@@ -134,20 +134,37 @@ def test_the_metrics_listener_follows_settings_and_steps():
     assert 'first_token:weight_bytes_read_total{format="dequantised",model_name="m"} 500.0' in text
 
 
+COPY_S = 1.5   # how long the weights preset's fp32 copy is made to take (more than the 0.6 s the free takes)
+
+
 def test_the_weights_preset_switches_mid_run_and_a_comparison_side_keeps_one_format(qlive):
     """`weights`: one stream reads fp32, then at 4 s the blocks (a `settings` event the preset's
     action sends); with `weights` overridden (one side of the comparison) no switch comes."""
     d = qlive.driver
+    formats = d.engine.runner.formats
+    use = formats.use
+
+    def slow_copy(fmt):   # the time under test: the fp32 copy takes seconds on a busy machine
+        made = use(fmt)
+        if made is not None:
+            time.sleep(COPY_S)
+        return made
+
     sub = d.events.subscribe(replay=False)
-    d.apply_preset("weights")
-    events = collect(sub, lambda ev: any("weights" in e["changed"] and e["settings"]["weights"] == "stored"
-                                         for e in of(ev, "settings") if e["t"] > of(ev, "preset")[0]["t"])
-                     if of(ev, "preset") else False, timeout=30)
+    formats.use = slow_copy
+    try:
+        d.apply_preset("weights")
+        events = collect(sub, lambda ev: any("weights" in e["changed"] and e["settings"]["weights"] == "stored"
+                                             for e in of(ev, "settings") if e["t"] > of(ev, "preset")[0]["t"])
+                         if of(ev, "preset") else False, timeout=30)
+    finally:
+        del formats.use
     (preset,) = of(events, "preset")
     assert preset["requests"] == 1 and len(of(events, "request")) == 1
     switch = [e for e in of(events, "settings") if e["t"] > preset["t"] and "weights" in e["changed"]][0]
-    # Not before its 4 s (engine time), and on the engine's first turn once due: no step began
-    # between (how late that turn came is this machine's business).
+    # Not before its 4 s (engine time) from the lesson's start, which is after the copy was made
+    # (counted from before it, the switch came COPY_S early), and on the engine's first turn once
+    # due: no step began between (how late that turn came is this machine's business).
     assert switch["t"] - preset["t"] >= 3.9
     assert not [s for s in of(events, "step") if preset["t"] + 4 <= s["start"] < switch["t"]]
     first = [s for s in of(events, "step") if s["start"] < switch["t"]]

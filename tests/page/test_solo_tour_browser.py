@@ -199,7 +199,9 @@ def test_the_prompt_box_is_on_the_first_screen_once_something_ran(live, browser,
 
 
 FIT = """() => { const s = firstToken.state, v = firstToken.view, L = firstToken.ui.layouts.timeline;
-  const r = s.reqs.get(s.order[s.order.length - 1]), end = r.end === null ? s.latestT : r.end;
+  // a finished request lasts until its last token arrived here (ft-window.js): what the window fits
+  const r = s.reqs.get(s.order[s.order.length - 1]);
+  const end = r.end === null ? s.latestT : Math.max(r.end, ...r.arrivals.filter(a => a !== null));
   return {span: v.span, fitted: !!v.fitted, dur: end - r.arrival, left: L.f.left, right: L.f.right,
           arrival: r.arrival, end, px: L.f.x(end) - L.f.x(r.arrival), pw: L.f.pw, label: document.getElementById('span-label').textContent,
           title: document.getElementById('d-title').textContent, rows: L.labels.map(l => l.full), id: r.id}; }"""
