@@ -67,7 +67,8 @@ def test_the_header_shows_the_servers_measured_resident_memory(qlive, browser):
     sub = qlive.driver.events.subscribe(replay=False)
     ctx, page = open_page(browser, qlive.url + "/", 1366, 768)
     try:
-        page.wait_for_function("() => /RSS \\d+ MB/.test(document.getElementById('model-rss').textContent)")
+        # the model line is written once `hello` has come (no element before it)
+        page.wait_for_function("() => { const e = document.getElementById('model-rss'); return e && /RSS \\d+ MB/.test(e.textContent); }")
         shown = page.evaluate("() => [document.getElementById('model-rss').textContent, firstToken.state.last.rss_bytes]")
         assert shown[0] == f" · RSS {round(shown[1] / 1e6)} MB" and shown[1] > 50e6
         assert "resident memory" in page.get_attribute("#model-rss", "title")
