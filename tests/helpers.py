@@ -203,6 +203,15 @@ def collect(sub, until, timeout=30.0):
     return events
 
 
+def switched_to_stored(events):
+    """Whether the `weights` preset's switch to the blocks has come, as the engine made it: a
+    `settings` event to `stored` after the `preset` event (the page's `stored` can be the last
+    lesson's, before this one's fp32 came)."""
+    kinds = [e["type"] for e in events]
+    return "preset" in kinds and any(e["type"] == "settings" and "weights" in e["changed"] and e["settings"]["weights"] == "stored"
+                                     for e in events[kinds.index("preset"):])
+
+
 def tiny_factory(seed=0, layers=2):
     """`tiny_bundle`, as a disaggregated server's instances build it in their own processes
     (engine/disagg/: a module-level function pickles by name; spawn gives them this sys.path)."""

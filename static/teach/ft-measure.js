@@ -74,14 +74,13 @@ function frame(div, data, extra) {
   }
   const margin = Object.assign({}, LAYOUT.margin, {t: 8 + 20 * rows}), plotH = div.clientHeight - margin.t - margin.b;
   const y = extra.yaxis, long = y && y.title && y.title.text;
-  if (long && SHORT_Y[long] && long.length * TITLE_CHAR_PX > plotH) {
-    extra = Object.assign({}, extra, {yaxis: Object.assign({}, extra.yaxis, {title: Object.assign({}, y.title, {text: SHORT_Y[long]})})});
-  }
-  // a log axis over many decades on a short plot (a busy machine's slow points, a tiny model's
-  // roofs at 0.001 ms, 150 % zoom): a label every few decades, so that none runs into the next
-  if (y && y.type === "log" && y.range) {
-    const every = Math.ceil(MIN_TICK_PX / (Math.max(1, plotH) / (y.range[1] - y.range[0])));
-    if (every > (y.dtick || 1)) extra = Object.assign({}, extra, {yaxis: Object.assign({}, extra.yaxis, {dtick: every})});
+  if (y) {
+    const yaxis = Object.assign({}, y);
+    if (long && SHORT_Y[long] && long.length * TITLE_CHAR_PX > plotH) yaxis.title = Object.assign({}, y.title, {text: SHORT_Y[long]});
+    // a log axis over many decades on a short plot (a busy machine's slow points, a tiny model's
+    // roofs at 0.001 ms, 150 % zoom): a label every few decades, so that none runs into the next
+    if (y.type === "log" && y.range) yaxis.dtick = Math.max(y.dtick || 1, Math.ceil(MIN_TICK_PX / (Math.max(1, plotH) / (y.range[1] - y.range[0]))));
+    extra = Object.assign({}, extra, {yaxis});
   }
   return Object.assign({}, LAYOUT, {margin, width: div.clientWidth, height: div.clientHeight}, extra);
 }

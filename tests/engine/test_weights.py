@@ -13,7 +13,7 @@ from engine import Engine, EngineConfig
 from engine.model import kernels
 from engine.events import Settings, Step
 from engine.settings import defaults, make_settings
-from helpers import collect, engine_driver, schema_validator
+from helpers import collect, engine_driver, schema_validator, switched_to_stored
 from server import control
 from server.classroom import VIEWER_REFUSED
 from server.metrics import EngineMetrics
@@ -154,9 +154,7 @@ def test_the_weights_preset_switches_mid_run_and_a_comparison_side_keeps_one_for
     formats.use = slow_copy
     try:
         d.apply_preset("weights")
-        events = collect(sub, lambda ev: any("weights" in e["changed"] and e["settings"]["weights"] == "stored"
-                                             for e in of(ev, "settings") if e["t"] > of(ev, "preset")[0]["t"])
-                         if of(ev, "preset") else False, timeout=30)
+        events = collect(sub, switched_to_stored, timeout=30)
     finally:
         del formats.use
     (preset,) = of(events, "preset")

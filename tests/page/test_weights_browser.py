@@ -7,7 +7,7 @@ process; one test on the real model takes the screenshots (1366x768, 1280x800, 3
 is decided by which format is faster: that is the machine's to say, the page only quotes it."""
 
 from engine import EngineConfig
-from helpers import ARTIFACTS, RECORD_SENT, collect, page_module, sent_since, wait_until
+from helpers import ARTIFACTS, RECORD_SENT, collect, page_module, sent_since, switched_to_stored, wait_until
 from test_layout_browser import open_page
 
 def mb(b):
@@ -104,14 +104,6 @@ def test_the_int8_lesson_quotes_both_arithmetics_steps_and_the_measured_agreemen
         sub.close()
         ctx.close()
         qlive.driver.update_settings({"activations": "fp32"})
-
-
-def switched_to_stored(events):
-    """Whether the preset's switch to the blocks has come, as the engine made it (the page's
-    `stored` can be the last lesson's, before this one's fp32 came)."""
-    kinds = [e["type"] for e in events]
-    return "preset" in kinds and any(e["type"] == "settings" and "weights" in e["changed"] and e["settings"]["weights"] == "stored"
-                                     for e in events[kinds.index("preset"):])
 
 
 def test_the_tour_step_runs_the_lesson_and_quotes_the_measured_steps(qlive, browser):
