@@ -72,7 +72,7 @@ if (!embed) {   // their buttons and sheets
 const dispatch = createDispatch(s);
 dispatch.on(teach.reactions(embed));
 dispatch.on(candidates.reactions(connection.send, () => !replay.active()));   // asks for candidates (`view`)
-teach.beforeApply((name) => { if (!replay.active()) candidates.lessonIs(name, connection.send); });
+teach.beforeApply((name) => { if (!replay.active()) candidates.lessonStarts(name, connection.send); });
 if (!embed) for (const table of [tour.reactions(ui), measure.reactions, compare.reactions]) dispatch.on(table);
 dispatch.on({
   hello(ev) {

@@ -139,14 +139,18 @@ function batchTick(s, points, div) {
 // rows as a narrow box wraps it into (plotly otherwise grows the margin itself, past the box:
 // a 277x208 box in presenter mode left the plot no height, and its tick labels were placed at
 // y = -Infinity, which Chromium logs). When the box cannot hold the legend and a plot of 60 px,
-// the legend goes (the heading names the chart). At most one y tick per ~26 px of the plot.
-const LEGEND_ITEM_PX = (name) => 40 + 7.5 * name.length;   // a 13 px legend item: its symbol, text and gap
-function stepsFrame(div, traces) {
+// the legend goes (the heading names the chart). At most one y tick per ~26 px of the plot. The
+// left margin holds the y title and the widest tick label up to `top` (ms): its 52 px fit three
+// digits; a busy machine's 1,000 ms step has four, and ran into the title.
+const CHAR_PX = 7.5;   // a 13 px character of a legend item or a tick label
+const LEGEND_ITEM_PX = (name) => 40 + CHAR_PX * name.length;   // a 13 px legend item: its symbol, text and gap
+function stepsFrame(div, traces, top) {
   const names = traces.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);
   const need = names.reduce((a, n) => a + LEGEND_ITEM_PX(n), 0);
   const rows = Math.max(1, Math.ceil(need / Math.max(1, div.clientWidth - 20)));
-  let margin = {...STEPS_MARGIN, t: Math.max(STEPS_MARGIN.t, 8 + 22 * rows)}, showlegend = true;
-  if (div.clientHeight - margin.t - margin.b < 60) { margin = STEPS_MARGIN; showlegend = false; }
+  const l = STEPS_MARGIN.l + CHAR_PX * Math.max(0, String(Math.floor(top)).length - 3);
+  let margin = {...STEPS_MARGIN, l, t: Math.max(STEPS_MARGIN.t, 8 + 22 * rows)}, showlegend = true;
+  if (div.clientHeight - margin.t - margin.b < 60) { margin = {...STEPS_MARGIN, l}; showlegend = false; }
   const plotH = div.clientHeight - margin.t - margin.b;
   return {margin, showlegend, legend: LEGEND_ABOVE, nticks: Math.max(2, Math.floor((plotH - 10) / 26))};
 }
@@ -160,10 +164,12 @@ function byLength(div, s) {
   $("step-info").textContent = `(${off.length} steps with the KV cache off, ${on.length} on; measured)`;
   const dots = (pts, name, color) => ({type: "scattergl", mode: "markers", name, x: pts.map((p) => p.len),
     y: pts.map((p) => p.ms), marker: {color: alpha(color, 0.6), size: 5}, hoverinfo: "skip"});
-  const traces = [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)];
-  const {nticks, ...frame} = stepsFrame(div, traces);
+  const traces = [dots(off, "KV cache off", P.bad), dots(on, "KV cache on", P.decode)], both = [...off, ...on];
+  const {nticks, ...frame} = stepsFrame(div, traces, 1.1 * Math.max(0, ...both.map((p) => p.ms)));   // plotly's autorange pads the top
+  // From a little left of zero: at zero the x axis's "0" ran into the y axis's "0" at the corner.
+  const right = 1.05 * Math.max(1, ...both.map((p) => p.len));
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), frame, {
-    xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: false, rangemode: "tozero", gridcolor: P.grid, zeroline: false},
+    xaxis: {title: {text: "tokens per sequence", standoff: 6}, automargin: false, range: [-0.05 * right, right], gridcolor: P.grid, zeroline: false},
     yaxis: {title: {text: "ms per step"}, rangemode: "tozero", gridcolor: P.grid, nticks},
   }));
 }
@@ -181,7 +187,7 @@ function drawSteps(div, s) {
   const fmts = pointFormats(s.points.filter((p) => p.kv));
   const floors = floorMarks(s, fmts, div.clientWidth < (fmts.length > 1 ? 560 : 340));
   const top = Math.max(floors.top, ...s.points.map((p) => p.ms)) * 1.18 || 10;
-  const traces = stepTraces(s, s.points), {nticks, ...frame} = stepsFrame(div, traces);
+  const traces = stepTraces(s, s.points), {nticks, ...frame} = stepsFrame(div, traces, top);
   react(div, traces, Object.assign({}, PLOT_LAYOUT, sized(div), {shapes: floors.shapes, annotations: floors.annotations}, frame, {
     xaxis: Object.assign({title: {text: "requests in the batch", standoff: 6}, automargin: false, gridcolor: P.grid, zeroline: false},
                          // a fixed range that always holds a tick: with every point at one batch size,

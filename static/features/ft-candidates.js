@@ -23,9 +23,12 @@ export const shown = (text) => (text || "").replace(/ /g, "·").replace(/\n/g, "
 // ------------------------------------------------------------------ what this page asks for
 // `choice`: the reader's own (the checkbox), null until they touch it; `lesson`: the sampling
 // lesson runs (a preset event; on the page that starts it, before its preset is sent, so its
-// first tokens carry odds too), and every page watching sees the bars it is about.
+// first tokens carry odds too), and every page watching sees the bars it is about. `pending`: the
+// lesson this page has just started, until its preset event comes back: a preset event before it
+// is an older lesson's still on its way (the stream runs behind on a busy machine), which must not
+// switch the view back to that lesson's.
 const LESSON = "sampling";
-const view = {choice: null, lesson: false, sent: null};
+const view = {choice: null, lesson: false, sent: null, pending: null};
 
 export const wanted = () => (view.choice !== null ? view.choice : view.lesson);
 
@@ -38,16 +41,27 @@ export function sync(send, force = false) {
   if (box) box.checked = want;
 }
 
-// What it does on events: a new connection is told again; a lesson may switch a viewer's on.
+// What it does on events: a new connection is told again; a lesson may switch a viewer's on. An
+// error ends the wait for this page's own lesson (the server may have refused it).
 export const reactions = (send, live) => ({
-  hello() { view.sent = null; if (live()) sync(send, true); },
-  preset(ev) { lessonIs(ev.name, live() ? send : null); },
+  hello() { view.sent = null; view.pending = null; if (live()) sync(send, true); },
+  preset(ev) {
+    if (view.pending !== null && ev.name !== view.pending) return;
+    view.pending = null;
+    lessonIs(ev.name, live() ? send : null);
+  },
+  error() { view.pending = null; },
 });
 
-// Lesson `name` runs: its preset event, or, on the page that starts it, before its preset is sent
-// (ft-teach.js beforeApply), so the sampling lesson's first tokens carry their candidates too. The
-// server is told unless there is none to tell (`send` null: a replay).
-export function lessonIs(name, send) {
+// This page starts lesson `name` (ft-teach.js beforeApply, before its preset is sent), so the
+// sampling lesson's first tokens carry their candidates too.
+export function lessonStarts(name, send) {
+  view.pending = name;
+  lessonIs(name, send);
+}
+
+// Lesson `name` runs. The server is told unless there is none to tell (`send` null: a replay).
+function lessonIs(name, send) {
   view.lesson = name === LESSON;
   if (send) sync(send);
 }

@@ -104,6 +104,26 @@ def test_embed_in_a_small_frame_keeps_its_strips(busy, browser):
         ctx.close()
 
 
+@pytest.mark.parametrize("kv", [True, False], ids=["by-batch", "by-length"])
+def test_a_slow_steps_four_digit_ticks_stand_clear_of_the_axis_title(busy, browser, kv):
+    """Steps of a second and more (a busy machine's): the steps chart's y ticks read "1000", four
+    digits, beside its "ms per step" title on a phone, in either kind of the chart (the KV cache off
+    plots against sequence length). The page's measured steps, stretched to 1.6 s here."""
+    ctx, page = open_page(browser, busy.url + "/", 390, 844, 3)
+    try:
+        page.wait_for_function("() => firstToken.state.points.length > 0", timeout=20_000)
+        page.evaluate("""kv => { const s = firstToken.state, top = Math.max(...s.points.map((p) => p.ms));
+            s.points.forEach((p) => { p.ms *= 1600 / top; p.kv = kv || p !== s.points[0]; }); s.version++; }""", kv)
+        name = f"slow-steps-{'batch' if kv else 'length'}-390x844"
+        r = assert_readable(page, name)
+        page.locator("#chart-steps").screenshot(path=str(ARTIFACTS / f"layout-{name}-chart.png"))
+        assert r["strips"] and page.text_content("#steps-title").endswith("batch size" if kv else "sequence length")
+        ticks = page.evaluate("[...document.querySelectorAll('#chart-steps .ytick text')].map((t) => t.textContent)")
+        assert any(len(t) >= 4 and t.isdigit() for t in ticks), ticks
+    finally:
+        ctx.close()
+
+
 @pytest.mark.parametrize("name,width,height,scale", [("export-1280x800", 1280, 800, 1),
                                                      ("export-phone-390x844", 390, 844, 3)])
 def test_an_exported_replay_is_readable_from_file(live, browser, tmp_path, name, width, height, scale):
