@@ -1,6 +1,11 @@
 // First Token: small helpers every page shares: number formatting, building DOM nodes with
 // text only, and the footer toast. (The colours are ft-palette.js.)
 
+// ------------------------------------------------------------ text widths
+// About how wide a character of the charts' 13 px text is (legend items, tick labels, axis
+// titles): what their margins and short titles are sized by, without laying plotly out twice.
+export const CHAR_PX = 7.5;
+
 // ------------------------------------------------------------ formatting
 export function fmtS(v) {
   if (v === null || v === undefined || !isFinite(v)) return "—";

@@ -6,7 +6,7 @@
 import {alpha, palette as P, stageColor, stagesOf} from "ft/palette";
 import {percentile, stepMedians} from "ft/state";
 import {rooflineGap} from "ft/targets";
-import {$} from "ft/util";
+import {$, CHAR_PX} from "ft/util";
 import {floorMarks, formatTraces, pointFormats} from "ft/weights";
 
 let version = -1;   // the state version last drawn
@@ -142,7 +142,6 @@ function batchTick(s, points, div) {
 // the legend goes (the heading names the chart). At most one y tick per ~26 px of the plot. The
 // left margin holds the y title and the widest tick label up to `top` (ms): its 52 px fit three
 // digits; a busy machine's 1,000 ms step has four, and ran into the title.
-const CHAR_PX = 7.5;   // a 13 px character of a legend item or a tick label
 const LEGEND_ITEM_PX = (name) => 40 + CHAR_PX * name.length;   // a 13 px legend item: its symbol, text and gap
 function stepsFrame(div, traces, top) {
   const names = traces.filter((t) => t.showlegend !== false && t.name).map((t) => t.name);

@@ -18,7 +18,7 @@ import {alpha, palette as P} from "ft/palette";
 import {batchingSentence, ridgeSentence} from "ft/relations";
 import {ROLES, percentile} from "ft/state";
 import {rooflineGap} from "ft/targets";
-import {$, fmtBytes, fmtS, plural, toast} from "ft/util";
+import {$, CHAR_PX, fmtBytes, fmtS, plural, toast} from "ft/util";
 import {colorOf, floorOf, formats, inForce, mb, name} from "ft/weights";
 
 // The functions that read the page state take it as `s` (its connectT tells history sent on
@@ -59,7 +59,6 @@ const LEGEND_ITEM_PX = (name) => 44 + 6.6 * name.length;   // a 12 px legend ite
 // The y axis titles' short forms, for a plot too short for the long one (at 150 % zoom the
 // roofline's "ms per forward (log)" ran past its chart onto the words under it).
 const SHORT_Y = {"ms per decode step": "ms / step", "tokens/s (measured)": "tokens/s", "ms per forward (log)": "ms (log)"};
-const TITLE_CHAR_PX = 7.5;   // a 13 px title's character
 
 // The layout for one chart in `div`: the legend's rows above the plot (as many as its entries
 // wrap into at this width), `extra` over it, and the y title short when the plot is.
@@ -76,7 +75,7 @@ function frame(div, data, extra) {
   const y = extra.yaxis, long = y && y.title && y.title.text;
   if (y) {
     const yaxis = Object.assign({}, y);
-    if (long && SHORT_Y[long] && long.length * TITLE_CHAR_PX > plotH) yaxis.title = Object.assign({}, y.title, {text: SHORT_Y[long]});
+    if (long && SHORT_Y[long] && long.length * CHAR_PX > plotH) yaxis.title = Object.assign({}, y.title, {text: SHORT_Y[long]});
     // a log axis over many decades on a short plot (a busy machine's slow points, a tiny model's
     // roofs at 0.001 ms, 150 % zoom): a label every few decades, so that none runs into the next
     if (y.type === "log" && y.range) yaxis.dtick = Math.max(y.dtick || 1, Math.ceil(MIN_TICK_PX / (Math.max(1, plotH) / (y.range[1] - y.range[0]))));
