@@ -17,6 +17,7 @@ each other whenever the registry is made (`check_registry`), so they cannot drif
 from dataclasses import dataclass, fields, replace
 from enum import Enum
 import math
+import sys
 from typing import TypedDict
 
 from .core.queues import QUEUES
@@ -88,26 +89,47 @@ def check_text(field, text):
     return text
 
 
+def finite_number(value):
+    """Whether `value` is a number (not a bool) a float can hold: finite, and for an integer, within
+    float's range. JSON has integers of any length, and `float()` of a 400-digit one raises
+    OverflowError (as does `math.isfinite`), so the range is checked before any conversion (Python
+    compares an int with a float exactly)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return -sys.float_info.max <= value <= sys.float_info.max
+    return math.isfinite(value)
+
+
+def shown(value, limit=40):
+    """`value` as an error message quotes it: its repr, cut to `limit` characters (a client's value
+    may be a 4,000-digit integer or a long string; the message names the problem, not all of it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def coerce(field, kind, value, lo=None, hi=None):
     """Return `value` as `kind` if it is one and within [lo, hi]; raise SettingError otherwise."""
     if kind == "bool":
         if isinstance(value, bool):
             return value
-        raise SettingError(field, f"must be true or false, got {value!r}")
+        raise SettingError(field, f"must be true or false, got {shown(value)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SettingError(field, f"must be a number, got {value!r}")
+        raise SettingError(field, f"must be a number, got {shown(value)}")
     if kind == "int":
         if isinstance(value, float) and not value.is_integer():
-            raise SettingError(field, f"must be a whole number, got {value!r}")
+            raise SettingError(field, f"must be a whole number, got {shown(value)}")
         value = int(value)
+    elif not finite_number(value):
+        raise SettingError(field, f"must be finite (a number a float holds), got {shown(value)}")
     else:
         value = float(value)
-        if not math.isfinite(value):
-            raise SettingError(field, "must be finite")
     if lo is not None and value < lo:
-        raise SettingError(field, f"must be at least {lo}, got {value}")
+        raise SettingError(field, f"must be at least {lo}, got {shown(value)}")
     if hi is not None and value > hi:
-        raise SettingError(field, f"must be at most {hi}, got {value}")
+        raise SettingError(field, f"must be at most {hi}, got {shown(value)}")
     return value
 
 
@@ -190,7 +212,7 @@ def validate(specs, changes):
             raise SettingError(name, f"unknown setting {name[:40]!r} (known: {', '.join(sorted(specs))})")
         if spec.kind == "choice":
             if value not in spec.choices:
-                raise SettingError(name, f"must be one of {', '.join(spec.choices)}, got {value!r}")
+                raise SettingError(name, f"must be one of {', '.join(spec.choices)}, got {shown(value)}")
             out[name] = value
             continue
         bounded = spec.kind != "bool"

@@ -21,6 +21,7 @@ import threading
 
 from engine.events import Finished, Rejected, Request, Token
 from engine.core.request import RequestHandle
+from engine.settings import finite_number
 from engine.timing.stats import RollingStats
 from server import inputs
 from server.errors import ApiError
@@ -238,7 +239,7 @@ def read_chunk(data):
 
 
 def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x <= 0
+    return finite_number(x) and x <= 0
 
 
 def _entries(logprobs):

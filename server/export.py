@@ -22,12 +22,13 @@ and in plotly.js and the stylesheet `</script`, `</style` and `<!--` are written
 """
 import base64
 import json
-import math
 from pathlib import Path
 import re
 import sys
 
 from flask import render_template
+
+from engine.settings import finite_number
 
 from . import create_app, pages
 
@@ -48,8 +49,7 @@ def check(trace):
         raise TraceError("a trace starts with a hello event")
     for i, ev in enumerate(trace):
         t = ev.get("t") if isinstance(ev, dict) else None
-        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str) or isinstance(t, bool) \
-                or not isinstance(t, (int, float)) or not math.isfinite(t):
+        if not isinstance(ev, dict) or not isinstance(ev.get("type"), str) or not finite_number(t):
             raise TraceError(f"event {i} has no type and time")
     return trace
 

@@ -15,7 +15,7 @@ from typing import get_args
 
 from ..events import MAX_TOP, Finished, Rejected, Source
 from .sequence import SamplingParams
-from ..settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce
+from ..settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce, shown
 
 MAX_PROMPT_CHARS = 200_000
 MAX_LABEL_CHARS = 64   # a request's label (a classroom name; the classroom itself allows fewer)
@@ -132,7 +132,7 @@ class GenerateRequest:
         defaults are resolved)."""
         new = settings.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
         if new > max_context:
-            raise SettingError("max_new_tokens", f"must be at most {max_context}, got {new}")
+            raise SettingError("max_new_tokens", f"must be at most {max_context}, got {shown(new)}")
         if self.min_tokens > new:
             raise SettingError("min_tokens", f"must be at most max_new_tokens ({new})")
         spec = self.speculative_config or {}
