@@ -92,7 +92,10 @@ class BoundedSock(Sock):
                 conn = BoundedServer(request.environ, **current_app.config.get("SOCK_SERVER_OPTIONS", {}))
                 try:
                     view(conn, *args, **kw)
-                except ConnectionClosed:   # the page went
+                except (ConnectionClosed, ConnectionError):
+                    # the page went: seen by simple-websocket (ConnectionClosed), or by the kernel in
+                    # the middle of a send (BrokenPipeError, ConnectionResetError): a peer that left,
+                    # not a server error, so no 500 and no traceback in the log
                     pass
                 try:
                     conn.close()

@@ -5,7 +5,7 @@ import json
 import time
 
 import pytest
-from simple_websocket import Client
+from simple_websocket import Client, ConnectionClosed
 
 from engine.events import Error, Sync
 from engine.core.request import GenerateRequest
@@ -152,3 +152,29 @@ def test_only_a_page_that_asked_gets_the_candidates(live):
     for e in mine + theirs:
         check.validate(e)
     wait_until(lambda: not live.driver.events.candidates_shown(), 10, "the page's subscription to end")
+
+
+def test_a_page_that_leaves_mid_send_is_no_server_error(live, monkeypatch, caplog):
+    """The kernel answers a send to a page that has gone with BrokenPipeError or
+    ConnectionResetError (which of them, and when, depends on how the peer left): a departure,
+    not a 500 with a traceback in the log. The send fails as the kernel fails it (the race of a
+    real peer leaving mid-frame is not reproducible), and the page's place is given back."""
+    import logging
+    from server import live as live_ws
+    caplog.set_level(logging.ERROR)
+    opened = live.driver.events.subscribers
+    for gone in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "Connection reset by peer")):
+        def send(self, data, gone=gone):
+            raise gone
+        monkeypatch.setattr(live_ws.BoundedServer, "send", send)
+        try:   # the server closes as soon as its first send fails: maybe before the handshake is read
+            conn = Client.connect(live.ws_url)
+            wait_until(lambda: not conn.connected, 30, "the server to drop the page")
+            conn.close()
+        except ConnectionClosed:
+            pass
+        wait_until(lambda: live.driver.events.subscribers == opened
+                   and live.app.extensions["first_token"].viewers.open == 0, 30,
+                   "the page's subscription and place given back")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text[:2000]
+
