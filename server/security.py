@@ -4,8 +4,10 @@ A browser sends `Origin` with every websocket handshake and every cross-site POS
 page a visitor has open can make both: without this check, a stray script in another tab could
 open /ws and start the load generator, or post to /v1. So the websocket and every
 state-changing request (any method but GET/HEAD/OPTIONS) are refused (403) when they carry an
-`Origin` that is neither the app's own host (the `Host` header) nor in the allow-list
-(`--allow-origin`, config key ALLOWED_ORIGINS). Requests without `Origin` are not from a web
+`Origin` that is neither the app's own origin (scheme, host and port: the scheme it is served
+by, the host and port of the `Host` header; `https://` on an http server is another origin) nor in
+the allow-list (`--allow-origin`, config key ALLOWED_ORIGINS; behind a TLS proxy, the proxy's
+https origin). Requests without `Origin` are not from a web
 page's script (curl, the openai client, server-side code) and pass.
 
 DNS rebinding: a page on evil.example can point that name at 127.0.0.1 after it loads, and its
@@ -18,7 +20,14 @@ name), or it gets 403. Bound to other interfaces the app is reachable by whateve
 network gives it, and no host list applies.
 
 Every response says `X-Content-Type-Options: nosniff`: a browser takes its type as given (a
-trace or a JSON error is never sniffed into a script or a page).
+trace or a JSON error is never sniffed into a script or a page); and `Referrer-Policy:
+no-referrer`: a link followed from a page sends no address of it on (a presenter's carries its key).
+
+Every page's `Content-Security-Policy` is a second line against injection (`page_policy`): scripts
+run only from this origin, or inline with this response's nonce (the page's import map and the one
+line that boots its modules); so a `<script>` or an `onerror=` that ever reached the DOM would not
+run. No plugins (`object-src 'none'`), no `<base>` (`base-uri 'none'`). An exported page
+(server/export.py) is a file with no headers: its inlined scripts carry a nonce nothing checks.
 
 Framing (`Content-Security-Policy: frame-ancestors`): /embed is made for iframes on other
 sites (articles, course pages), so any origin may frame it by default, and an article opened
@@ -30,10 +39,11 @@ websocket is same-origin (the frame's document comes from this app), so framing 
 framing site nothing: that site's scripts cannot reach into the frame or the websocket.
 """
 import ipaddress
+import secrets
 import socket
 from urllib.parse import urlsplit
 
-from flask import current_app, request
+from flask import current_app, g, request
 
 from .errors import ApiError
 
@@ -60,22 +70,24 @@ def _host_port(scheme, host, port):
     return host if port is None else f"{host}:{port}"
 
 
-def _same_host(origin, host_header):
-    """Whether `origin` names the host the browser asked for (its `Host` header). The scheme is
-    not compared: behind a TLS proxy the app cannot know it, and the host already pins the site."""
+def _same_origin(origin, scheme, host_header):
+    """Whether `origin` is this app's own: the scheme it is served by (`scheme`: http, or https
+    where the WSGI server says so) and the host and port the browser asked for (its `Host`
+    header). Behind a TLS proxy the app is served by http and its pages' origin is https: give
+    that origin with --allow-origin."""
     try:
         parts = urlsplit(origin.lower())
         want = urlsplit("//" + host_header.lower())
-        return bool(parts.hostname) and parts.hostname == want.hostname and \
-            (parts.port or DEFAULT_PORTS.get(parts.scheme)) == (want.port or DEFAULT_PORTS.get(parts.scheme))
+        return parts.scheme == scheme and bool(parts.hostname) and parts.hostname == want.hostname and \
+            (parts.port or DEFAULT_PORTS.get(scheme)) == (want.port or DEFAULT_PORTS.get(scheme))
     except ValueError:   # a malformed port in either
         return False
 
 
-def origin_allowed(origin, host_header, allowed):
+def origin_allowed(origin, scheme, host_header, allowed):
     if origin is None:
         return True
-    if _same_host(origin, host_header or ""):
+    if _same_origin(origin, scheme, host_header or ""):
         return True
     try:
         return normalize_origin(origin) in allowed
@@ -93,7 +105,7 @@ def check_origin():
     if not _guarded():
         return None
     origin = request.headers.get("Origin")
-    if origin_allowed(origin, request.host, _allowed()):
+    if origin_allowed(origin, request.scheme, request.host, _allowed()):
         return None
     message = (f"origin {origin!r} is not allowed here: only this app's own pages and the origins given "
                "with --allow-origin may use its websocket and API from a browser")
@@ -181,22 +193,42 @@ def parse_frame_ancestors(text):
     return " ".join(["'self'"] + sorted({normalize_origin(p) for p in origins}) + ([FILE] if len(origins) < len(parts) else []))
 
 
-def frame_headers(response):
-    """after_request: /embed may be framed by FRAME_ANCESTORS (any origin by default); every
-    other page by this origin only."""
+def csp_nonce():
+    """This response's nonce for the page's own inline scripts (its import map and the line that
+    boots its modules: `nonce="{{ csp_nonce() }}"` in the templates), made once per request."""
+    if "csp_nonce" not in g:
+        g.csp_nonce = secrets.token_urlsafe(18)
+    return g.csp_nonce
+
+
+def page_policy(frame_ancestors):
+    """A page's Content-Security-Policy: scripts from this origin and the inline ones this response
+    rendered with its nonce, nothing else (an injected `<script>`, `onerror=` or `javascript:` URL
+    does not run); no plugins; no `<base>` to re-point its relative URLs; framed by
+    `frame_ancestors`."""
+    nonce = g.get("csp_nonce")
+    scripts = "'self'" + (f" 'nonce-{nonce}'" if nonce else "")
+    return f"script-src {scripts}; object-src 'none'; base-uri 'none'; frame-ancestors {frame_ancestors}"
+
+
+def page_headers(response):
+    """after_request: a page's CSP (`page_policy`); /embed may be framed by FRAME_ANCESTORS (any
+    origin by default), every other page by this origin only."""
     if response.mimetype != "text/html":
         return response
     if request.path == "/embed":
-        response.headers["Content-Security-Policy"] = "frame-ancestors " + current_app.config["FRAME_ANCESTORS"]
+        response.headers["Content-Security-Policy"] = page_policy(current_app.config["FRAME_ANCESTORS"])
     else:
-        response.headers["Content-Security-Policy"] = "frame-ancestors 'self'"
+        response.headers["Content-Security-Policy"] = page_policy("'self'")
         response.headers["X-Frame-Options"] = "SAMEORIGIN"   # for browsers without frame-ancestors
     return response
 
 
-def nosniff(response):
-    """after_request: the declared content type is the only one (no sniffing), on every response."""
+def every_response(response):
+    """after_request: the declared content type is the only one (no sniffing), and no address of
+    this app is sent on as a Referer (a presenter's page address carries its key), on every response."""
     response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
     return response
 
 
@@ -210,5 +242,6 @@ def init_app(app):
     app.config["ALLOWED_HOSTS"] = None if hosts is None else frozenset(h.strip("[]").lower() for h in hosts)
     app.before_request(check_host)
     app.before_request(check_origin)
-    app.after_request(frame_headers)
-    app.after_request(nosniff)
+    app.after_request(page_headers)
+    app.after_request(every_response)
+    app.context_processor(lambda: {"csp_nonce": csp_nonce})

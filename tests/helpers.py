@@ -335,3 +335,9 @@ def sent_since(page, n):
     queued has run (`frames_drawn`), less its clock syncs (sent on timers of their own)."""
     frames_drawn(page)
     return page.evaluate("n => window.__sent.slice(n).filter(m => m.type !== 'sync')", n)
+
+
+def csp(response):
+    """A response's Content-Security-Policy as {directive: its sources, as written}."""
+    directives = (d.strip().split(None, 1) for d in response.headers["Content-Security-Policy"].split(";"))
+    return {d[0]: d[1] if len(d) > 1 else "" for d in directives if d}

@@ -70,3 +70,27 @@ def test_a_hostile_name_in_an_error_is_shown_as_text(page):
     assert page.evaluate(f"document.querySelectorAll(\"{INJECTED}\").length") == 0
     assert page.evaluate("window.__xss") is None and page.dialogs == []
     json.dumps(page.evaluate("firstToken.state.settings"))   # the page state is intact
+
+
+def test_an_injected_inline_script_does_not_run_and_the_page_still_works(page):
+    """The CSP's second line: were markup ever to reach the page (the tests above: it does not), an
+    inline `<script>` or an `onerror=` in it would not run, for neither carries this response's
+    nonce; the page's own scripts (the import map and its modules, plotly.js) run, and it still
+    streams a prompt."""
+    page.evaluate("""() => {
+        window.__violations = [];
+        document.addEventListener('securitypolicyviolation', e => window.__violations.push(e.effectiveDirective));
+        const s = document.createElement('script');
+        s.textContent = 'window.__xss = 7';
+        document.body.appendChild(s);
+        document.body.insertAdjacentHTML('beforeend', '<img id="injected" src="data:," onerror="window.__xss = 8">');
+    }""")
+    page.wait_for_function("() => window.__violations.length >= 2", timeout=10_000)
+    assert sorted(page.evaluate("window.__violations")) == ["script-src-attr", "script-src-elem"]
+    assert page.evaluate("window.__xss") is None
+    page.fill("#prompt", "Liberty")
+    page.press("#prompt", "Enter")
+    page.wait_for_function("() => { const id = firstToken.ui.selected, r = id && firstToken.state.reqs.get(id);"
+                           " return r && r.end !== null && r.text.length > 0; }", timeout=60_000)
+    assert page.evaluate("typeof Plotly") == "object"   # the page's own external script ran
+    assert page.dialogs == [] and page.errors == []

@@ -17,7 +17,7 @@ from bench.launch import App, free_port
 from engine import Engine, EngineConfig, SettingError
 from engine import events as ev
 from engine.core.request import GenerateRequest
-from helpers import ARTIFACTS, ROOT, Served, collect, engine_driver, frames, idle, wait_until
+from helpers import ARTIFACTS, ROOT, Served, collect, csp, engine_driver, frames, idle, wait_until
 
 CHAT = [{"role": "user", "content": "We hold these truths"}]
 
@@ -73,7 +73,8 @@ def ws_handshake(url, origin):
 
 def test_cross_origin_websocket_is_refused_before_it_can_send(live):
     subscribers = live.driver.events.subscribers
-    for origin in ("http://evil.example", "null", "http://127.0.0.1:1"):   # null: sandboxed frames, file://
+    # null: sandboxed frames, file://; https on this http server's host and port: another origin
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1", live.url.replace("http:", "https:")):
         reply = ws_handshake(live.url, origin)
         assert reply.startswith("HTTP/1.1 403") and "origin_not_allowed" in reply, origin
     assert live.driver.events.subscribers == subscribers          # never upgraded, never subscribed
@@ -87,7 +88,8 @@ def test_cross_origin_post_is_refused_with_an_openai_error(live):
     url = live.url + "/v1/chat/completions"
     payload = body(live.driver.api_model, max_tokens=2)
     sub = live.driver.events.subscribe(replay=False)
-    for origin in ("http://evil.example", "null", live.url.replace("127.0.0.1", "localhost"), "http://127.0.0.1:1"):
+    for origin in ("http://evil.example", "null", live.url.replace("127.0.0.1", "localhost"), "http://127.0.0.1:1",
+                   live.url.replace("http:", "https:")):
         r = requests.post(url, json=payload, headers={"Origin": origin})
         assert r.status_code == 403, origin
         err = r.json()["error"]
@@ -118,9 +120,9 @@ def test_allow_list_and_framing(live):
         assert requests.post(url + "/v1/completions", json={}, headers={"Origin": "http://course.example.org"}
                              ).status_code == 403   # another scheme is another origin
         page, embed = requests.get(url + "/"), requests.get(url + "/embed")
-        assert page.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
+        assert csp(page)["frame-ancestors"] == "'self'"
         assert page.headers["X-Frame-Options"] == "SAMEORIGIN"
-        assert embed.headers["Content-Security-Policy"] == "frame-ancestors * file:"
+        assert csp(embed)["frame-ancestors"] == "* file:"
         assert "X-Frame-Options" not in embed.headers
     finally:
         served.stop()
@@ -455,12 +457,40 @@ def test_loopback_is_judged_by_address_after_resolving():
     assert allowed_hosts(parse_args(["--host", "0.0.0.0"])) is None   # beyond loopback: any name
 
 
-def test_every_response_says_nosniff(live):
-    """X-Content-Type-Options: nosniff on pages, static files, JSON, errors and the API."""
+def test_every_response_says_nosniff_and_no_referrer(live):
+    """X-Content-Type-Options: nosniff and Referrer-Policy: no-referrer on pages, static files, JSON,
+    errors and the API."""
     c = live.app.test_client()
     for r in (c.get("/"), c.get("/static/core/ft.css"), c.get("/healthz"), c.get("/metrics"), c.get("/v1/models"),
               c.get("/no-such-page"), c.post("/v1/completions", data="not json"), c.get("/join")):
         assert r.headers.get("X-Content-Type-Options") == "nosniff", (r.request.path, r.status_code)
+        assert r.headers.get("Referrer-Policy") == "no-referrer", (r.request.path, r.status_code)
+
+
+def test_a_page_runs_only_its_own_scripts(tiny):
+    """Every page's CSP: scripts from this origin, and inline only the ones it rendered with this
+    response's nonce (each response a new one); no plugins, no <base>; /embed keeps its
+    frame-ancestors. (tests/page/test_browser_security.py: what Chromium does with it.)"""
+    import re
+    from engine import EngineConfig
+    from server.classroom import Classroom
+    from helpers import LiveApp
+    app = LiveApp(tiny, EngineConfig(slots=2, kv_tokens=1024, max_context=256), classroom=Classroom())
+    try:
+        c = app.app.test_client()
+        nonces = set()
+        for path in ("/", "/embed", "/join"):
+            r = c.get(path)
+            policy = csp(r)
+            nonce = re.fullmatch(r"'self' 'nonce-([A-Za-z0-9_-]{22,})'", policy["script-src"]).group(1)
+            inline = re.findall(r"<script(?![^>]*\bsrc=)([^>]*)>", r.get_data(as_text=True))
+            assert inline and all(f'nonce="{nonce}"' in attrs for attrs in inline), (path, inline)
+            assert policy["object-src"] == "'none'" and policy["base-uri"] == "'none'"
+            assert policy["frame-ancestors"] == ("* file:" if path == "/embed" else "'self'")
+            nonces.add(nonce)
+        assert len(nonces) == 3   # never reused
+    finally:
+        app.stop()
 
 
 def test_default_bind_is_loopback():
