@@ -2,7 +2,8 @@
 
 `publish(event)` serialises a typed event once (`Event.to_dict`, and its JSON text, kept on the
 dict as `Wire.json` so a thousand websockets do not encode it a thousand times); the dict goes
-into a bounded replay history and into every subscription's bounded buffer. When a buffer is full its oldest
+into the catch-up a new subscriber starts with (engine/catchup.py: bounded in bytes) and into
+every subscription's bounded buffer. When a buffer is full its oldest
 events are dropped for that subscriber alone and counted, and the next batch it reads starts
 with a `dropped` event saying how many. In-process listeners (metrics) get the typed event.
 
@@ -15,6 +16,7 @@ from collections import deque
 import json
 import threading
 
+from .catchup import CatchUp
 from .events import Dropped
 
 
@@ -78,16 +80,16 @@ class Broadcaster:
     def __init__(self, history=2000, per_client=5000):
         self._subs = set()
         self._listeners = []
-        self._history = deque(maxlen=history)
+        self._catch_up = CatchUp(history)
         self._per_client = per_client
         self._lock = threading.Lock()
 
     def subscribe(self, replay=True, wake=None):
-        """A new subscription (with the replay history unless `replay` is false); `wake()`, if
+        """A new subscription (starting with the catch-up unless `replay` is false); `wake()`, if
         given, is called in the publishing thread when an event reaches it with nothing else unread
         (so once per batch the reader takes): quick, never blocking."""
         with self._lock:
-            sub = Subscription(self._per_client, self._history if replay else (), wake)
+            sub = Subscription(self._per_client, self._catch_up.events() if replay else (), wake)
             self._subs.add(sub)
         return sub
 
@@ -99,6 +101,11 @@ class Broadcaster:
     def add_listener(self, fn):
         """`fn(event)` is called with each typed event in the publishing thread: quick, never blocking."""
         self._listeners.append(fn)
+
+    def last(self):
+        """The newest event published (its wire dict), or None."""
+        with self._lock:
+            return self._catch_up.last()
 
     @property
     def subscribers(self):
@@ -112,7 +119,7 @@ class Broadcaster:
     def publish(self, event):
         wire = Wire(event.to_dict())
         with self._lock:
-            self._history.append(wire)
+            self._catch_up.add(wire)
             subs = list(self._subs)
         for sub in subs:
             sub.push(wire)

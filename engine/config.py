@@ -19,7 +19,7 @@ class EngineConfig:
     kv_tokens: int | None = None  # KV-cache capacity in tokens (default: KV_TOKENS_PER_SLOT per slot)
     block_size: int = 16         # KV-cache block size in tokens
     max_context: int = 4096      # longest prompt + output per request (capped by the model's)
-    history: int = 2000          # events replayed to a page that connects
+    history: int = 2000          # recent events kept for a new page's catch-up (engine/catchup.py bounds it in bytes)
     # The server's: nothing there calls `generate`, so once the engine has its own copies of the
     # linear layers (engine/model/llama.py: prepacked, stacked) the model's are released (424 MB for
     # SmolLM2). Tests and benches that compare against `generate` keep them (the default).

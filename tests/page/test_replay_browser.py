@@ -100,7 +100,7 @@ def test_a_trace_round_trips(live, browser, tmp_path):
     applied = live.driver.settings.now
     live.driver.update_settings({"rate": QUICK["rate"]})
     wait_until(lambda: live.driver.settings.now is not applied, 30, "the engine thread's next turn")
-    last = dict(live.driver.events._history[-1])
+    last = dict(live.driver.events.last())
     watcher.wait("last => firstToken.trace().some(e => e.type === last.type && e.t === last.t)", last)
     watcher.js("firstToken.refresh()")
     seen = watcher.js("firstToken.trace()")
