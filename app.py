@@ -5,11 +5,13 @@ reports loading progress, and loads the model in the background (server/loader.p
 `--observe URL`, serves the picture of an external OpenAI-compatible server instead
 (observe/).
 
-On a loopback address (the default, 127.0.0.1) Werkzeug's threaded server serves. Bound to
-any other address, the app is reachable from other machines, so it runs on gunicorn instead,
-in this same process tree: one worker process (the engine and its model live there) with a
-pool of threads (each page's websocket holds one, as flask-sock supports); a request reaches
-a thread only once it has wholly arrived (server/serving.py), so slow clients hold none.
+It serves on gunicorn, in this same process tree, on loopback (the default, 127.0.0.1) as on
+any other address: one worker process (the engine and its model live there) with a pool of
+threads (each page's websocket holds one, as flask-sock supports); a request reaches a thread
+only once it has wholly arrived (server/serving.py), so slow clients hold none. Werkzeug's
+threaded server (`--server werkzeug`, for debugging) has no such deadline: 150 sockets sending a
+header line every 5 s held 150 of its threads, none closed in a minute, where gunicorn's worker
+closed every one (issue 55).
 
 Two subcommands share a trace (docs/protocol.md, "Traces"): `python app.py record ...` runs
 the engine headless and writes one (engine/teach/record.py); `python app.py export TRACE -o
@@ -145,9 +147,10 @@ def serve_flags(p):
                    default=REQUEST_TIMEOUT_S,
                    help=f"deadline of one API request: past it the request is cancelled and the "
                         f"client gets an error (default {REQUEST_TIMEOUT_S:g})")
-    p.add_argument("--server", default="auto", choices=["auto", "werkzeug", "gunicorn"],
-                   help="what serves HTTP: auto (default) is Werkzeug's server on a loopback address and "
-                        "gunicorn on any other; gunicorn on loopback is the production server tested there")
+    p.add_argument("--server", default="gunicorn", choices=["werkzeug", "gunicorn"],
+                   help="what serves HTTP: gunicorn (default: a request reaches a thread only once it has "
+                        "arrived, slow ones are closed) or Werkzeug's development server (for debugging: "
+                        "a client that trickles its headers holds one of its threads for as long as it likes)")
     p.add_argument("--max-viewers", metavar="N", type=positive_int("--max-viewers"), default=MAX_VIEWERS,
                    help="open pages (websockets) at once; more are refused with 503 (the classroom "
                         f"presenter's never) (default {MAX_VIEWERS})")
@@ -331,7 +334,7 @@ def main(argv=None):
         # Made before gunicorn forks its worker, so the key printed here is the worker's.
         room = Classroom(join_code=args.join_code, view_code=args.view_code, base=base_url(args.host, args.port))
         print("\n".join(classroom_banner(args, room)), flush=True)
-    if args.server == "werkzeug" or (args.server == "auto" and is_loopback(args.host)):
+    if args.server == "werkzeug":
         build(args, room).run(host=args.host, port=args.port, threaded=True)
     else:
         serve_gunicorn(args, room)

@@ -262,3 +262,31 @@ def test_more_slow_connections_from_one_address_than_allowed_are_refused():
         for s in socks:
             s.close()
         app.stop()
+
+
+def test_the_default_server_closes_a_socket_that_dribbles_its_headers(live):
+    """`python app.py` as `make run` starts it (no --server: here in observe mode, watching the
+    in-process app, so no model loads) closes a connection that sends a header line every 2 s and
+    never ends its head (slowloris): answered 408 and closed once ARRIVE_S has passed, where
+    Werkzeug's development server held it, and a thread, for as long as it dribbled. The deadline
+    here only catches a hang: the verdict is that it was closed."""
+    app = App("--observe", live.url + "/v1", port=free_port(), timeout=60)
+    sock = socket.create_connection(("127.0.0.1", app.port), timeout=2)
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        answer, closed, give_up = b"", False, time.monotonic() + serving.ARRIVE_S + 50
+        while not closed and time.monotonic() < give_up:
+            try:
+                sock.sendall(b"X-Dribble: %d\r\n" % int(time.monotonic()))
+                chunk = sock.recv(4096)     # waits up to the socket's 2 s timeout
+                answer += chunk
+                closed = not chunk
+            except socket.timeout:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+        assert closed, "the server still holds a connection that never finished its head"
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+    finally:
+        sock.close()
+        app.stop()
