@@ -19,8 +19,9 @@ FUZZ = settings(max_examples=40, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # Any JSON a client could send, hostile corners included: NaN and infinities (Python's json
-# reads them), integers far beyond 64 bits, deep nesting, odd text.
-scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+# reads them), integers far beyond 64 bits and beyond a float's range (float() of 10**400 raises
+# OverflowError), deep nesting, odd text.
+scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70) | st.sampled_from([10**400, -10**400])
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20))
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                       | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
