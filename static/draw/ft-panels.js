@@ -372,6 +372,8 @@ export function update({s, ui, perf, select}) {
   start(s);
   if (s.loading && !s.hello) {
     setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
+  } else if (s.hello && $("conn").dataset.state === "loading") {
+    setConn("connected", "live");   // (the socket opened while loading: "ready 100%" stayed all session)
   }
   footer(s, perf);
   capNote(s);

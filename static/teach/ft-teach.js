@@ -143,8 +143,9 @@ export const reactions = (embed) => ({
   stats(ev, s) { if (embedAsk && s.connectT !== null && ev.t >= s.connectT && ++statsSeen >= 2) askEmbed(s, ev); },
 });
 
-// The banner: the tour's step while it runs, else the active preset.
-function banner(s) {
+// The banner: the tour's step while it runs, else the active preset (the tour shows it at once,
+// before the next tick, to give it the focus).
+export function banner(s) {
   const p = active;
   const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain, watch: p.watch,
                                live: proofText(p.name, s, p.t)});

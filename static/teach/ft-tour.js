@@ -243,9 +243,26 @@ function lesson(s, ui) {
   $("tour-next").disabled = index === n - 1;
 }
 
-export function stop() { index = -1; teach.setLesson(null); spot(null); }
+// The tour started from the keyboard: the banner takes the focus (its first enabled button, "Next →"
+// on step 1, is one Tab away; it took 43), and ending it gives the focus back to what started it.
+let opener = null;
+export function start(s, ui, i = 0) {
+  opener = document.activeElement;
+  go(s, ui, i);
+  if (index < 0) return;
+  teach.banner(s);
+  $("lesson").focus({preventScroll: true});   // (the step scrolls to its own parts)
+}
 
-export const start = (s, ui, i = 0) => go(s, ui, i);
+export function stop() {
+  const hadFocus = $("lesson").contains(document.activeElement);
+  index = -1; teach.setLesson(null); spot(null);
+  if (!hadFocus) return;
+  for (const e of [opener, $("btn-tour"), $("btn-tour-present")]) {
+    if (e && e.isConnected) e.focus({preventScroll: true});
+    if (document.activeElement === e) return;
+  }
+}
 export const next = (s, ui) => go(s, ui, index < 0 ? 0 : index + 1);
 export const prev = (s, ui) => go(s, ui, index < 0 ? 0 : index - 1);
 
