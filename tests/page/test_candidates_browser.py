@@ -35,7 +35,7 @@ def lesson(page, live):
 
 def pct(x):
     """ft-candidates.js pct."""
-    return "<0.1 %" if 0 < x < 0.001 else f"{100 * x:.1f} %"
+    return "< 0.1 %" if 0 < x < 0.001 else f"{100 * x:.1f} %"
 
 
 def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(page, live):
