@@ -10,7 +10,7 @@ import {send} from "ft/connection";
 import {proofText} from "ft/figures";
 import {active as replaying} from "ft/replay";
 import {ROLES} from "ft/state";
-import {$, el} from "ft/util";
+import {$, el, seededText} from "ft/util";
 
 // The functions that read the page state take it as `s`; `embed` says whether this is an
 // /embed (its ?preset= and banner only).
@@ -147,7 +147,7 @@ export const reactions = (embed) => ({
 // before the next tick, to give it the focus).
 export function banner(s) {
   const p = active;
-  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain, watch: p.watch,
+  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain + seededText(preset(s, p.name)), watch: p.watch,
                                live: proofText(p.name, s, p.t)});
   const box = $("lesson");
   box.hidden = !les;

@@ -11,7 +11,7 @@ import {batchingWords} from "ft/relations";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
-import {$, fmtBytes, fmtS, toast} from "ft/util";
+import {$, fmtBytes, fmtS, seededText, toast} from "ft/util";
 import * as weights from "ft/weights";
 
 // The functions that read the page state take it as `s`, and its UI state (the selected
@@ -135,9 +135,10 @@ export const STEPS = [
   {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
    spot: [".timeline-wrap", ".acc-ttft"],
    watch: "a hovered token's bars, the top bar each row took, and the TTFT's first sample",
-   text: () => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
+   text: (s) => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
      "five ways: greedy always takes the tallest bar, temperature 0.7 sharpens the bars, 1.5 flattens them, top-p " +
-     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %.",
+     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %." +
+     seededText(teach.preset(s, "sampling")),
    live: (s) => live(s, "sampling")},
 ];
 
