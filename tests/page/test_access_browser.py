@@ -69,3 +69,32 @@ def test_no_serious_violation_on_any_page(ran, browser, tmp_path, name, width, h
     finally:
         ctx.close()
     assert {where: v for where, v in found.items() if v} == {}
+
+
+TAPPED = ["#presets .preset", "#btn-tour", "#btn-present", "#btn-send", "#btn-help", "#start-lesson", "#start-tour"]
+SIZES_OF = """sels => sels.flatMap(sel => [...document.querySelectorAll(sel)].filter(e => e.getClientRects().length)
+  .map(e => { const r = e.getBoundingClientRect(); return [sel, Math.round(r.width), Math.round(r.height)]; }))"""
+
+
+def test_a_phones_controls_are_a_fingers_size(live, room, browser):
+    """On a phone (390x844) the controls a reader or a student taps are at least 44 px tall (the
+    lesson buttons were 24): the lessons, the tour, the prompt's Send, the help, the first screen's
+    two invitations, and the join page's Join and Send."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=3, has_touch=True, is_mobile=True)
+    try:
+        page = ctx.new_page()
+        page.goto(live.url + "/")   # (a classroom's page without the key is a viewer's: no Send, no invitation)
+        page.wait_for_function("() => firstToken.state.hello && document.querySelectorAll('#presets .preset').length "
+                               "&& !document.getElementById('start').hidden")
+        sizes = page.evaluate(SIZES_OF, TAPPED)
+        assert {"#presets .preset", "#btn-tour", "#btn-send", "#start-tour"} <= {sel for sel, _, _ in sizes}
+        assert [x for x in sizes if x[2] < 44] == []
+        page.goto(room.url + "/join?code=owl")
+        page.wait_for_selector("#join-form:not([hidden])")
+        assert page.locator("#join-form button").bounding_box()["height"] >= 44
+        page.fill("#name", "Ada")
+        page.click("#join-form button")
+        page.wait_for_selector("#ask-form:not([hidden])")
+        assert page.locator("#btn-ask").bounding_box()["height"] >= 44
+    finally:
+        ctx.close()
