@@ -7,7 +7,7 @@
 // it) with its explanation, the number that proves it, and that number measured live
 // (ft-figures.js).
 import {send} from "ft/connection";
-import {proofText} from "ft/figures";
+import {proofText, runSays} from "ft/figures";
 import {active as replaying} from "ft/replay";
 import {ROLES} from "ft/state";
 import {$, el, seededText} from "ft/util";
@@ -147,7 +147,7 @@ export const reactions = (embed) => ({
 // before the next tick, to give it the focus).
 export function banner(s) {
   const p = active;
-  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain + seededText(preset(s, p.name)), watch: p.watch,
+  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain + seededText(preset(s, p.name)) + runSays(p.name, s, p.t), watch: p.watch,
                                live: proofText(p.name, s, p.t)});
   const box = $("lesson");
   box.hidden = !les;
