@@ -368,22 +368,29 @@ class Token(Event):
 
     def to_dict(self):
         """On the wire a token is compact, since a busy engine sends a thousand a second to every
-        page: its times to the microsecond, its probabilities to 3 decimals (a bar's width, and
-        the page's uncertain marks), and `top` the page's SHOWN first candidates. The API reads
+        page: its times to the microsecond, its probabilities to 3 significant digits (a bar's width,
+        the page's uncertain marks, and a tiny one's exact value on hover), and `top` the page's
+        SHOWN first candidates. The API reads
         the event itself, at full precision and with every candidate its request asked for."""
         out = Event.to_dict(self)
         out["t"], out["sampled"], out["sample_s"] = _round(self.t, 6), _round(self.sampled, 6), _round(self.sample_s, 6)
-        out["p"], out["p_raw"] = _round(self.p), _round(self.p_raw)
+        out["p"], out["p_raw"] = wire_prob(self.p), wire_prob(self.p_raw)
         if self.top is not None:
-            out["top"] = [[i, text, _round(p), _round(raw)] for i, text, p, raw in self.top[:SHOWN]]
+            out["top"] = [[i, text, wire_prob(p), wire_prob(raw)] for i, text, p, raw in self.top[:SHOWN]]
         if self.rejected is not None:
             i, text, p, raw = self.rejected
-            out["rejected"] = [i, text, _round(p), _round(raw)]
+            out["rejected"] = [i, text, wire_prob(p), wire_prob(raw)]
         return out
 
 
 def _round(x, places=3):
     return None if x is None else round(x, places)
+
+
+def wire_prob(x):
+    """A probability to 3 significant digits: a tiny one stays itself (to 3 decimals, a
+    temperature-1.5 token's 0.0004 was sent as 0, and the page said it was chosen with 0.0 %)."""
+    return None if x is None else float(f"{x:.3g}")
 
 
 @dataclass(slots=True, frozen=True)

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Response, current_app, jsonify, redirect, render_template, request
 
-from engine.events import Rejected, Token
+from engine.events import Rejected, Token, wire_prob
 from engine.core.request import GenerateRequest
 from engine.settings import SettingError
 from . import inputs, openai_api as oa
@@ -183,7 +183,7 @@ def _answer(claim, items):
             if ev is None:
                 yield ": waiting\n\n"       # a keep-alive, and a write that fails once the phone left
             elif isinstance(ev, Token):   # p_raw: how sure the model was of it (the phone marks the unsure)
-                yield oa.sse({"type": "token", "text": ev.client(), "p_raw": None if ev.p_raw is None else round(ev.p_raw, 3)})
+                yield oa.sse({"type": "token", "text": ev.client(), "p_raw": wire_prob(ev.p_raw)})
             elif isinstance(ev, Rejected):
                 yield oa.sse({"type": "error", "message": f"the engine refused it: {ev.reason}", "code": ev.code})
             elif ev.reason in ("cancelled", "error"):       # Finished, without an answer

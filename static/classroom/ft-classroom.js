@@ -44,8 +44,9 @@ function viewer(room) {
 // shows until the first students join, then gives way to the card; the presenter's own choice
 // (the panel's Collapse, the card's Open, the header's Classroom button) is remembered across
 // reloads. While the tour runs, the card stands in for the panel, and the card takes the first
-// corner of the window where it covers neither the lesson nor anything the step points at
-// (none free: it steps aside, and the header's button carries the code).
+// corner of the window where it covers neither the lesson, the timeline, the request's
+// explanation nor anything the step points at (none free: it steps aside, and the header's
+// button carries the code).
 const CHOICE = "ft-classroom";   // localStorage: "open" | "card", the presenter's last choice
 let anyJoined = false;   // students have joined since this page opened
 
@@ -168,11 +169,26 @@ function place() {
   box.style.maxHeight = `calc(${100 / z}vh - ${top + 12}px)`;
 }
 
-// What the card must not cover: the lesson banner and every part a tour step points at.
+// What the card must not cover, tour or not: the lesson banner, the timeline, the request panel's
+// explanation (its diagnosis and measured stages: at 1280x800 in presenter mode the card sat over
+// "Why does this response feel slow?"), and every part a tour step points at. Each as much of it
+// as its scrolling panel shows (a part scrolled out of the panel is covered by nothing).
+const KEEP_CLEAR = [".timeline-wrap", ".why-h", "#d-why", "#d-accounting"];
 function obstacles() {
   const out = [];
-  const add = (e) => { if (e && e.getClientRects().length) out.push(e.getBoundingClientRect()); };
+  const add = (e) => {
+    if (!e || !e.getClientRects().length) return;
+    let r = e.getBoundingClientRect();
+    const panel = e.parentElement && e.parentElement.closest(".panel");
+    if (panel && ["auto", "scroll"].includes(getComputedStyle(panel).overflowY)) {
+      const p = panel.getBoundingClientRect();
+      r = {left: r.left, right: r.right, top: Math.max(r.top, p.top), bottom: Math.min(r.bottom, p.bottom)};
+      if (r.bottom <= r.top) return;
+    }
+    out.push(r);
+  };
   if ($("lesson") && !$("lesson").hidden) add($("lesson"));
+  for (const sel of KEEP_CLEAR) for (const e of document.querySelectorAll(sel)) add(e);
   for (const e of document.querySelectorAll(".spot")) if (!e.matches("h2, h3, .strip-head")) add(e);
   return out;
 }

@@ -5,7 +5,7 @@
 // observed server, the classroom app's, as a client of that server) and what this phone
 // measured (from pressing Send, so the network is included). The tokens the model itself was
 // unsure of (under 30 %, ft-candidates.js) are underlined; a tap on one says how sure it was.
-import {UNSURE, pct, shown} from "ft/candidates";
+import {UNSURE, exactly, pct, shown} from "ft/candidates";
 import {createDispatch} from "ft/state";
 import {$, finishText, fmtS, plural} from "ft/util";
 
@@ -125,8 +125,9 @@ function addToken(ev) {
 function tapped(e) {
   const span = e.target.closest(".tok-out");
   if (!span || span.dataset.p === "") return;
-  $("answer-odds").textContent = `“${shown(span.textContent)}”: the model gave it ${pct(Number(span.dataset.p))}` +
-    (Number(span.dataset.p) < UNSURE ? " — unsure" : "");
+  const p = Number(span.dataset.p);
+  $("answer-odds").textContent = `“${shown(span.textContent)}”: the model gave it ${pct(p)}${exactly(p)}` +
+    (p < UNSURE ? " — unsure" : "");
 }
 
 // Server-sent events over fetch: blocks separated by a blank line; `data:` lines carry JSON,

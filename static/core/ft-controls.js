@@ -104,6 +104,8 @@ function controlRow(s, name, lim) {
   const make = {bool: toggleInput, choice: choiceInput}[lim.kind] || rangeInput;
   const input = make(s, name, lim, head, row);
   input.id = `set-${name}`;
+  // a slider sits beside its heading, not inside it: the heading names it for a screen reader
+  if (input.type === "range") head.htmlFor = input.id;
   if (lim.applies && lim.applies !== "live") {
     const tag = el("span", "applies", lim.applies);
     tag.title = `when a change takes effect: ${lim.applies}`;

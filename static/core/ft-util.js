@@ -36,6 +36,23 @@ const FINISH = {length: "stopped at the token limit", stop: "finished its answer
                 cancelled: "cancelled", error: "failed with an error", rejected: "refused"};
 export const finishText = (reason) => FINISH[reason] || reason || "";
 
+// Who sent a request (`request.source`, docs/protocol.md) in words: "r69 · greedy · load" read like
+// a model load, not the load generator's (a lesson's) request.
+const SOURCE = {page: "from a page", load: "load generator", api: "OpenAI API", observe: "observe mode's load",
+                join: "a student's phone"};
+export const sourceText = (source) => SOURCE[source] || source || "";
+
+// What a lesson that samples (a `hello.presets` entry whose questions draw at a temperature over 0:
+// the sampling lesson's rows, the priority lesson's batch jobs) owes its reader: its draws are
+// seeded, so a rerun gives the same "random" text byte for byte. "" for a lesson that draws nothing.
+export function seededText(preset) {
+  const drawn = ((preset && preset.actions) || []).filter((a) => a.prompt && a.temperature > 0);
+  const n = drawn.reduce((sum, a) => sum + (a.burst || 0), 0);
+  if (!n) return "";
+  return ` Its ${n === 1 ? "sampled request is" : `${n} sampled requests are`} seeded: each ` +
+    "draws the same random numbers every run, so running the lesson again repeats them token for token.";
+}
+
 // ------------------------------------------------------------ DOM
 export const $ = (id) => document.getElementById(id);
 

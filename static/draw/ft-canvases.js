@@ -14,7 +14,7 @@ import {prefillTime} from "ft/state";
 import {rooflineText, sloText} from "ft/targets";
 import {drawKV, drawQueue} from "ft/strips";
 import {hitStep, hitTimeline} from "ft/timeline";
-import {$, finishText, fmtBytes, fmtS, plural} from "ft/util";
+import {$, finishText, fmtBytes, fmtS, plural, sourceText} from "ft/util";
 import {stepLine as weightsLine} from "ft/weights";
 import {label as windowLabel, place as placeWindow} from "ft/window";
 
@@ -29,7 +29,7 @@ const TAP_TIP_MS = 2500;
 
 // ------------------------------------------------------------ hover read-outs
 function describeReq(s, r) {
-  const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
+  const lines = [`${r.id} · ${sourceText(r.source)} · ${r.promptTokens ?? "?"} prompt tokens → max ${r.maxNew ?? "?"} new`];
   if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
   if (r.tokEnd !== null) lines.push(`tokenise ${fmtS(r.tokEnd - r.tokStart)}`);
   const a = r.admits[0];

@@ -15,7 +15,7 @@ import {percentile, prefillTime, running} from "ft/state";
 import {sloText, targetBelowEngine} from "ft/targets";
 import {clientAccounting, clientNote, clientState, modelLine, observing} from "ft/server";
 import {active as lessonOn, apply as applyPreset, lesson as tourOn} from "ft/teach";
-import {$, el, finishText, fmtBytes, fmtS} from "ft/util";
+import {$, el, finishText, fmtBytes, fmtS, sourceText} from "ft/util";
 
 // The functions here take what they read: `s` the page state, `ui` its UI state (selected
 // request, dirtyDom, awaitOwn), `perf` the counters the footer shows, and `select(id)`, which
@@ -333,7 +333,7 @@ function detail(s, ui) {
   const state = observing(s) ? clientState(r) : r.rejected ? "rejected" : r.end !== null ? finishText(r.reason) : requeued(r) ? "preempted, waiting" :
     instanceState(s, r) ??
     r.first !== null ? "decoding" : r.prefills.length ? "prefilling" : "waiting";
-  $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${r.source} · ${state}${ui.selected ? "" : " (newest)"}`;
+  $("d-title").textContent = `${r.id}${r.label ? ` · ${r.label}` : ""} · ${sourceText(r.source)} · ${state}${ui.selected ? "" : " (newest)"}`;
   $("d-sched").textContent = schedNote(s, r);
   const key = `${s.epoch}:${r.id}:${r.tokens.length}:${r.end}:${r.pieces ? 1 : 0}:${r.pageFirstDelivery}`;
   if (key === detailKey) return;
@@ -372,6 +372,8 @@ export function update({s, ui, perf, select}) {
   start(s);
   if (s.loading && !s.hello) {
     setConn("loading", `loading model: ${s.loading.message} ${(s.loading.progress * 100).toFixed(0)}%`);
+  } else if (s.hello && $("conn").dataset.state === "loading") {
+    setConn("connected", "live");   // (the socket opened while loading: "ready 100%" stayed all session)
   }
   footer(s, perf);
   capNote(s);

@@ -16,7 +16,14 @@ export const UNSURE = 0.3;     // a token the model itself gave under 30 % is ma
 const NEAR_PX = 5;             // a token tick is hovered within this many pixels of the pointer (and alone there)
 
 export const unsure = (o) => !!o && typeof o.raw === "number" && o.raw < UNSURE;
-export const pct = (x) => (x === null || x === undefined ? "—" : x > 0 && x < 0.001 ? "<0.1 %" : `${(100 * x).toFixed(1)} %`);
+// A probability as a percentage to one decimal; one under 0.1 % (but not 0) as "< 0.1 %" (it read
+// "0.0 %", as if the model had ruled the token out), its exact value (3 significant digits, as
+// sent) from `exactPct`, which the hover box and a tap add.
+const tiny = (x) => typeof x === "number" && x > 0 && x < 0.001;
+export const pct = (x) => (x === null || x === undefined ? "—" : tiny(x) ? "< 0.1 %" : `${(100 * x).toFixed(1)} %`);
+export const exactPct = (x) => `${Number((100 * x).toPrecision(3))} %`;
+// The exact values of those of `xs` that `pct` shows as "< 0.1 %": " (exactly 0.0412 %)", or "".
+export const exactly = (...xs) => (xs.some(tiny) ? ` (exactly ${xs.filter(tiny).map(exactPct).join(" and ")})` : "");
 // A token's text as a chip shows it: spaces as ·, newlines as ⏎, nothing as ∅.
 export const shown = (text) => (text || "").replace(/ /g, "·").replace(/\n/g, "⏎") || "∅";
 
@@ -110,7 +117,7 @@ export function bars(s, r, i) {
   box.append(el("div", "cand-head", `${r.label || r.id} · token ${i + 1} “${shown(chosenText)}”`));
   if (!o) { box.append(el("div", "cand-note", "no probabilities for this token (not sent by its server)")); return box; }
   box.append(el("div", "cand-sub", `chosen with ${pct(o.p)} as drawn · the model's own ${pct(o.raw)}` +
-                                   (unsure(o) ? " · uncertain" : "")));
+                                   exactly(o.p, o.raw) + (unsure(o) ? " · uncertain" : "")));
   const row = (text, p, raw, chosen) => {
     const line = el("div", `cand-row${chosen ? " chosen" : ""}`);
     const bar = el("span", "cand-bar");

@@ -14,7 +14,7 @@
 import {diagonalStripes, fitCanvas} from "ft/canvas";
 import {palette as P, alpha, reqColor} from "ft/palette";
 import {fitText, frame, rect, stepPath, timeAxis} from "ft/timeline";
-import {$, el, finishText, fmtS, plural} from "ft/util";
+import {$, el, finishText, fmtS, plural, sourceText} from "ft/util";
 
 // Every function here that reads the page state takes it as `s`; those that say how old a scrape
 // is now take `now`, the engine time the page shows (live, or a replay's virtual clock).
@@ -401,7 +401,7 @@ export const timelineLayers = [{name: "clientWaits", at: "queue", on: observing,
 
 // The timeline's hover read-out for a request in observe mode.
 export function describeClient(s, r) {
-  const lines = [`${r.id} · ${r.source} · ${r.promptTokens ?? "?"} prompt tokens${r.source === "observe" ? " (estimated)" : ""} → max ${r.maxNew ?? "?"} new`];
+  const lines = [`${r.id} · ${sourceText(r.source)} · ${r.promptTokens ?? "?"} prompt tokens${r.source === "observe" ? " (estimated)" : ""} → max ${r.maxNew ?? "?"} new`];
   if (r.rejected) { lines.push(`rejected: ${r.rejected}`); return lines; }
   if (r.inSlot !== null) lines.push(`in a server slot from +${fmtS(r.inSlot - r.arrival)} (server, ±0.5 s)`);
   if (r.first !== null) lines.push(`first chunk after ${fmtS(r.first - r.arrival)} (this client)`);

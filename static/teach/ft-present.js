@@ -2,8 +2,8 @@
 // Present button) is for a projector: everything drawn larger (the canvases too), controls and
 // footer details hidden, and the panel that matters for the current preset or tour step
 // enlarged (ft.css, body[data-focus]). Shortcuts: ←/→ tour steps, 1–9 presets, `s` slow motion,
-// `p` presenter mode, `?` the list, Esc closes it (space pauses: ft-canvases.js). None fires
-// while typing in a field.
+// `p` presenter mode, `?` the list, Esc closes it, a sheet, or the tour (space pauses: ft-canvases.js).
+// None fires while typing in a field.
 import * as replay from "ft/replay";
 import * as stage from "ft/stage";
 import {apply, presets} from "ft/teach";
@@ -35,13 +35,24 @@ function slowMotion(feed) {
 
 const help = () => { const h = $("help"); h.hidden = !h.hidden; };
 
+// Escape closes the topmost thing open: the shortcuts, a sheet (by its own Close button, which
+// does what closing it means), else the tour. Whether it closed anything.
+function escape() {
+  if (!$("help").hidden) { $("help").hidden = true; return true; }
+  for (const [sheet, close] of [["sheet-compare", "c-close"], ["sheet-measure", "m-close"]]) {
+    if (!$(sheet).hidden) { $(close).click(); return true; }
+  }
+  if (tour.index >= 0) { tour.stop(); return true; }
+  return false;
+}
+
 const typing = (e) => {
   const t = e.target;
   return t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
 };
 
 function onKey(e, s, ui, feed) {
-  if (typing(e) || e.ctrlKey || e.metaKey || e.altKey) return;
+  if ((typing(e) && e.key !== "Escape") || e.ctrlKey || e.metaKey || e.altKey) return;
   const k = e.key;
   if (k === "ArrowRight") tour.next(s, ui);
   else if (k === "ArrowLeft") tour.prev(s, ui);
@@ -51,7 +62,7 @@ function onKey(e, s, ui, feed) {
   } else if (k === "s") slowMotion(feed);
   else if (k === "p") setPresent(!document.body.classList.contains("present"));
   else if (k === "?") help();
-  else if (k === "Escape") { $("help").hidden = true; return; }
+  else if (k === "Escape") { if (!escape()) return; }
   else return;
   e.preventDefault();
 }

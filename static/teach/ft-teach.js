@@ -7,10 +7,10 @@
 // it) with its explanation, the number that proves it, and that number measured live
 // (ft-figures.js).
 import {send} from "ft/connection";
-import {proofText} from "ft/figures";
+import {proofText, runSays} from "ft/figures";
 import {active as replaying} from "ft/replay";
 import {ROLES} from "ft/state";
-import {$, el} from "ft/util";
+import {$, el, seededText} from "ft/util";
 
 // The functions that read the page state take it as `s`; `embed` says whether this is an
 // /embed (its ?preset= and banner only).
@@ -143,10 +143,11 @@ export const reactions = (embed) => ({
   stats(ev, s) { if (embedAsk && s.connectT !== null && ev.t >= s.connectT && ++statsSeen >= 2) askEmbed(s, ev); },
 });
 
-// The banner: the tour's step while it runs, else the active preset.
-function banner(s) {
+// The banner: the tour's step while it runs, else the active preset (the tour shows it at once,
+// before the next tick, to give it the focus).
+export function banner(s) {
   const p = active;
-  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain, watch: p.watch,
+  const les = lesson || (p && {kicker: "preset", title: p.title, text: p.explain + seededText(preset(s, p.name)) + runSays(p.name, s, p.t), watch: p.watch,
                                live: proofText(p.name, s, p.t)});
   const box = $("lesson");
   box.hidden = !les;

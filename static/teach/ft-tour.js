@@ -11,7 +11,7 @@ import {batchingWords} from "ft/relations";
 import {pct, rates, recent} from "ft/speculate";
 import {dockBottom} from "ft/stage";
 import * as teach from "ft/teach";
-import {$, fmtBytes, fmtS, toast} from "ft/util";
+import {$, fmtBytes, fmtS, seededText, toast} from "ft/util";
 import * as weights from "ft/weights";
 
 // The functions that read the page state take it as `s`, and its UI state (the selected
@@ -135,9 +135,10 @@ export const STEPS = [
   {key: "sampling", title: "Choosing a token", preset: "sampling", focus: "detail",
    spot: [".timeline-wrap", ".acc-ttft"],
    watch: "a hovered token's bars, the top bar each row took, and the TTFT's first sample",
-   text: () => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
+   text: (s) => "Each step gives every request's next token a probability and the sampler picks one. One question, " +
      "five ways: greedy always takes the tallest bar, temperature 0.7 sharpens the bars, 1.5 flattens them, top-p " +
-     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %.",
+     "0.5 keeps the few that make half the mass. Underlined: tokens the model gave under 30 %." +
+     seededText(teach.preset(s, "sampling")),
    live: (s) => live(s, "sampling")},
 ];
 
@@ -243,9 +244,26 @@ function lesson(s, ui) {
   $("tour-next").disabled = index === n - 1;
 }
 
-export function stop() { index = -1; teach.setLesson(null); spot(null); }
+// The tour started from the keyboard: the banner takes the focus (its first enabled button, "Next →"
+// on step 1, is one Tab away; it took 43), and ending it gives the focus back to what started it.
+let opener = null;
+export function start(s, ui, i = 0) {
+  opener = document.activeElement;
+  go(s, ui, i);
+  if (index < 0) return;
+  teach.banner(s);
+  $("lesson").focus({preventScroll: true});   // (the step scrolls to its own parts)
+}
 
-export const start = (s, ui, i = 0) => go(s, ui, i);
+export function stop() {
+  const hadFocus = $("lesson").contains(document.activeElement);
+  index = -1; teach.setLesson(null); spot(null);
+  if (!hadFocus) return;
+  for (const e of [opener, $("btn-tour"), $("btn-tour-present")]) {
+    if (e && e.isConnected) e.focus({preventScroll: true});
+    if (document.activeElement === e) return;
+  }
+}
 export const next = (s, ui) => go(s, ui, index < 0 ? 0 : index + 1);
 export const prev = (s, ui) => go(s, ui, index < 0 ? 0 : index - 1);
 

@@ -166,8 +166,10 @@ def test_token_events_carry_the_odds_and_the_wire_rounds_them(tiny):
         if e.id == plain.id:
             assert e.top[0][0] == e.token_id and e.p == 1.0
         wire = e.to_dict()
-        assert len(wire["top"]) == events.SHOWN and wire["p_raw"] == round(e.p_raw, 3)
-        assert wire["top"][0] == [e.top[0][0], e.top[0][1], round(e.top[0][2], 3), round(e.top[0][3], 3)]
+        assert len(wire["top"]) == events.SHOWN and wire["p_raw"] == events.wire_prob(e.p_raw)
+        assert wire["top"][0] == [e.top[0][0], e.top[0][1], events.wire_prob(e.top[0][2]), events.wire_prob(e.top[0][3])]
+        # three significant digits, a tiny probability too (to 3 decimals it was 0)
+        assert all(raw == 0 or abs(raw - sent) <= 0.005 * raw for (*_, raw), (*_, sent) in zip(e.top, wire["top"]))
         assert wire["t"] == round(e.t, 6) and wire["sample_s"] == round(e.sample_s, 6)
     eng.candidates = lambda: False
     again = [eng.new_sequence(GenerateRequest(prompt="He has refused", max_new_tokens=3, temperature=0, logprobs=l))

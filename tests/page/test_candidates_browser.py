@@ -34,8 +34,9 @@ def lesson(page, live):
 
 
 def pct(x):
-    """ft-candidates.js pct."""
-    return "<0.1 %" if 0 < x < 0.001 else f"{100 * x:.1f} %"
+    """ft-candidates.js pct (JavaScript's toFixed rounds the double's exact value half up: 4.25 -> 4.3)."""
+    from decimal import ROUND_HALF_UP, Decimal
+    return "< 0.1 %" if 0 < x < 0.001 else f"{Decimal(100 * x).quantize(Decimal('0.1'), ROUND_HALF_UP)} %"
 
 
 def test_hovering_a_token_shows_its_candidates_and_uncertain_ones_are_marked(page, live):

@@ -123,3 +123,54 @@ def test_the_presenter_sees_students_on_the_timeline_and_removes_one(room, conte
     r = sessions["Grace"].post(room.url + "/join/ask", json={"prompt": "still here?"}, timeout=10)
     assert r.status_code == 403
     assert presenter.errors == []
+
+
+# The parts the join card must leave clear, each as much of it as its scrolling panel shows.
+CLEAR_OF_CARD = """() => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
+  const parts = [];
+  for (const sel of ['#lesson', '.timeline-wrap', '.why-h', '#d-why', '#d-accounting', '.spot']) {
+    for (const e of document.querySelectorAll(sel)) {
+      if (e.hidden || !e.getClientRects().length || e.matches('h2, h3, .strip-head')) continue;
+      const r = box(e), panel = e.parentElement.closest('.panel');
+      if (panel && ['auto', 'scroll'].includes(getComputedStyle(panel).overflowY)) {
+        const p = panel.getBoundingClientRect(); r.top = Math.max(r.top, p.top); r.bottom = Math.min(r.bottom, p.bottom);
+      }
+      if (r.bottom > r.top) parts.push({what: sel, ...r});
+    }
+  }
+  const card = document.getElementById('cls-card');
+  const shown = card && !card.hidden && getComputedStyle(card).visibility !== 'hidden';
+  return {card: shown ? box(card) : null, covered: card && card.dataset.covered, parts,
+          button: document.getElementById('btn-classroom').textContent};
+}"""
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (1024, 768)])
+def test_the_join_card_leaves_the_explanation_and_the_timeline_clear(room, context, width, height):
+    """Presenter mode with a class joined: the small join card takes a corner where it covers
+    neither the request panel's explanation ("Why does this response feel slow?", its measured
+    stages), the timeline nor the lesson (at 1280x800 it sat over the explanation); with no
+    corner free it steps aside and the header's button carries the code. Before anyone asks, the
+    empty timeline speaks of the students' phones (presenter mode has no prompt box)."""
+    presenter = context({"width": width, "height": height})
+    presenter.goto(room.url + f"/?key={room.classroom.key}&present=1")
+    presenter.wait_for_function("() => window.firstToken && firstToken.state.hello && !document.getElementById('start').hidden")
+    words = presenter.inner_text("#start")
+    assert "your phones" in words and "box above" not in words, words
+    sessions = [student(room, f"Student {i:02d}") for i in range(30)]
+    for s in sessions[:3]:
+        assert ask(s, room, "What is a token?")[0] == 200
+    presenter.wait_for_function("() => firstToken.state.finishedCount >= 3 && document.getElementById('d-why').textContent")
+    presenter.wait_for_function("() => document.getElementById('cls-card-count').textContent === '30 joined'")
+    presenter.evaluate("firstToken.refresh()")
+    got = presenter.evaluate(CLEAR_OF_CARD)
+    presenter.screenshot(path=str(ARTIFACTS / f"classroom-card-present-{width}x{height}.png"))
+    if got["card"] is None:
+        assert got["covered"] == "true" and "owl" in got["button"], got
+    else:
+        c = got["card"]
+        hits = [p for p in got["parts"] if c["left"] < p["right"] and p["left"] < c["right"] and c["top"] < p["bottom"] and p["top"] < c["bottom"]]
+        assert hits == [], (c, hits)
+    assert {"#d-why", ".timeline-wrap"} <= {p["what"] for p in got["parts"]}   # the check saw them
+    assert presenter.errors == []

@@ -5,7 +5,7 @@ before a lesson cancels students' questions."""
 import pytest
 
 from engine.core.request import GenerateRequest
-from helpers import page_module, preset_arrives, record_sent, sent_since
+from helpers import ARTIFACTS, page_module, preset_arrives, record_sent, sent_since
 from test_classroom import room  # noqa: F401  (a fixture: the classroom app, its engine gated)
 from test_layout_browser import open_page
 
@@ -150,4 +150,35 @@ def test_the_tour_outlines_only_whole_strips_on_screen(live, browser):
                 assert not page.evaluate("document.querySelector('.kv-wrap').classList.contains('spot')")
         assert page.errors == []
     finally:
+        ctx.close()
+
+
+def test_the_idle_lessons_banner_says_when_its_request_did_queue(room, browser):
+    """The idle lesson claims its request never queues; on an engine held up (the classroom app's
+    gate holds every step, as a busy machine's slow steps do) it did, and the banner says so with
+    the measured queue and TTFT, as the page writes them, after the claim."""
+    ctx, page = open_page(browser, room.url + f"/?key={room.classroom.key}", 1366, 768)
+    try:
+        page.wait_for_function("() => firstToken.state.hello && document.querySelector(\"[data-preset='idle']\")")
+        room.gate.clear()
+        page.click("[data-preset='idle']")
+        # held: the lesson's one request waits until it has queued a second by the engine's clock
+        page.wait_for_function("() => { const r = [...firstToken.state.reqs.values()].find(q => q.source === 'load'), "
+                               "c = firstToken.clock; return r && c.offset !== null && performance.now() / 1000 - c.offset - r.arrival >= 1; }",
+                               timeout=30_000)
+        room.gate.set()
+        page.wait_for_function("() => firstToken.state.finishedCount >= 1", timeout=30_000)
+        page.evaluate("firstToken.refresh()")
+        r = page.evaluate("() => { const r = [...firstToken.state.reqs.values()].find(q => q.source === 'load'); "
+                          "return {queue: r.stages.queue, ttft: r.ttft}; }")
+        assert r["queue"] >= 0.1 * r["ttft"]   # (what the engine measured: the gate held it a second)
+        util = page_module(page, "util")
+        queue, ttft = page.evaluate("([u, r]) => [u.fmtS(r.queue), u.fmtS(r.ttft)]", [util, r])
+        text = page.text_content("#lesson-text")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "lesson-idle-held-1366x768.png"))
+        assert "It never queues" in text and f"On this run it did queue: {queue} of its {ttft} TTFT" in text, text
+        assert page.errors == []
+    finally:
+        room.gate.set()
         ctx.close()
