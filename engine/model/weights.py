@@ -349,6 +349,32 @@ def quantise(w, kind):
     return QuantWeight.from_blocks(kind, torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8)).reshape(rows, -1))
 
 
+def random_blocks(kind, rows, cols, seed):
+    """Valid random file blocks of a type, uint8 [rows, blocks * bytes] (tests, benchmarks, tiny
+    models in types gguf cannot quantise): random bytes but an fp16 d > 0 (and dmin > 0 in a
+    K-quant; Q4_1/Q5_1's m < 0, as real minimums are), so every quant and 6-bit scale pattern
+    occurs; F16/BF16 from random values (random bytes would hold infinities) by gguf's conversion."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+    g = torch.Generator().manual_seed(seed)
+    spec = SPECS[kind]
+    if spec.bits == 16:
+        x = torch.randn(rows, cols, generator=g).numpy()
+        return torch.from_numpy(quantize(x, GGMLQuantizationType(kind)).view(np.uint8)).reshape(rows, -1)
+    nb = cols // spec.qk
+    b = torch.randint(0, 256, (rows, nb, spec.file_bytes), dtype=torch.uint8, generator=g)
+    d = (torch.rand(rows, nb, 1, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
+    if kind == Q6_K:
+        b[..., 208:210] = d                                    # Q6_K's d comes last
+    else:
+        b[..., 0:2] = d
+    if kind in (Q4_1, Q5_1):
+        b[..., 2:4] = (-torch.rand(rows, nb, 1, generator=g) * 0.1).half().view(torch.uint8)
+    if kind in (Q4_K, Q5_K):
+        b[..., 2:4] = (torch.rand(rows, nb, 1, generator=g) * 0.01).half().view(torch.uint8)
+    return b.reshape(rows, -1)
+
+
 # GGUF tensor names (llama.cpp's) -> the transformers Llama module that holds them.
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

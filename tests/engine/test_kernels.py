@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 from gguf.constants import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 
 from engine.model import kernels, weights
-from engine.model.weights import BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QuantWeight
+from engine.model.weights import BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QuantWeight, random_blocks
 
 from helpers import ROOT
 
@@ -26,29 +26,6 @@ K_SHAPES = ((1, 256), (37, 768), (130, 512), (200, 1536))
 
 def shapes(kind):
     return K_SHAPES if weights.SPECS[kind].qk == 256 else SHAPES
-
-
-def random_blocks(kind, rows, cols, seed):
-    """Random file-layout blocks with sane scales: random bytes but an fp16 d > 0 (and dmin > 0 in
-    a K-quant; Q4_1/Q5_1's m < 0, as real minimums are); F16/BF16 from random values (random bytes
-    would hold infinities), through gguf's own conversion."""
-    g = torch.Generator().manual_seed(seed)
-    spec = weights.SPECS[kind]
-    if spec.bits == 16:
-        x = torch.randn(rows, cols, generator=g).numpy()
-        return torch.from_numpy(quantize(x, GGMLQuantizationType(kind)).view(np.uint8)).reshape(rows, -1)
-    nb = cols // spec.qk
-    b = torch.randint(0, 256, (rows, nb, spec.file_bytes), dtype=torch.uint8, generator=g)
-    d = (torch.rand(rows, nb, 1, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
-    if kind == Q6_K:
-        b[..., 208:210] = d                                    # Q6_K's d comes last
-    else:
-        b[..., 0:2] = d
-    if kind in (Q4_1, Q5_1):
-        b[..., 2:4] = (-torch.rand(rows, nb, 1, generator=g) * 0.1).half().view(torch.uint8)
-    if kind in (Q4_K, Q5_K):
-        b[..., 2:4] = (torch.rand(rows, nb, 1, generator=g) * 0.01).half().view(torch.uint8)
-    return b.reshape(rows, -1)
 
 
 def gguf_dequantised(kind, blocks, cols):
