@@ -326,7 +326,8 @@ class Step(Event):
     spec: dict[str, Speculated] | None = None   # requests that verified guesses in this forward
     first_shape: bool = False   # the first forward of its shape in this process (engine/model/runner.py SHAPES)
     # The weights this forward read (engine/model/linears.py Path): the format, what multiplied them
-    # ("4-bit avx512", "oneDNN fp32", ...), and the bytes of every weight it read (the roofline's).
+    # ("Q4_1/Q8_0 avx512": the blocks' types and the path, "oneDNN fp32", ...), and the bytes of
+    # every weight it read (the roofline's).
     weights: str | None = None
     kernel: str | None = None
     weight_bytes: int | None = None

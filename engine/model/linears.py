@@ -89,9 +89,15 @@ class Formats:
         head = 1 if logit_rows > 0 else 0
         if not self.stored:
             return Path("dequantised", self.dense, self.fp32[0] + head * self.fp32[1] + self.other)
-        isa = kernels.status()["isa"]
-        kernel = f"4-bit {isa}, int8 activations ({kernels.int8_path()})" if self.int8 else f"4-bit {isa}"
+        kernel = self.kernel_name()
+        if self.int8:
+            kernel += f", int8 activations ({kernels.int8_path()})"
         return Path("stored", kernel, self.q[0] + head * self.q[1] + self.other, self.int8)
+
+    def kernel_name(self):
+        """What multiplies the stored blocks, named by their types: "Q4_1/Q8_0 avx2" (SmolLM2's
+        layers and head), "Q4_K/Q5_0/Q6_K/Q8_0 avx2" (a small model's Q4_K_M file)."""
+        return f"{'/'.join(sorted({w.name for w in self.quant.values()}))} {kernels.status()['isa']}"
 
     def describe(self, bandwidth_bps):
         """What `hello.weights` carries: each format's bytes per decode step and its estimated floor."""

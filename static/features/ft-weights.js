@@ -29,14 +29,19 @@ export function inForce(st) {
   return v && f[v] ? v : Object.keys(f)[0] || null;
 }
 
-// "4-bit" for Q4_1 (the layers; the head's Q8_0 rides along), "8-bit" for Q8_0 only, "fp32"/"bf16"
-// for the dequantised copy in the model's dtype.
+// The file's float types as the page names them.
+const FLOATS = {F32: "fp32", F16: "fp16", BF16: "bf16"};
+
+// "4-bit" for Q4_1 (the layers; the head's Q8_0 rides along), for a Q4_K_M file's Q4_K, Q5_0, Q6_K
+// and Q8_0 too (its fewest bits), "8-bit" for Q8_0 only, "fp16"/"bf16" for float blocks kept as
+// stored, "fp32"/"bf16" for the dequantised copy in the model's dtype.
 function bits(st, fmt) {
   const f = formats(st), blocks = (f && f[fmt] && f[fmt].blocks) || [];
-  if (fmt === "dequantised" || blocks.every((b) => b.startsWith("F"))) {
+  if (fmt === "dequantised" || !blocks.length || blocks.every((b) => b === "F32")) {
     const dt = st.hello && st.hello.dtype;
     return {float32: "fp32", bfloat16: "bf16", float16: "fp16"}[dt] || dt || "fp32";
   }
+  if (blocks.every((b) => FLOATS[b])) return blocks.map((b) => FLOATS[b]).join("/");
   const q = blocks.map((b) => parseInt(b.replace(/^Q/, ""), 10)).filter((n) => n > 0);
   return q.length ? `${Math.min(...q)}-bit` : "blocks";
 }
@@ -201,7 +206,7 @@ export function update(s) {
     const fl = floorOf(s);
     span.title = text && fl ? `the copy of the weights each decode step reads now (the weights setting): ${fmtBytes(fl.bytes)}` +
       `, floor ${fmtS(fl.floorS)} at ${fl.gbs ? fl.gbs.toFixed(1) : "?"} GB/s (an estimate: bytes ÷ the bandwidth measured at start)` +
-      (s.hello.weights.kernel ? `; 4-bit kernel: ${s.hello.weights.kernel}` : `; no 4-bit kernel here${s.hello.weights.why ? `: ${s.hello.weights.why}` : ""}`) : "";
+      (s.hello.weights.kernel ? `; the blocks' kernel: ${s.hello.weights.kernel}` : `; no kernel for the blocks here${s.hello.weights.why ? `: ${s.hello.weights.why}` : ""}`) : "";
   }
   if (fig) {
     fig.hidden = !text;

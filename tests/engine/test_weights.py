@@ -58,7 +58,7 @@ def test_the_setting_switches_live_and_each_step_says_what_it_read(qlive):
     assert before and after
     assert {(s["weights"], s["kernel"], s["weight_bytes"]) for s in before} == {("dequantised", "oneDNN fp32", want["dequantised"])}
     assert {(s["weights"], s["weight_bytes"]) for s in after} == {("stored", want["stored"])}
-    assert {s["kernel"] for s in after} == {f"4-bit {kernels.status()['isa']}"}
+    assert {s["kernel"] for s in after} == {f"Q4_1 {kernels.status()['isa']}"}      # the tiny model's blocks
     # the roofline's estimate counts the bytes read: at the same batch the 4-bit steps' is lower
     assert max(s["predicted_s"] for s in after) < min(s["predicted_s"] for s in before)
     validator = schema_validator()
@@ -80,7 +80,7 @@ def test_healthz_and_metrics_name_the_format_and_its_bytes(qlive):
         return out
 
     h = http.get("/healthz").get_json()["weights"]
-    assert h == {"format": "stored", "decode_bytes": want["stored"], "kernel": f"4-bit {kernels.status()['isa']}",
+    assert h == {"format": "stored", "decode_bytes": want["stored"], "kernel": f"Q4_1 {kernels.status()['isa']}",
                  "formats": ["stored", "dequantised"]}
     assert gauge()["first_token:weight_bytes_per_decode_step"] == {"stored": want["stored"]}
     sub = qlive.driver.events.subscribe(replay=False)

@@ -7,7 +7,7 @@ from engine import Engine, EngineConfig, SettingError
 from engine.model import kernels
 from engine import events as ev
 from engine.settings import validate
-from engine.model.weights import Q4_1, Q8_0
+from engine.model.weights import BF16, F16, KIND_NAMES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 from helpers import reference, tiny_quant_bundle
 from stepping import Run
 from test_engine import PROMPTS
@@ -51,8 +51,26 @@ def test_greedy_output_equals_generate_reading_either_copy(quant, weights):
     fmt = e.hello().weights["formats"][weights]
     assert max(s.tokens for s in steps) > 24       # prompt chunks too: every row count reads the same copy
     for s in steps:
-        assert s.kernel == ("oneDNN fp32" if weights == "dequantised" else f"4-bit {kernels.status()['isa']}")
+        # the stored blocks' kernel is named by their type (Q4_1 or Q8_0 here)
+        assert s.kernel == ("oneDNN fp32" if weights == "dequantised" else f"{quant.quant['lm_head.weight'].name} {kernels.status()['isa']}")
         assert s.weight_bytes == fmt["decode_bytes"]
+
+
+@pytest.mark.parametrize("kind", [Q4_0, Q5_0, Q5_1, F16, BF16], ids=lambda k: KIND_NAMES[k])
+def test_each_block_type_is_read_as_stored_with_greedy_equal_to_generate(kind):
+    """The tiny model stored in the other types gguf quantises (its 64-wide rows hold no K-quant
+    super-block: tests/engine/test_kernels.py holds those to the fp32 matmul): the engine reads the
+    blocks, each step's kernel and hello's blocks name the type, and greedy equals `generate` on the
+    weights they mean."""
+    bundle = tiny_quant_bundle(kind=kind)
+    e = make(bundle)
+    assert e.hello().weights["formats"]["stored"]["blocks"] == [KIND_NAMES[kind]]
+    run = Run(e)
+    ids = [run.add(p, max_new_tokens=8, temperature=0.0, ignore_eos=True) for p in PROMPTS[:2]]
+    run.until_idle()
+    for rid, prompt in zip(ids, PROMPTS):
+        assert run.tokens(rid) == reference(bundle, prompt, 8)
+    assert {(s.weights, s.kernel) for s in run.of(ev.Step)} == {("stored", f"{KIND_NAMES[kind]} {kernels.status()['isa']}")}
 
 
 def test_switching_live_mid_stream_keeps_the_output_and_the_next_step_follows(quant):
@@ -155,7 +173,7 @@ def test_int8_activations_are_their_own_setting_measured_against_fp32_and_counte
     run.until_idle()
     assert len(run.tokens(rid)) == 6
     steps = run.of(ev.Step)
-    assert {s.kernel for s in steps} == {f"4-bit {kernels.status()['isa']}, int8 activations ({kernels.int8_path()})"}
+    assert {s.kernel for s in steps} == {f"Q4_1 {kernels.status()['isa']}, int8 activations ({kernels.int8_path()})"}
     roof, parts = e.roofline, [(0, 256, True)]
     assert roof.int8
     linear, other, nbytes = roof._cost(parts, None)

@@ -41,7 +41,7 @@ def describe():
     """One line for the start-up log."""
     s = status()
     if s["isa"]:
-        return f"kernels: 4-bit linear on {s['isa']} (this CPU runs {', '.join(s['isas'])})"
+        return f"kernels: linear on ggml blocks on {s['isa']} (this CPU runs {', '.join(s['isas'])})"
     return f"kernels: not available ({s['why']}); linear layers read dequantised fp32 weights"
 
 

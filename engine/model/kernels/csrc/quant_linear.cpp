@@ -1,18 +1,27 @@
-// y = x · Wᵀ with W kept in ggml's own blocks (Q4_1, Q8_0), x in fp32: a torch custom op.
+// y = x · Wᵀ with W kept in ggml's own blocks, x in fp32: a torch custom op.
 //
-// A block holds 32 consecutive weights of one output row: Q4_1 is {fp16 d, fp16 m, 32 4-bit q}
-// (weight = d·q + m), Q8_0 is {fp16 d, 32 int8 q} (weight = d·q). engine/weights.py regroups the
-// file's blocks 16 output rows at a time (a "group"), so that one vector load holds the same
-// weight position of 16 rows (llama.cpp's repacked Q4_0_8x8 layout does the same for 8 rows):
+// A file block holds consecutive weights of one output row: Q4_0 {fp16 d, 32 4-bit q} (weight =
+// d·(q - 8)), Q4_1 {d, m, 32 4-bit q} (d·q + m), Q5_0 / Q5_1 the same with a fifth bit per weight
+// (d·(q - 16), d·q + m), Q8_0 {d, 32 int8} (d·q); the K-quants' super-blocks of 256 (Q4_K / Q5_K:
+// fp16 d and dmin, 8 sub-blocks of 32 with 6-bit scales sc and minimums mn, d·sc·q - dmin·mn with
+// 4- or 5-bit q; Q6_K: 16 sub-blocks of 16 with int8 scales, d·sc·(q - 32) with 6-bit q); and plain
+// F16 / BF16 values, read 32 at a time. engine/model/weights.py regroups the file's blocks 16 output
+// rows at a time (a "group"), so that one vector load holds the same weight position of 16 rows
+// (llama.cpp's repacked Q4_0_8x8 layout does the same for 8 rows). Per group and file block, first
+// the block's own fields, each value's 16 rows side by side: 16 fp16 d, 16 fp16 m (or dmin), the
+// K-quants' scales (sc[j][row], one byte each, Q4_K/Q5_K's 6-bit ones unpacked) and minimums; then
+// per sub-block of 32 weights its quants:
+//   4-, 5- and 6-bit types: four chunks of 16 dwords, chunk c's dword i holding row i's low nibbles
+//     of weights 8c..8c+7 (weight 8c+t in bits 4t..4t+3); 5-bit: then 16 dwords of fifth bits (bit
+//     k: weight k); 6-bit: then 2 x 16 dwords of the top two bits (dword h: weights 16h..16h+15);
+//   Q8_0: for each of the 32 positions the 16 rows' int8; F16 / BF16: the 16 rows' 2-byte values.
+// Q4_1: 320 bytes (16 blocks of 20); Q4_K: 2368 bytes for 16 super-blocks of 144 (the 6-bit scales
+// take a byte each here: 3 % more).
 //
-//   Q4_1, per group and block (320 bytes = 16 blocks of 20): 16 fp16 d, 16 fp16 m, then four
-//     chunks of 16 dwords; chunk c's dword i holds row i's weights 8c..8c+7, weight 8c+t in bits
-//     4t..4t+3.
-//   Q8_0, per group and block (544 bytes = 16 blocks of 34): 16 fp16 d, then for each of the 32
-//     positions the 16 rows' int8.
-//
-// The same bytes and numbers as the file, regrouped; nothing is rounded again. The product is a
-// GEMM micro-kernel whose weight operand is made in registers: for each position k, the 16 rows'
+// The same numbers as the file, regrouped; nothing is rounded again, and a weight is made as the
+// `gguf` package's dequantiser makes it: its products are exact in fp32 (a 4-6 bit quant times an
+// fp16 scale, times an 8-bit sub-scale), then one rounding where a minimum is added, the rounding of
+// an FMA of the same numbers. The product is a GEMM micro-kernel whose weight operand is made in registers: for each position k, the 16 rows'
 // weights once (AVX-512: a shift and one VPERMPS lookup of the nibble among {0..15} as floats,
 // then d·q + m in one FMA), multiplied into a tile of up to 24 activation rows held in
 // accumulators (one FMA per row, the activation broadcast from L1). So a weight is read from
@@ -29,7 +38,8 @@
 // holds back leaves its share to the other instead of stalling the call. One shared object,
 // compiled with no -march flag: each instruction-set path is compiled for its own target (GCC's
 // target attribute) and the caller picks one at run time from `isas()`, so the same build runs on
-// an AVX2 EPYC, an AVX-512 Xeon and anything else (portable).
+// an AVX2 EPYC, an AVX-512 Xeon and anything else (portable). Every type has the AVX2 and portable
+// paths; AVX-512 ones exist for Q4_1 and Q8_0 only (the others run their AVX2 path on an AVX-512 CPU).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -47,14 +57,50 @@
 
 namespace {
 
-constexpr int64_t kQ4_1 = 3, kQ8_0 = 8;      // ggml's type ids, as the GGUF file names them
-constexpr int64_t kBlock = 32;                // weights per block
+// ggml's type ids, as the GGUF file names them
+constexpr int64_t kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13,
+                  kQ6_K = 14, kBF16 = 30;
+constexpr int64_t kBlock = 32;                // weights per (sub-)block: the unit along a row
 constexpr int64_t kGroup = 16;                // output rows regrouped together
 constexpr int64_t kPortable = 0, kAvx2 = 1, kAvx512 = 2;
 
-// Bytes of one group's block: its 16 rows' blocks, regrouped.
+// Where a type's fields lie in a group's block (bytes from its start; engine/model/weights.py
+// makes the same layout): qk weights a file block, `bits` a quant, w = scale·(q - offset) or
+// scale·q + minimum (`min`), the K-quants' nsc sub-block scales at sc and minimums at mn, then
+// qk / 32 sub-blocks of `sub` bytes from `header` on.
+struct Layout {
+  int64_t qk = 0, bits = 0, offset = 0;
+  bool min = false;
+  int64_t sc = 0, nsc = 0, mn = 0, header = 0, sub = 0;
+};
+
+constexpr Layout layout(int64_t type) {
+  Layout L;
+  switch (type) {
+    case kQ4_0: L.qk = 32, L.bits = 4, L.offset = 8; break;
+    case kQ4_1: L.qk = 32, L.bits = 4, L.min = true; break;
+    case kQ5_0: L.qk = 32, L.bits = 5, L.offset = 16; break;
+    case kQ5_1: L.qk = 32, L.bits = 5, L.min = true; break;
+    case kQ8_0: L.qk = 32, L.bits = 8; break;
+    case kQ4_K: L.qk = 256, L.bits = 4, L.min = true, L.nsc = 8; break;
+    case kQ5_K: L.qk = 256, L.bits = 5, L.min = true, L.nsc = 8; break;
+    case kQ6_K: L.qk = 256, L.bits = 6, L.offset = 32, L.nsc = 16; break;
+    case kF16: case kBF16: L.qk = 32, L.bits = 16; break;
+    default: return L;
+  }
+  L.header = L.bits == 16 ? 0 : L.min ? 64 : 32;        // d, then m (dmin)
+  L.sc = L.header;
+  L.header += L.nsc * kGroup;
+  L.mn = L.header;
+  if (L.min && L.nsc) L.header += 8 * kGroup;
+  L.sub = L.bits <= 6 ? 256 + (L.bits - 4) * 64 : 2 * kBlock * L.bits;   // 256 / 320 / 384; 512; 1024
+  return L;
+}
+
+// Bytes of one group's file block (16 rows' blocks, regrouped); 0: no kernel for the type.
 constexpr int64_t group_bytes(int64_t type) {
-  return type == kQ4_1 ? 16 * 20 : type == kQ8_0 ? 16 * 34 : 0;
+  const Layout L = layout(type);
+  return L.qk ? L.header + L.qk / kBlock * L.sub : 0;
 }
 
 uint16_t load_u16(const uint8_t* p) {
@@ -109,15 +155,44 @@ struct Tile {
 };
 
 // ---- portable: one weight at a time, same layout -----------------------------------------------
-float weight_portable(int64_t type, const uint8_t* gb, int lane, int k) {
-  const float d = half_to_float(load_u16(gb + 2 * lane));
-  if (type == kQ4_1) {
-    const float m = half_to_float(load_u16(gb + 32 + 2 * lane));
-    uint32_t dw;
-    std::memcpy(&dw, gb + 64 + 64 * (k / 8) + 4 * lane, 4);
-    return d * float((dw >> (4 * (k % 8))) & 0xfu) + m;
+float bf16_to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Weight k of sub-block b (K / 32 of them from `g`) of row `lane` of the group at g, computed as
+// the gguf package's dequantiser computes it: the same products and the same one rounding.
+float weight_portable(int64_t type, const uint8_t* g, int64_t b, int lane, int k) {
+  const Layout L = layout(type);
+  const int64_t nsub = L.qk / kBlock, j = b % nsub;
+  const uint8_t* gb = g + b / nsub * group_bytes(type);
+  const uint8_t* sub = gb + L.header + j * L.sub;
+  if (type == kF16 || type == kBF16) {
+    const uint16_t h = load_u16(sub + 2 * (kGroup * k + lane));
+    return type == kF16 ? half_to_float(h) : bf16_to_float(h);
   }
-  return d * float(int8_t(gb[32 + 16 * k + lane]));
+  const float d = half_to_float(load_u16(gb + 2 * lane));
+  if (type == kQ8_0) return d * float(int8_t(sub[kGroup * k + lane]));
+  uint32_t dw;
+  std::memcpy(&dw, sub + 64 * (k / 8) + 4 * lane, 4);
+  int q = int((dw >> (4 * (k % 8))) & 0xfu);
+  if (L.bits == 5) {
+    std::memcpy(&dw, sub + 256 + 4 * lane, 4);
+    q |= int((dw >> k) & 1u) << 4;
+  } else if (L.bits == 6) {
+    std::memcpy(&dw, sub + 256 + 64 * (k / 16) + 4 * lane, 4);
+    q |= int((dw >> (2 * (k % 16))) & 3u) << 4;
+  }
+  float scale = d;
+  if (L.nsc == 8) scale = d * float(gb[L.sc + kGroup * j + lane]);
+  if (L.nsc == 16) scale = d * float(int8_t(gb[L.sc + kGroup * (2 * j + k / 16) + lane]));
+  if (L.offset) return scale * float(q - L.offset);
+  const float dq = scale * float(q);       // rounded, then the sum rounded: -ffp-contract=off keeps them apart
+  if (!L.min) return dq;
+  const float m = half_to_float(load_u16(gb + 32 + 2 * lane));
+  return L.nsc ? dq - m * float(gb[L.mn + kGroup * j + lane]) : dq + m;
 }
 
 void tile_portable(int64_t type, int rows, int groups, const Tile& t) {
@@ -125,10 +200,9 @@ void tile_portable(int64_t type, int rows, int groups, const Tile& t) {
     for (int r = 0; r < rows; ++r) {
       float acc[kGroup] = {};
       for (int64_t b = 0; b < t.nb; ++b) {
-        const uint8_t* gb = t.w + v * t.gstride + b * group_bytes(type);
         const float* xk = t.x + b * kBlock * rows + r;
         for (int lane = 0; lane < kGroup; ++lane)
-          for (int k = 0; k < kBlock; ++k) acc[lane] += weight_portable(type, gb, lane, k) * xk[k * rows];
+          for (int k = 0; k < kBlock; ++k) acc[lane] += weight_portable(type, t.w + v * t.gstride, b, lane, k) * xk[k * rows];
       }
       const int64_t valid = std::min<int64_t>(kGroup, t.valid - v * kGroup);
       for (int64_t i = 0; i < valid; ++i) t.y[r * t.N + v * kGroup + i] = acc[i];
@@ -171,56 +245,107 @@ FT_AVX2 inline void scales_avx2(const uint8_t* gb, __m256 d[2], __m256 m[2]) {
   }
 }
 
+// Eight unsigned bytes (a K-quant's sub-block scales or minimums of 8 rows) as floats.
+FT_AVX2 inline __m256 bytes_avx2(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// One vector of a group's weights (rows 8h..8h+7), position by position: `block` reads sub-block
+// b's scales, `chunk` the quants of positions 8c..8c+7, `next` makes the weight of the next position
+// as the file's numbers say: w = fma(q, scale, minimum), q an integer (the nibble and any high
+// bits), scale = d (times the sub-block's scale in a K-quant: an exact product), minimum = m, or
+// -dmin·mn (K), or -offset·scale (Q4_0, Q5_0, Q6_K: exact, and so is scale·q - offset·scale). One
+// rounding at most, the one the gguf dequantiser makes; Q8_0 is d·q, F16/BF16 the values.
+template <int64_t TYPE>
+struct Avx2Weights {
+  static constexpr Layout L = layout(TYPE);
+  const uint8_t* gb;           // the file block's group
+  const uint8_t* sub;          // the sub-block's quants
+  int64_t j;                   // which sub-block of the file block
+  int h;                       // which 8 rows
+  __m256 d, scale, low;
+  __m256i raw, high;
+
+  FT_AVX2 inline void block(const uint8_t* g, int64_t b, int half) {
+    constexpr int64_t nsub = L.qk / kBlock;
+    gb = g + b / nsub * group_bytes(TYPE);
+    j = b % nsub;
+    sub = gb + L.header + j * L.sub;
+    h = half;
+    if constexpr (L.bits == 16) return;
+    d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+    scale = d;
+    if constexpr (L.nsc == 8) {
+      scale = _mm256_mul_ps(d, bytes_avx2(gb + L.sc + kGroup * j + 8 * h));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)));
+      low = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, bytes_avx2(gb + L.mn + kGroup * j + 8 * h)));
+    } else if constexpr (L.min) {
+      low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)));
+    } else if constexpr (L.offset && L.nsc == 0) {
+      low = _mm256_mul_ps(d, _mm256_set1_ps(-float(L.offset)));
+    }
+  }
+
+  FT_AVX2 inline void chunk(int c) {
+    if constexpr (L.bits > 6) return;
+    raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64 * c + 32 * h));
+    if constexpr (L.bits == 5) {
+      if (c == 0) high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 256 + 32 * h));
+    } else if constexpr (L.bits == 6) {
+      if (c % 2 == 0) {        // a new sub-block of 16: its top bits and its int8 scale
+        high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 256 + 32 * c + 32 * h));
+        const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + L.sc + kGroup * (2 * j + c / 2) + 8 * h));
+        scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        low = _mm256_mul_ps(scale, _mm256_set1_ps(-float(L.offset)));
+      }
+    }
+  }
+
+  // The weight at position k (= 8c + s, called in order within a chunk).
+  FT_AVX2 inline __m256 next(int k) {
+    if constexpr (L.bits == 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + 2 * kGroup * k + 16 * h));
+      if constexpr (TYPE == kF16) return _mm256_cvtph_ps(v);
+      else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    } else if constexpr (L.bits == 8) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + kGroup * k + 8 * h));
+      return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    } else {
+      __m256i q = _mm256_and_si256(raw, _mm256_set1_epi32(0xf));
+      raw = _mm256_srli_epi32(raw, 4);
+      if constexpr (L.bits == 5) {
+        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_slli_epi32(high, 4), _mm256_set1_epi32(0x10)));
+        high = _mm256_srli_epi32(high, 1);
+      } else if constexpr (L.bits == 6) {
+        q = _mm256_or_si256(q, _mm256_and_si256(_mm256_slli_epi32(high, 4), _mm256_set1_epi32(0x30)));
+        high = _mm256_srli_epi32(high, 2);
+      }
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), scale, low);
+    }
+  }
+};
+
 // MR activation rows x NV groups (2 * NV vectors) unpacked in registers; 16 registers: MR * NV <= 4.
 template <int64_t TYPE, int MR, int NV>
 FT_AVX2 void fused_avx2(const Tile& t) {
   constexpr int V = 2 * NV;
-  constexpr int64_t GB = group_bytes(TYPE);
   __m256 acc[MR][V] = {};      // zeros
-  const __m256i nib = _mm256_set1_epi32(0xf);
   for (int64_t b = 0; b < t.nb; ++b) {
-    const uint8_t* gb[NV];
-    __m256 d[V], m[V];
+    Avx2Weights<TYPE> wv[V];
 #pragma GCC unroll 32
-    for (int g = 0; g < NV; ++g) {
-      gb[g] = t.w + g * t.gstride + b * GB;
-      scales_avx2<TYPE>(gb[g], d + 2 * g, m + 2 * g);
-    }
+    for (int v = 0; v < V; ++v) wv[v].block(t.w + (v / 2) * t.gstride, b, v % 2);
     const float* xb = t.x + b * kBlock * MR;
-    if constexpr (TYPE == kQ4_1) {
-      for (int c = 0; c < 4; ++c) {
-        __m256i raw[V];
+    for (int c = 0; c < 4; ++c) {
 #pragma GCC unroll 32
-        for (int v = 0; v < V; ++v)
-          raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb[v / 2] + 64 + 64 * c + 32 * (v % 2)));
+      for (int v = 0; v < V; ++v) wv[v].chunk(c);
 #pragma GCC unroll 8
-        for (int s = 0; s < 8; ++s) {
-          __m256 w[V];
-#pragma GCC unroll 32
-          for (int v = 0; v < V; ++v) {
-            w[v] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw[v], nib)), d[v], m[v]);
-            raw[v] = _mm256_srli_epi32(raw[v], 4);
-          }
-#pragma GCC unroll 32
-          for (int r = 0; r < MR; ++r) {
-            const __m256 xk = _mm256_broadcast_ss(xb + (8 * c + s) * MR + r);
-#pragma GCC unroll 32
-            for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w[v], xk, acc[r][v]);
-          }
-        }
-      }
-    } else {
-#pragma GCC unroll 4
-      for (int k = 0; k < kBlock; ++k) {
+      for (int s = 0; s < 8; ++s) {
         __m256 w[V];
 #pragma GCC unroll 32
-        for (int v = 0; v < V; ++v) {
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb[v / 2] + 32 + 16 * k + 8 * (v % 2)));
-          w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[v]);
-        }
+        for (int v = 0; v < V; ++v) w[v] = wv[v].next(8 * c + s);
 #pragma GCC unroll 32
         for (int r = 0; r < MR; ++r) {
-          const __m256 xk = _mm256_broadcast_ss(xb + k * MR + r);
+          const __m256 xk = _mm256_broadcast_ss(xb + (8 * c + s) * MR + r);
 #pragma GCC unroll 32
           for (int v = 0; v < V; ++v) acc[r][v] = _mm256_fmadd_ps(w[v], xk, acc[r][v]);
         }
@@ -234,25 +359,14 @@ FT_AVX2 void fused_avx2(const Tile& t) {
 // One group unpacked to fp32, position-major: panel[k * 16 + lane].
 template <int64_t TYPE>
 FT_AVX2 void unpack_avx2(const uint8_t* w, int64_t nb, float* panel) {
-  constexpr int64_t GB = group_bytes(TYPE);
-  const __m256i nib = _mm256_set1_epi32(0xf);
   for (int64_t b = 0; b < nb; ++b, panel += kBlock * kGroup) {
-    const uint8_t* gb = w + b * GB;
-    __m256 d[2], m[2];
-    scales_avx2<TYPE>(gb, d, m);
     for (int h = 0; h < 2; ++h) {
-      if constexpr (TYPE == kQ4_1) {
-        for (int c = 0; c < 4; ++c) {
-          __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 64 + 64 * c + 32 * h));
-          for (int s = 0; s < 8; ++s, raw = _mm256_srli_epi32(raw, 4))
-            _mm256_storeu_ps(panel + (8 * c + s) * kGroup + 8 * h,
-                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(raw, nib)), d[h], m[h]));
-        }
-      } else {
-        for (int k = 0; k < kBlock; ++k) {
-          const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 32 + 16 * k + 8 * h));
-          _mm256_storeu_ps(panel + k * kGroup + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[h]));
-        }
+      Avx2Weights<TYPE> wv;
+      wv.block(w, b, h);
+      for (int c = 0; c < 4; ++c) {
+        wv.chunk(c);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) _mm256_storeu_ps(panel + (8 * c + s) * kGroup + 8 * h, wv.next(8 * c + s));
       }
     }
   }
@@ -625,9 +739,21 @@ TileFn fused2(int rows, int groups) {
   return groups == 2 ? for_rows<Fused2<T, 2>::template At, 1, 2>(rows) : for_rows<Fused2<T, 1>::template At, 1, 2, 3, 4>(rows);
 }
 
+// Every type with a kernel, for the switches below.
+#define FT_TYPES(X) X(kQ4_0) X(kQ4_1) X(kQ5_0) X(kQ5_1) X(kQ8_0) X(kQ4_K) X(kQ5_K) X(kQ6_K) X(kF16) X(kBF16)
+
+// Whether `type` has an AVX-512 path (elsewhere an AVX-512 CPU runs the type's AVX2 one).
+bool has_avx512_path(int64_t type) { return type == kQ4_1 || type == kQ8_0; }
+
 TileFn fused_tile(int64_t isa, int64_t type, int rows, int groups) {
   if (isa == kAvx512) return type == kQ4_1 ? fused512<kQ4_1>(rows, groups) : fused512<kQ8_0>(rows, groups);
-  if (isa == kAvx2) return type == kQ4_1 ? fused2<kQ4_1>(rows, groups) : fused2<kQ8_0>(rows, groups);
+  if (isa == kAvx2) {
+    switch (type) {
+#define FT_CASE(T) case T: return fused2<T>(rows, groups);
+      FT_TYPES(FT_CASE)
+#undef FT_CASE
+    }
+  }
   return nullptr;
 }
 
@@ -666,7 +792,13 @@ TileFn int8_tile(int64_t isa, int rows, int groups) {
 
 UnpackFn unpacker(int64_t isa, int64_t type) {
   if (isa == kAvx512) return type == kQ4_1 ? unpack_avx512<kQ4_1> : unpack_avx512<kQ8_0>;
-  if (isa == kAvx2) return type == kQ4_1 ? unpack_avx2<kQ4_1> : unpack_avx2<kQ8_0>;
+  if (isa == kAvx2) {
+    switch (type) {
+#define FT_CASE(T) case T: return unpack_avx2<T>;
+      FT_TYPES(FT_CASE)
+#undef FT_CASE
+    }
+  }
   return nullptr;
 }
 
@@ -743,16 +875,17 @@ void pack_int8(int64_t isa, const float* x, int64_t K, int64_t r, int32_t* xq, f
 }
 
 // y = x · Wᵀ: fp32 activations (`int8` false), or rounded to int8 first (Q4_1 weights only).
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t isa, bool int8) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_t rows, int64_t want_isa, bool int8) {
   const char* op = int8 ? "quant_linear_int8" : "quant_linear";
-  const int64_t gbytes = group_bytes(type);
+  const int64_t gbytes = group_bytes(type), qk = layout(type).qk;
   TORCH_CHECK(gbytes > 0 && (!int8 || type == kQ4_1), op, ": block type ", type,
-              int8 ? " is not Q4_1 (3)" : " is not Q4_1 (3) or Q8_0 (8)");
-  TORCH_CHECK(supported(isa), op, ": instruction set ", isa, " is not available on this CPU");
+              int8 ? " is not Q4_1 (3)" : " has no kernel here");
+  TORCH_CHECK(supported(want_isa), op, ": instruction set ", want_isa, " is not available on this CPU");
+  const int64_t isa = want_isa == kAvx512 && !int8 && !has_avx512_path(type) ? kAvx2 : want_isa;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), op, ": x must be a 2-D fp32 CPU tensor");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(), op, ": w must be contiguous 2-D uint8 groups");
   const int64_t M = x.size(0), K = x.size(1), G = w.size(0), N = rows;
-  TORCH_CHECK(K % kBlock == 0 && w.size(1) == K / kBlock * gbytes,
+  TORCH_CHECK(K % qk == 0 && w.size(1) == K / qk * gbytes,
               op, ": x has ", K, " columns, w's groups hold ", w.size(1), " bytes");
   TORCH_CHECK(N > (G - 1) * kGroup && N <= G * kGroup, op, ": ", N, " rows do not fill ", G, " groups of 16");
   at::Tensor y = at::empty({M, N}, x.options());
@@ -809,7 +942,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, int64_t type, int64_
         for (int64_t k0 = 0; k0 < (panel ? K : 1); k0 += kPanelK) {
           const int64_t kn = panel ? std::min(kPanelK, K - k0) : K;
           for (int v = 0; panel && v < groups; ++v)
-            unpack(wp + (g + v) * gstride + k0 / kBlock * gbytes, kn / kBlock, buf.data() + v * kPanelK * kGroup);
+            unpack(wp + (g + v) * gstride + k0 / qk * gbytes, kn / kBlock, buf.data() + v * kPanelK * kGroup);
           for (int64_t t = t0; t < t1; ++t) {
             const int64_t m0 = tile_start(t);
             const int r = int(tile_start(t + 1) - m0);
@@ -910,11 +1043,11 @@ std::string int8_path(int64_t isa) {
 // equals the fp32 embedding the model would hold.
 at::Tensor quant_rows(const at::Tensor& w, int64_t type, int64_t rows, const at::Tensor& ids) {
   const int64_t gbytes = group_bytes(type);
-  TORCH_CHECK(gbytes > 0, "quant_rows: block type ", type, " is not Q4_1 (3) or Q8_0 (8)");
+  TORCH_CHECK(gbytes > 0, "quant_rows: block type ", type, " has no kernel here");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(1) % gbytes == 0,
               "quant_rows: w must be contiguous 2-D uint8 groups");
   TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong, "quant_rows: ids must be a 1-D long tensor");
-  const int64_t nb = w.size(1) / gbytes, K = nb * kBlock, n = ids.size(0);
+  const int64_t K = w.size(1) / gbytes * layout(type).qk, nb = K / kBlock, n = ids.size(0);
   const at::Tensor ic = ids.contiguous();
   const int64_t* ip = ic.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
@@ -925,23 +1058,8 @@ at::Tensor quant_rows(const at::Tensor& w, int64_t type, int64_t rows, const at:
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* g = wp + ip[i] / kGroup * w.size(1);
     const int lane = int(ip[i] % kGroup);
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* gb = g + b * gbytes;
-      const float d = half_to_float(load_u16(gb + 2 * lane));
-      const float m = type == kQ4_1 ? half_to_float(load_u16(gb + 32 + 2 * lane)) : 0.f;
-      for (int k = 0; k < kBlock; ++k) {
-        float q;
-        if (type == kQ4_1) {
-          uint32_t dw;
-          std::memcpy(&dw, gb + 64 + 64 * (k / 8) + 4 * lane, 4);
-          q = float((dw >> (4 * (k % 8))) & 0xfu);
-        } else {
-          q = float(int8_t(gb[32 + 16 * k + lane]));
-        }
-        const float dq = d * q;       // rounded, then the sum rounded: -ffp-contract=off keeps them apart
-        op[i * K + b * kBlock + k] = type == kQ4_1 ? dq + m : dq;
-      }
-    }
+    for (int64_t b = 0; b < nb; ++b)
+      for (int k = 0; k < kBlock; ++k) op[i * K + b * kBlock + k] = weight_portable(type, g, b, lane, k);
   }
   return out;
 }
