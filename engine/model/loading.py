@@ -21,6 +21,9 @@ import torch
 from . import weights
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The GGUF architectures read from the file's own blocks into the engine's forward (engine/model/archs.py),
+# and the model_type transformers' config of each has; any other goes through transformers' dequantisation.
+FROM_BLOCKS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -142,8 +145,7 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
              for name, w in quant.items() if dense or not isinstance(w, weights.QuantWeight)}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    rotary = model.get_decoder().rotary_emb        # its buffers are computed, not loaded: made again
-    model.get_decoder().rotary_emb = type(rotary)(config=config)
+    _make_computed_buffers(model, config)
     if config.tie_word_embeddings:
         model.tie_weights()
         quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])
@@ -154,6 +156,16 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     if missing or unexpected:
         raise ValueError(f"{gguf.name}: tensors missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model, quant
+
+
+def _make_computed_buffers(model, config):
+    """The buffers a model computes rather than loads, left unmade on the meta device: made again."""
+    decoder = model.get_decoder()
+    rotary = decoder.rotary_emb
+    decoder.rotary_emb = type(rotary)(config=config)
+    embed = decoder.embed_tokens
+    if getattr(embed, "embed_scale", None) is not None and embed.embed_scale.is_meta:     # Gemma's sqrt(hidden)
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
 
 
 def _blocks_suffice(model, torch_dtype):
@@ -170,7 +182,7 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     blocks only, where the engine can read them so on this device (the CPU, fp32, the kernels
     built); the model's fp32 linear weights and embedding are not made (538 MB for SmolLM2).
     Tests and benches that compare against `generate` keep the default."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     t0 = time.perf_counter()
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
@@ -185,11 +197,11 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         directory = _gguf_cache_dir(path)
         if not (directory / "config.json").exists():
             from_cache = False
-            if weights.architecture(path) == "llama":
+            if weights.architecture(path) in FROM_BLOCKS:
                 _save_config_and_tokenizer(path, directory, progress)
             else:
                 _dequantise_to_cache(path, directory, progress)
-        if json.loads((directory / "config.json").read_text()).get("model_type") == "llama":
+        if json.loads((directory / "config.json").read_text()).get("model_type") in FROM_BLOCKS.values():
             model, quant = _from_blocks(path, directory, torch_dtype, progress,
                                         dense=dense or device != "cpu")   # weights from the file
     else:
@@ -198,7 +210,10 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         name = path.name
         directory = path
     progress("loading weights", 0.9)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    # A GGUF's tokenizer as transformers built it from the file (its tokenizer.json, whole): the
+    # model's own class would rebuild its pipeline from the vocabulary (Gemma's: sentencepiece's,
+    # whatever the file's tokenizer model says)
+    tokenizer = (PreTrainedTokenizerFast if path.is_file() else AutoTokenizer).from_pretrained(directory)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     dense = not any(p.is_meta for p in model.parameters())

@@ -1,0 +1,93 @@
+"""Architectures through the engine's own forward (engine/model/archs.py, llama.py), loaded from a
+GGUF file's own metadata and blocks (engine/model/loading.py): a tiny random model of each, written
+with the `gguf` package's writer (tests/engine/tiny_gguf.py), served by the engine as the server
+loads it (blocks kept, no fp32 copy, the fused forward) and loaded by transformers from the same
+file, the reference: greedy output equal to `generate`, teacher-forced logits close."""
+import pytest
+import torch
+
+from engine import Engine, EngineConfig
+from engine import events as ev
+from engine.model import loading
+from engine.timing.measure import _Synthetic
+from stepping import Run
+import tiny_gguf
+
+PROMPT = "We hold these truths to be self-evident, that all men are created equal"
+NEW = 24
+CASES = [("llama", "Q8_0"), ("qwen2", "F32"), ("qwen2", "Q8_0"), ("qwen3", "Q8_0"), ("gemma3", "F32"), ("gemma3", "Q8_0")]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    return {case: tiny_gguf.write(root / f"{case[0]}-{case[1]}.gguf", case[0], kind=case[1]) for case in CASES}
+
+
+@pytest.fixture
+def served(files, tmp_path, monkeypatch):
+    """(the engine's bundle as the server loads it, transformers' model and tokenizer) of a case."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    monkeypatch.setenv("FIRST_TOKEN_CACHE", str(tmp_path))
+
+    def load(case):
+        path = files[case]
+        bundle = loading.load(path, device="cpu", dtype="float32", dense=False)
+        ref = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        return bundle, ref, AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return load
+
+
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_greedy_and_logits_equal_transformers_on_the_same_file(served, case):
+    bundle, ref, tok = served(case)
+    assert bundle.model.config.model_type == ref.config.model_type
+    assert not bundle.dense or case[1] == "F32"           # blocks: the model's linear weights never made
+    assert all(w.name == case[1] for w in bundle.quant.values())
+    eng = Engine(bundle, EngineConfig(slots=2, kv_tokens=1024, block_size=16, max_context=256))
+    assert eng.runner.fused is not None                    # the engine's own forward, not transformers'
+    run = Run(eng)
+    rid = run.add(PROMPT, max_new_tokens=NEW, temperature=0, ignore_eos=True)
+    run.until_idle()
+    ids = tok(PROMPT, return_tensors="pt").input_ids       # with the tokenizer's own BOS where it adds one
+    assert run.of(ev.Tokenized, rid)[0].n == ids.shape[1]
+    want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                        min_new_tokens=NEW)[0, ids.shape[1]:].tolist()
+    assert run.tokens(rid) == want and len(set(want)) > 3
+    # teacher-forced: the prompt and the output in two chunks (the second reads the first's keys from
+    # the blocks; Gemma's local layers mask past their window in both)
+    seq_ids = ids[0].tolist() + want
+    with torch.no_grad():
+        expected = ref(torch.tensor([seq_ids])).logits[0]
+    with _Synthetic(eng.blocks.pool, ref.config.vocab_size) as syn:
+        seq = syn.seq(len(seq_ids))
+        seq.prompt_ids[:] = seq_ids
+        half = len(seq_ids) // 2
+        got = torch.cat([eng.runner.logits_everywhere(seq, 0, half),
+                         eng.runner.logits_everywhere(seq, half, len(seq_ids) - half)])
+    assert (got - expected).abs().max() < 1e-3 * expected.abs().max()
+
+
+def test_gemmas_local_layers_see_only_their_window(files, tmp_path, monkeypatch):
+    """The same Gemma with every layer global reads differently once a prompt is past the window:
+    the window is what the engine applies, not an accident of short prompts."""
+    monkeypatch.setenv("FIRST_TOKEN_CACHE", str(tmp_path))
+    bundle = loading.load(files[("gemma3", "F32")], device="cpu", dtype="float32", dense=False)
+    eng = Engine(bundle, EngineConfig(slots=2, kv_tokens=1024, block_size=16, max_context=256))
+    fused = eng.runner.fused
+    assert [w is not None for w in fused.arch.windows] == [True] * 5 + [False]
+    assert set(fused.arch.windows) - {None} == {tiny_gguf.WINDOW}
+    ids = bundle.tokenizer(PROMPT).input_ids
+    assert len(ids) > tiny_gguf.WINDOW
+
+    def logits():
+        with _Synthetic(eng.blocks.pool, bundle.model.config.vocab_size) as syn:
+            seq = syn.seq(len(ids))
+            seq.prompt_ids[:] = ids
+            return eng.runner.logits_everywhere(seq, 0, len(ids))
+    windowed = logits()
+    fused.arch = type(fused.arch)(**{**fused.arch.__dict__, "windows": (None,) * 6})
+    unwindowed = logits()
+    w = tiny_gguf.WINDOW
+    assert torch.allclose(windowed[:w], unwindowed[:w], atol=1e-5)     # within the window: the same
+    assert not torch.allclose(windowed[w:], unwindowed[w:], atol=1e-3)
