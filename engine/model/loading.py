@@ -136,6 +136,7 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     config = AutoConfig.from_pretrained(directory)
     progress("reading the GGUF's blocks", 0.3)
     quant = weights.read_gguf(gguf, config)
+    rope_freqs = quant.pop("rope_freqs", None)
     with no_init_weights(), torch.device("meta"):      # no memory until the weights are assigned
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     if not dense and not _blocks_suffice(model, torch_dtype):
@@ -146,6 +147,8 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
              for name, w in quant.items() if dense or not isinstance(w, weights.QuantWeight)}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     _make_computed_buffers(model, config)
+    if rope_freqs is not None:
+        _divide_rope_frequencies(model, rope_freqs)
     if config.tie_word_embeddings:
         model.tie_weights()
         quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])
@@ -166,6 +169,18 @@ def _make_computed_buffers(model, config):
     embed = decoder.embed_tokens
     if getattr(embed, "embed_scale", None) is not None and embed.embed_scale.is_meta:     # Gemma's sqrt(hidden)
         embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
+
+
+def _divide_rope_frequencies(model, factors):
+    """Llama 3's long-context rotary as llama.cpp stores it: the factor each rotary frequency is
+    divided by (the `rope_freqs` tensor), not transformers' `rope_parameters` (which its GGUF config
+    leaves out). Given to the model's own rotary module, so `generate` and the engine's tables
+    (engine/model/archs.py rope_tables) both read it."""
+    rotary = model.get_decoder().rotary_emb
+    if factors.shape != rotary.inv_freq.shape:
+        raise ValueError(f"rope_freqs holds {tuple(factors.shape)} factors for {tuple(rotary.inv_freq.shape)} frequencies")
+    rotary.inv_freq = rotary.inv_freq / factors
+    rotary.original_inv_freq = rotary.inv_freq.clone()
 
 
 def _blocks_suffice(model, torch_dtype):

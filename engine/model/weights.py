@@ -260,7 +260,7 @@ def read_gguf(path, config):
     arch = meta.get("general.architecture", "llama")
     out = {}
     for gname, kind, shape, offset, size in tensors:
-        name = hf_name(gname, arch)
+        name = "rope_freqs" if gname == "rope_freqs.weight" else hf_name(gname, arch)   # Llama 3's (loading.py)
         if name is None:
             raise ValueError(f"{path.name}: tensor {gname} is not a {arch} tensor this loader knows")
         raw = torch.from_numpy(buf[offset:offset + size])     # a view of the mapped file: each branch copies

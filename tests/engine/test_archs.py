@@ -91,3 +91,49 @@ def test_gemmas_local_layers_see_only_their_window(files, tmp_path, monkeypatch)
     w = tiny_gguf.WINDOW
     assert torch.allclose(windowed[:w], unwindowed[:w], atol=1e-5)     # within the window: the same
     assert not torch.allclose(windowed[w:], unwindowed[w:], atol=1e-3)
+
+
+def test_llama3s_rope_scaling_from_the_files_rope_freqs(tmp_path, monkeypatch):
+    """Llama 3's scaled rotary frequencies, stored by llama.cpp as `rope_freqs` (each frequency's
+    divisor): the engine equals transformers' Llama with the same weights and `rope_type: llama3`
+    (transformers' GGUF loader leaves the scaling out: loaded from the file, it reads differently)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    monkeypatch.setenv("FIRST_TOKEN_CACHE", str(tmp_path / "cache"))
+    scaling = {"rope_type": "llama3", "rope_theta": 10_000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    d = tiny_gguf.SHAPES["llama"][2]
+    plain = 1.0 / 10_000.0 ** (torch.arange(0, d, 2).float() / d)
+    path = tmp_path / "llama3.gguf"
+
+    def with_scaling(model):
+        cfg = type(model.config).from_dict({**model.config.to_dict(), "rope_parameters": scaling})
+        m = LlamaForCausalLM(cfg).eval()
+        m.load_state_dict(model.state_dict(), strict=False)
+        m.tie_weights()
+        return m
+    # the factors as llama.cpp's converter computes them: plain / scaled
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(hidden_size=64, num_attention_heads=64 // d, head_dim=d,
+                                                          rope_parameters=scaling))
+    tiny_gguf.write(path, "llama", kind="Q8_0", rope_freqs=(plain / scaled).tolist())
+    unscaled = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    ref, tok = with_scaling(unscaled), AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    bundle = loading.load(path, device="cpu", dtype="float32", dense=False)
+    eng = Engine(bundle, EngineConfig(slots=2, kv_tokens=1024, block_size=16, max_context=256))
+    assert eng.runner.fused is not None
+    run = Run(eng)
+    rid = run.add(PROMPT, max_new_tokens=NEW, temperature=0, ignore_eos=True)
+    run.until_idle()
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False,
+                        min_new_tokens=NEW)[0, ids.shape[1]:].tolist()
+    assert run.tokens(rid) == want
+    seq_ids = torch.tensor([ids[0].tolist() + want])
+    with torch.no_grad():
+        expected, other = ref(seq_ids).logits[0], unscaled(seq_ids).logits[0]
+    with _Synthetic(eng.blocks.pool, ref.config.vocab_size) as syn:
+        seq = syn.seq(seq_ids.shape[1])
+        seq.prompt_ids[:] = seq_ids[0].tolist()
+        got = eng.runner.logits_everywhere(seq, 0, seq_ids.shape[1])
+    assert (got - expected).abs().max() < 1e-3 * expected.abs().max()
+    assert (got - other).abs().max() > 1e-2 * expected.abs().max()    # the scaling is read, and matters

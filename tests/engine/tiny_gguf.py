@@ -19,9 +19,10 @@ SHAPES = {"llama": (4, 2, 16), "qwen2": (4, 2, 16), "qwen3": (2, 1, 128), "gemma
 WINDOW = 8     # Gemma's sliding window here: short, so prompts run past it
 
 
-def write(path, arch, seed=0, kind="F32"):
+def write(path, arch, seed=0, kind="F32", rope_freqs=None):
     """A tiny random `arch` model as a GGUF file at `path`; `kind` the linear layers' type (F32,
-    F16 or Q8_0; the embedding, tied to the head, is F32)."""
+    F16 or Q8_0; the embedding, tied to the head, is F32); `rope_freqs` (llama): the factors each
+    rotary frequency is divided by, as llama.cpp writes Llama 3's scaling."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     from gguf.quants import quantize
     rng = np.random.default_rng(seed)
@@ -91,6 +92,8 @@ def write(path, arch, seed=0, kind="F32"):
             tensor(b + "post_attention_norm.weight", (HIDDEN,), 0.2, norm=True)
             tensor(b + "post_ffw_norm.weight", (HIDDEN,), 0.2, norm=True)
     tensor("output_norm.weight", (HIDDEN,), 0.2, norm=True)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
