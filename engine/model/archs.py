@@ -76,3 +76,11 @@ def rope_tables(decoder, arch, head_dim, positions):
             cos, sin = decoder.rotary_emb(x, pos, t) if arch.name == "gemma3" else decoder.rotary_emb(x, pos)
             out[t] = cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
     return out
+
+
+def model_facts(cfg):
+    """`hello`'s architecture, heads and per-layer windows (engine/events.py Hello)."""
+    arch = describe(cfg)
+    windows = list(arch.windows) if arch else [getattr(cfg, "sliding_window", None) if t == LOCAL else None
+                                               for t in getattr(cfg, "layer_types", None) or [GLOBAL] * cfg.num_hidden_layers]
+    return {"architecture": arch.name if arch else cfg.model_type, "heads": cfg.num_attention_heads, "windows": windows}

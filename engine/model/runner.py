@@ -30,7 +30,8 @@ ATTENTION = "first_token_paged"
 def _attention(module, query, key, value, attention_mask, ft_plan=None, **kwargs):
     if ft_plan is None:           # the model used on its own (generate): plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    return ft_plan.attend(module.layer_idx, query, key, value, kwargs.get("scaling")), None
+    # a local layer's window (Gemma's) as transformers' layer passes it
+    return ft_plan.attend(module.layer_idx, query, key, value, kwargs.get("scaling"), window=kwargs.get("sliding_window")), None
 
 
 AttentionInterface.register(ATTENTION, _attention)

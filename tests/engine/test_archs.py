@@ -85,6 +85,9 @@ def test_gemmas_local_layers_see_only_their_window(files, tmp_path, monkeypatch)
             seq = syn.seq(len(ids))
             seq.prompt_ids[:] = ids
             return eng.runner.logits_everywhere(seq, 0, len(ids))
+    hello = eng.hello().to_dict()
+    assert (hello["architecture"], hello["heads"], hello["kv_heads"]) == ("gemma3", 2, 1)
+    assert hello["windows"] == [tiny_gguf.WINDOW] * 5 + [None]
     windowed = logits()
     fused.arch = type(fused.arch)(**{**fused.arch.__dict__, "windows": (None,) * 6})
     unwindowed = logits()
