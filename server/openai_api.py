@@ -18,6 +18,9 @@ string ends the output before this many tokens). `usage.prompt_tokens_details.ca
 reports the prompt tokens found in the prefix cache, as OpenAI's API does. A request may set
 its own speculative decoding with `speculative_config` (vLLM's field names, which vLLM takes
 per engine only): `{"method": "off" | "ngram" | "suffix", "num_speculative_tokens": 1-8}`.
+`add_special_tokens` as vLLM has it: a completion's prompt gets the tokenizer's own special tokens
+(its BOS, where it adds one) unless it is false; a chat's templated text gets none unless it is true.
+A chat to a model whose tokenizer has no chat template is a 400 naming `chat_template`.
 
 Log-probabilities, as vLLM serves them: chat `logprobs: true` with `top_logprobs` 0-20, and
 completions' legacy `logprobs: N` (0-20; `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`),
@@ -114,7 +117,8 @@ def parse_request(kind, body, model_name):
                   temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
                   seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
                   min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
-                  logprobs=logprobs, priority=_or(body.get("priority"), 0))
+                  logprobs=logprobs, priority=_or(body.get("priority"), 0),
+                  add_special_tokens=body.get("add_special_tokens"))
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:

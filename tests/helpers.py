@@ -20,29 +20,33 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<e
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def tiny_tokenizer():
-    """A byte-level BPE (vocab 400) trained in well under a second on the shipped corpus."""
+def tiny_tokenizer(bos=False, chat_template=CHAT_TEMPLATE):
+    """A byte-level BPE (vocab 400) trained in well under a second on the shipped corpus. `bos`: it
+    has a `<bos>` token and adds it in front of a text, as Gemma's and Llama's do (SmolLM2's adds
+    none); `chat_template` None: it has none, as a base model's file."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>", "<|user|>", "<|assistant|>"],
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>", "<|user|>", "<|assistant|>"] + ["<bos>"] * bos,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator([CORPUS.read_text()], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>")
-    tok.chat_template = CHAT_TEMPLATE
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<eos>",
+                                  **(dict(bos_token="<bos>", add_bos_token=True) if bos else {}))
+    tok.chat_template = chat_template
     return tok
 
 
-def tiny_bundle(seed=0, layers=2):
-    """A randomly initialised Llama from a config; init scaled up so logits are well separated."""
+def tiny_bundle(seed=0, layers=2, **tokenizer):
+    """A randomly initialised Llama from a config; init scaled up so logits are well separated.
+    `tokenizer`: `tiny_tokenizer`'s keywords."""
     from transformers import LlamaConfig, LlamaForCausalLM
-    tok = tiny_tokenizer()
+    tok = tiny_tokenizer(**tokenizer)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       initializer_range=0.2, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
-                      bos_token_id=None, tie_word_embeddings=True)
+                      bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
     torch.manual_seed(seed)
     m = LlamaForCausalLM(cfg).eval()
     m.generation_config.eos_token_id = tok.eos_token_id
@@ -69,9 +73,9 @@ def tiny_quant_bundle(seed=0, layers=2, kind=None):
     return bundle
 
 
-def reference(bundle, text, max_new):
+def reference(bundle, text, max_new, add_special_tokens=False):
     """`model.generate`'s greedy continuation of `text` (token ids), run alone."""
-    ids = bundle.tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids.to(bundle.model.device)
+    ids = bundle.tokenizer(text, add_special_tokens=add_special_tokens, return_tensors="pt").input_ids.to(bundle.model.device)
     out = bundle.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                 do_sample=False)
     return out[0, ids.shape[1]:].tolist()

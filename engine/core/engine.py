@@ -39,6 +39,7 @@ from .connector import KVConnector
 from .detok import Detokenizer, Pieces, StopStrings
 from .intake import Intake
 from .kv_cache import BlockPool, PagedKVStore, head_dim, kv_bytes_per_token, kv_heads
+from ..model.archs import model_facts
 from .scheduler import Scheduler
 from .step_output import Ended, Placed, Refused, StepOutput
 
@@ -114,7 +115,7 @@ class Engine:
             roofline=self.roofline.describe(), bench=self.bench,
             weights={**self.runner.formats.describe(self.roofline.bandwidth_bps), "int8_agreement": self.int8_agreement,
                      "fp32_made_s": self.runner.formats.made_s},
-            presets=[p.describe() for p in presets.PRESETS.values()])
+            presets=[p.describe() for p in presets.PRESETS.values()], **model_facts(cfg))
 
     @property
     def in_flight(self):

@@ -14,6 +14,10 @@ from .sequence import Sequence
 from ..settings import SettingError, check_text
 
 CHIPS_OWN, CHIPS_LOAD = 512, 48   # prompt tokens shown as chips in `tokenized` events
+# A chat asked of a model whose tokenizer has no chat template (a base model's file): vLLM's words
+NO_TEMPLATE = ("the model's tokenizer has no chat template: as of transformers v4.44, default chat template is no "
+               "longer allowed, so you must provide a chat template if the tokenizer does not define one "
+               "(/v1/completions takes a plain prompt)")
 
 
 class Intake:
@@ -43,15 +47,20 @@ class Intake:
                         handle=RequestHandle(rid, request.stream))
 
     def _tokenize(self, request):
-        if request.messages is not None:
-            text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = request.prompt
-            if request.chat and self.tokenizer.chat_template:
-                text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                          tokenize=False, add_generation_prompt=True)
+        """(the prompt's text, its token ids), tokenized as vLLM does: a chat through the model's own
+        template, its text without special tokens added (the template writes them), a plain prompt
+        with the tokenizer's special tokens (Gemma's BOS; SmolLM2's tokenizer adds none), unless
+        the request's `add_special_tokens` says otherwise."""
+        template = self.tokenizer.chat_template
+        if request.messages is not None and not template:
+            raise SettingError("chat_template", NO_TEMPLATE)
+        chat = request.messages if request.messages is not None else \
+            [{"role": "user", "content": request.prompt}] if request.chat and template else None
+        text = request.prompt if chat is None else \
+            self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         check_text("prompt", text)   # a lone surrogate is a TypeError in the tokenizer
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        special = chat is None if request.add_special_tokens is None else request.add_special_tokens
+        ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
         if not ids:
             raise SettingError("prompt", "tokenizes to nothing")
         return text, ids

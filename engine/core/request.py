@@ -52,6 +52,10 @@ class GenerateRequest:
     # Its place in the queue under the `priority` scheduling policy (vLLM's field): lower values
     # first, ties by arrival; ignored (kept, shown) under fcfs
     priority: int = 0
+    # Whether the tokenizer adds its own special tokens (a BOS where it wants one) around the text,
+    # vLLM's field; None: vLLM's defaults, yes for a plain prompt and no for a chat template's text
+    # (the template writes its own, and a second BOS would change what the model reads)
+    add_special_tokens: bool | None = None
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -70,6 +74,8 @@ class GenerateRequest:
         fix("stop", self._stops(self.stop))
         for name in ("ignore_eos", "chat", "stream"):
             coerce(name, "bool", getattr(self, name))
+        if self.add_special_tokens is not None:
+            coerce("add_special_tokens", "bool", self.add_special_tokens)
         fix("min_tokens", coerce("min_tokens", "int", self.min_tokens, 0))
         fix("priority", coerce("priority", "int", self.priority, -2**31, 2**31 - 1))
         if self.source not in SOURCES:

@@ -21,6 +21,9 @@ import torch
 from . import weights
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The GGUF architectures read from the file's own blocks into the engine's forward (engine/model/archs.py),
+# and the model_type transformers' config of each has; any other goes through transformers' dequantisation.
+FROM_BLOCKS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -133,6 +136,7 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     config = AutoConfig.from_pretrained(directory)
     progress("reading the GGUF's blocks", 0.3)
     quant = weights.read_gguf(gguf, config)
+    rope_freqs = quant.pop("rope_freqs", None)
     with no_init_weights(), torch.device("meta"):      # no memory until the weights are assigned
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     if not dense and not _blocks_suffice(model, torch_dtype):
@@ -142,8 +146,9 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     state = {name: (w.dequantise() if isinstance(w, weights.QuantWeight) else w).to(torch_dtype)
              for name, w in quant.items() if dense or not isinstance(w, weights.QuantWeight)}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    rotary = model.get_decoder().rotary_emb        # its buffers are computed, not loaded: made again
-    model.get_decoder().rotary_emb = type(rotary)(config=config)
+    _make_computed_buffers(model, config)
+    if rope_freqs is not None:
+        _divide_rope_frequencies(model, rope_freqs)
     if config.tie_word_embeddings:
         model.tie_weights()
         quant.setdefault("lm_head.weight", quant["model.embed_tokens.weight"])
@@ -154,6 +159,28 @@ def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
     if missing or unexpected:
         raise ValueError(f"{gguf.name}: tensors missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model, quant
+
+
+def _make_computed_buffers(model, config):
+    """The buffers a model computes rather than loads, left unmade on the meta device: made again."""
+    decoder = model.get_decoder()
+    rotary = decoder.rotary_emb
+    decoder.rotary_emb = type(rotary)(config=config)
+    embed = decoder.embed_tokens
+    if getattr(embed, "embed_scale", None) is not None and embed.embed_scale.is_meta:     # Gemma's sqrt(hidden)
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
+
+
+def _divide_rope_frequencies(model, factors):
+    """Llama 3's long-context rotary as llama.cpp stores it: the factor each rotary frequency is
+    divided by (the `rope_freqs` tensor), not transformers' `rope_parameters` (which its GGUF config
+    leaves out). Given to the model's own rotary module, so `generate` and the engine's tables
+    (engine/model/archs.py rope_tables) both read it."""
+    rotary = model.get_decoder().rotary_emb
+    if factors.shape != rotary.inv_freq.shape:
+        raise ValueError(f"rope_freqs holds {tuple(factors.shape)} factors for {tuple(rotary.inv_freq.shape)} frequencies")
+    rotary.inv_freq = rotary.inv_freq / factors
+    rotary.original_inv_freq = rotary.inv_freq.clone()
 
 
 def _blocks_suffice(model, torch_dtype):
@@ -170,7 +197,7 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     blocks only, where the engine can read them so on this device (the CPU, fp32, the kernels
     built); the model's fp32 linear weights and embedding are not made (538 MB for SmolLM2).
     Tests and benches that compare against `generate` keep the default."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
     t0 = time.perf_counter()
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
@@ -185,11 +212,11 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         directory = _gguf_cache_dir(path)
         if not (directory / "config.json").exists():
             from_cache = False
-            if weights.architecture(path) == "llama":
+            if weights.architecture(path) in FROM_BLOCKS:
                 _save_config_and_tokenizer(path, directory, progress)
             else:
                 _dequantise_to_cache(path, directory, progress)
-        if json.loads((directory / "config.json").read_text()).get("model_type") == "llama":
+        if json.loads((directory / "config.json").read_text()).get("model_type") in FROM_BLOCKS.values():
             model, quant = _from_blocks(path, directory, torch_dtype, progress,
                                         dense=dense or device != "cpu")   # weights from the file
     else:
@@ -198,7 +225,10 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         name = path.name
         directory = path
     progress("loading weights", 0.9)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    # A GGUF's tokenizer as transformers built it from the file (its tokenizer.json, whole): the
+    # model's own class would rebuild its pipeline from the vocabulary (Gemma's: sentencepiece's,
+    # whatever the file's tokenizer model says)
+    tokenizer = (PreTrainedTokenizerFast if path.is_file() else AutoTokenizer).from_pretrained(directory)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     dense = not any(p.is_meta for p in model.parameters())

@@ -30,7 +30,8 @@ ATTENTION = "first_token_paged"
 def _attention(module, query, key, value, attention_mask, ft_plan=None, **kwargs):
     if ft_plan is None:           # the model used on its own (generate): plain SDPA
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    return ft_plan.attend(module.layer_idx, query, key, value, kwargs.get("scaling")), None
+    # a local layer's window (Gemma's) as transformers' layer passes it
+    return ft_plan.attend(module.layer_idx, query, key, value, kwargs.get("scaling"), window=kwargs.get("sliding_window")), None
 
 
 AttentionInterface.register(ATTENTION, _attention)
@@ -79,6 +80,7 @@ class Plan:
         self.decode = None              # (rows, block ids [B * nb], mask [B, 1, 1, nb * bs])
         self.tables = self.lengths = None   # the same decode rows' block tables [B, nb] and lengths [B]
         self.chunks = []                # (first packed row, n, block ids or None, keys, mask or None)
+        self.longest = 0                # the most keys any row attends to (a sliding window's layers mask past it)
         # Indices are built here as Python lists and moved to the device in one copy each: on a GPU
         # a tensor made per segment is a launch or a host-to-device copy each (a batch of 64 decode
         # rows made ~200 of them per forward).
@@ -102,6 +104,7 @@ class Plan:
             else:
                 self.chunks.append((q0, seg.n, None, seg.n, None))
             q0 += seg.n
+            self.longest = max(self.longest, seg.start + seg.n)
         if rows:
             self.write = (_index(rows, device), _index(slots, device))
         if dec_blocks:
@@ -112,10 +115,12 @@ class Plan:
             self.decode = (len(dec_blocks), _index(padded, device), mask)
             self.tables, self.lengths = self.decode[1].view(len(dec_blocks), nb), lengths   # engine/model/llama.py
 
-    def attend(self, layer, q, k, v, scale):
-        """q [1, H, T, d]; k, v [1, h, T, d] for the packed tokens -> attention output [1, T, H, d]."""
+    def attend(self, layer, q, k, v, scale, window=None, write=True):
+        """q [1, H, T, d]; k, v [1, h, T, d] for the packed tokens -> attention output [1, T, H, d].
+        `window`: a query sees only the keys of its last `window` positions (Gemma's local layers);
+        `write`: the keys and values are to be written into the store (not yet written)."""
         store_k, store_v = self.store.k[layer], self.store.v[layer]
-        if self.write is not None:
+        if write and self.write is not None:
             rows, slots = self.write
             store_k.view(-1, *store_k.shape[2:])[slots] = k[0].transpose(0, 1)[rows]
             store_v.view(-1, *store_v.shape[2:])[slots] = v[0].transpose(0, 1)[rows]
@@ -125,27 +130,45 @@ class Plan:
             qd = q[0, :, :b].transpose(0, 1).unsqueeze(2)                              # [B, H, 1, d]
             kd, vd = (_gather(t, blocks).view(b, -1, *t.shape[2:]).transpose(1, 2)
                       for t in (store_k, store_v))                                      # [B, h, nb*bs, d]
+            if window is not None:
+                keys = torch.arange(mask.shape[-1], device=mask.device)
+                mask = mask & (keys[None, :] >= self.lengths[:, None] - window)[:, None, None, :]
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
             outs.append(o[:, :, 0].transpose(0, 1))                                    # [H, B, d]
-        outs += self.attend_chunks(layer, q, k, v, scale)
+        outs += self.attend_chunks(layer, q, k, v, scale, window)
         return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0)
 
-    def attend_chunks(self, layer, q, k, v, scale):
+    def attend_chunks(self, layer, q, k, v, scale, window=None):
         """[H, n, d] for each prompt chunk (and recomputed sequence), in order: causal over its own
-        fresh keys, or over its earlier chunks' keys in the store too (written already)."""
+        fresh keys, or over its earlier chunks' keys in the store too (written already); within
+        `window` positions back only, where one is given."""
         store_k, store_v = self.store.k[layer], self.store.v[layer]
         outs = []
         for q0, n, blocks, length, mask in self.chunks:
             qc = q[:, :, q0:q0 + n]
-            if blocks is None:          # keys are exactly this chunk's fresh ones: plain causal
+            if window is not None and length > window:
+                mask = _windowed(length - n, length, window, q.device) if mask is None else \
+                    mask & _windowed(length - n, length, window, q.device)
+            if blocks is None and mask is None:   # keys are exactly this chunk's fresh ones: plain causal
                 kc, vc = k[:, :, q0:q0 + n], v[:, :, q0:q0 + n]
                 o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale, enable_gqa=True)
+            elif blocks is None:        # the same keys, within the window
+                kc, vc = k[:, :, q0:q0 + n], v[:, :, q0:q0 + n]
+                o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=scale, enable_gqa=True)
             else:
                 kc, vc = (_gather(t, blocks).view(-1, *t.shape[2:])[:length].transpose(0, 1).unsqueeze(0)
                           for t in (store_k, store_v))
                 o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=scale, enable_gqa=True)
             outs.append(o[0])                                                          # [H, n, d]
         return outs
+
+
+def _windowed(start, length, window, device):
+    """[1, 1, queries, keys]: query positions start..length-1 each see its own and the causal keys
+    less than `window` positions back (transformers' sliding window: kv > q - window)."""
+    q = torch.arange(start, length, device=device)[:, None]
+    kv = torch.arange(length, device=device)[None, :]
+    return ((kv <= q) & (kv > q - window))[None, None]
 
 
 def _gather(store, blocks):

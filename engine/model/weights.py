@@ -375,18 +375,24 @@ def random_blocks(kind, rows, cols, seed):
     return b.reshape(rows, -1)
 
 
-# GGUF tensor names (llama.cpp's) -> the transformers Llama module that holds them.
+# GGUF tensor names (llama.cpp's) -> the transformers module that holds them (Llama's, Qwen's, Gemma's).
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+          "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+          "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma's norm before the MLP is llama.cpp's ffn_norm (its post_attention_norm follows attention)
+_LAYER_GEMMA = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm"}
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def hf_name(gguf_name):
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: not a Llama tensor)."""
+def hf_name(gguf_name, arch="llama"):
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: not a tensor of a
+    decoder this loader knows)."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER:
-        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    layer = _LAYER_GEMMA if arch.startswith("gemma") else _LAYER
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP:
         return f"{_TOP[parts[0]]}.{parts[1]}"
     return None
@@ -469,17 +475,19 @@ def architecture(path):
 
 def read_gguf(path, config):
     """{transformers name: QuantWeight (the matrices of the types in `SPECS`, kept as blocks) or fp32
-    tensor} of a Llama GGUF.
-
-    Block types without a kernel here are dequantised by the gguf package (fp32, said by their type)."""
+    tensor} of a GGUF of an architecture engine/model/archs.py describes, as transformers' GGUF
+    loader names and converts them: llama's q/k rows back in transformers' rotary order, Gemma's
+    norms as w - 1 (llama.cpp stores 1 + w). Block types without a kernel here are dequantised by
+    the gguf package (fp32, said by their type)."""
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
-    _, tensors, buf = gguf_index(path)
+    meta, tensors, buf = gguf_index(path)
+    arch = meta.get("general.architecture", "llama")
     out = {}
     for gname, kind, shape, offset, size in tensors:
-        name = hf_name(gname)
+        name = "rope_freqs" if gname == "rope_freqs.weight" else hf_name(gname, arch)   # Llama 3's (loading.py)
         if name is None:
-            raise ValueError(f"{path.name}: tensor {gname} is not a Llama tensor this loader knows")
+            raise ValueError(f"{path.name}: tensor {gname} is not a {arch} tensor this loader knows")
         raw = torch.from_numpy(buf[offset:offset + size])     # a view of the mapped file: each branch copies
         w = stored(kind, raw, shape)
         if w is None and kind == 0:                                        # F32
@@ -487,8 +495,10 @@ def read_gguf(path, config):
         elif w is None:
             rows = raw.numpy().reshape(shape[0], -1)
             w = torch.from_numpy(dequantize(rows, GGMLQuantizationType(kind)).astype(np.float32)).reshape(shape)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            w = w - 1
         for proj, heads in (("q_proj", config.num_attention_heads), ("k_proj", config.num_key_value_heads)):
-            if name.endswith(f"self_attn.{proj}.weight"):
+            if arch == "llama" and name.endswith(f"self_attn.{proj}.weight"):
                 order = _rope_rows(shape[0], heads)
                 w = w.take_rows(order) if isinstance(w, QuantWeight) else w[order].contiguous()
         out[name] = w

@@ -34,6 +34,7 @@ BAD = [  # (fields, the field named)
     (dict(prompt="hi", speculative_config={"method": "ngram", "draft_model": "x"}), "speculative_config"),
     (dict(prompt="hi", priority="high"), "priority"), (dict(prompt="hi", priority=1.5), "priority"),
     (dict(prompt="hi", priority=2**31), "priority"), (dict(prompt="hi", priority=None), "priority"),
+    (dict(prompt="hi", add_special_tokens=1), "add_special_tokens"),
 ]
 
 
@@ -127,3 +128,56 @@ def test_the_handle_carries_the_very_events_the_engine_emits(tiny):
     quiet = eng.new_sequence(GenerateRequest(prompt="We hold", max_new_tokens=2))   # not streaming: nothing kept
     eng.add(quiet)
     assert quiet.handle._events is None
+
+
+@pytest.fixture(scope="module")
+def bos():
+    """The tiny model with a tokenizer that adds `<bos>` in front of a text (as Gemma's and Llama's do)."""
+    from helpers import tiny_bundle
+    return tiny_bundle(bos=True)
+
+
+def test_a_prompt_gets_the_tokenizers_own_special_tokens_and_a_chat_its_templates_alone(bos):
+    """vLLM's defaults: a completion's prompt tokenized with the tokenizer's special tokens (its BOS
+    first), a chat's templated text without a second one; `add_special_tokens` says otherwise."""
+    from helpers import engine_driver
+    tok = bos.tokenizer
+    plain = tok("We hold these truths", add_special_tokens=False).input_ids
+    d = engine_driver(bos, start=False)
+    try:
+        new = lambda **f: d.engine.new_sequence(GenerateRequest(**f)).prompt_ids   # noqa: E731
+        assert new(prompt="We hold these truths") == [tok.bos_token_id] + plain
+        assert new(prompt="We hold these truths", add_special_tokens=False) == plain
+        chat = [{"role": "user", "content": "We hold these truths"}]
+        templated = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False).input_ids
+        assert tok.bos_token_id not in templated
+        assert new(messages=chat) == new(prompt="We hold these truths", chat=True) == templated
+        assert new(messages=chat, add_special_tokens=True) == [tok.bos_token_id] + templated
+        assert new(prompt="We hold these truths", source="load", prompt_tokens=2) == [tok.bos_token_id] + plain[:1]
+    finally:
+        d.shutdown()
+
+
+def test_a_tokenizer_without_special_tokens_tokenizes_as_before(driver, tiny):
+    """The tiny tokenizer adds nothing (as SmolLM2's): a prompt's ids are its text's, either way."""
+    ids = tiny.tokenizer("We hold these truths", add_special_tokens=False).input_ids
+    for special in (None, True, False):
+        assert driver.engine.new_sequence(GenerateRequest(prompt="We hold these truths",
+                                                          add_special_tokens=special)).prompt_ids == ids
+
+
+def test_a_chat_to_a_model_without_a_template_is_refused_naming_it_and_a_prompt_still_runs():
+    from helpers import engine_driver, tiny_bundle
+    bare = tiny_bundle(chat_template=None)
+    d = engine_driver(bare, start=False)
+    try:
+        with pytest.raises(SettingError) as e:
+            d.submit(GenerateRequest(messages=[{"role": "user", "content": "hi"}]))
+        assert e.value.field == "chat_template" and "no chat template" in e.value.message
+        assert d._inbox.empty() and d.engine.in_flight == 0
+        # the page's prompt (chat=True by default) is the plain text where there is no template
+        ids = bare.tokenizer("hi there", add_special_tokens=False).input_ids
+        assert d.engine.new_sequence(GenerateRequest(prompt="hi there", chat=True)).prompt_ids == ids
+    finally:
+        d.shutdown()

@@ -304,3 +304,29 @@ def test_the_openai_client_reads_completions_logprobs(live, client, model):
         lp.token_logprobs
     assert [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset] == \
         lp.text_offset
+
+
+def test_a_base_models_tokenizer_bos_first_and_no_chat_template(tiny):
+    """A model whose tokenizer adds BOS and has no chat template (a base model's file, as Gemma 3
+    270M's): a completion's prompt starts with BOS and its greedy output equals `generate` on
+    those ids; a chat is a 400 naming the template (vLLM's words), and nothing is left running."""
+    from engine import EngineConfig
+    from helpers import LiveApp, tiny_bundle
+    bundle = tiny_bundle(bos=True, chat_template=None)
+    live = LiveApp(bundle, EngineConfig(slots=2, kv_tokens=1024, max_context=256))
+    try:
+        client, model = openai_client(live.url), live.driver.api_model
+        r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+        ids = reference(bundle, PROMPT, 8, add_special_tokens=True)
+        assert r.choices[0].text == bundle.tokenizer.decode(ids, skip_special_tokens=True)
+        assert r.usage.prompt_tokens == len(bundle.tokenizer(PROMPT, add_special_tokens=False).input_ids) + 1
+        r = client.completions.create(model=model, prompt=PROMPT, max_tokens=1, extra_body={"add_special_tokens": False})
+        assert r.usage.prompt_tokens == len(bundle.tokenizer(PROMPT, add_special_tokens=False).input_ids)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=CHAT, max_tokens=4)
+        assert e.value.param == "chat_template" and "no chat template" in e.value.message
+        r = live.app.test_client().post("/v1/completions", json={"model": model, "prompt": PROMPT, "add_special_tokens": "no"})
+        assert r.status_code == 400 and error_of(r)["param"] == "add_special_tokens"
+        assert clean(live)
+    finally:
+        live.stop()
