@@ -45,6 +45,7 @@ import math
 import time
 
 from engine.events import MAX_TOP, Rejected, Token
+from engine.core.fields import FIELDS
 from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import delivery
@@ -110,20 +111,29 @@ def parse_request(kind, body, model_name):
     max_tokens = body.get(max_name)
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
-                  temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
-                  seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
-                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
-                  logprobs=logprobs, priority=_or(body.get("priority"), 0))
+    fields = dict(_fields(body), source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+                  speculative_config=body.get("speculative_config"), logprobs=logprobs)
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
-    names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
-             "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
+    names = {f.name: f.body_name for f in FIELDS} | {
+        "max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
+        "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
     with _openai_names(names):
         request = GenerateRequest(**fields)
     return ApiRequest(kind, request, stream, include_usage, names, logprobs)
+
+
+def _fields(body):
+    """The registry's fields (engine/core/fields.py) this body sets, by their engine names; one
+    left out takes OpenAI's default where it has its own (temperature 1, top_p 1), else the
+    request's. (max_tokens, whose default depends on the endpoint, is `parse_request`'s.)"""
+    out = {}
+    for f in FIELDS:
+        value = body.get(f.body_name)
+        out[f.name] = f.api_default if value is None else value
+    return {name: value for name, value in out.items() if value is not None}
 
 
 def _logprobs(kind, body):
@@ -161,10 +171,6 @@ def _openai_names(names):
     except SettingError as e:
         param = names.get(e.field, e.field)
         raise ApiError(400, f"{param}: {e.message}", param) from None
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def _stop(value):

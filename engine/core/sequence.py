@@ -8,20 +8,17 @@ the next token. Prefill, decode and recompute after preemption are all this one 
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .fields import Resolved
+
 
 @dataclass
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+class SamplingParams(Resolved):
+    """A request's parameters as the engine reads them: every field of the registry
+    (engine/core/fields.py, keyword-only), resolved (`GenerateRequest.sampling`), and these."""
     stop: tuple = ()          # stop strings (the API's `stop`)
-    ignore_eos: bool = False  # keep going past end-of-sequence (load tools fix output lengths)
-    min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
     speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
     logprobs: int | None = None      # candidates its client asks for with each token (the API's); None: none
-    priority: int = 0                # its place under the `priority` queue policy: lower first (vLLM's)
 
 
 class Status(Enum):

@@ -1,0 +1,83 @@
+"""The fields a request may set to shape its sampling, its end and its place in the queue,
+declared once (`FIELDS`): each one's name, kind, bounds, value when left out, the name the
+OpenAI/vLLM body gives it, and who reads it.
+
+Everything else is made from this list: `GenerateRequest`'s fields and their checks
+(engine/core/request.py), `SamplingParams`' typed fields (engine/core/sequence.py), the API's
+mapping from body to request (server/openai_api.py `parse_request`), the websocket's `submit`
+(server/control.py), a preset's question (engine/teach/presets.py) and what observe mode sends
+another server (observe/backend.py). A new field is a line here and the code that acts on it
+(the sampler for a sampling field).
+
+A field marked `setting` takes the engine's live setting of the same name when left out (the
+page's sliders, engine/settings.py SamplingSettings); the others take their `default`, which
+changes nothing. Bounds that depend on the engine (the model's context, its vocabulary) are
+checked where the request meets it (`GenerateRequest.sampling`).
+"""
+from dataclasses import dataclass, field, make_dataclass
+
+from ..settings import SettingError, coerce
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str            # GenerateRequest's and SamplingParams' name
+    kind: str            # "int", "float" or "bool"
+    default: object      # its value when left out (a `setting` field: when no engine setting applies)
+    lo: float | None = None
+    hi: float | None = None
+    api: str = ""            # the OpenAI/vLLM body's name ("": `name`)
+    role: str = "sampling"   # who reads it: "sampling" (the sampler), "stopping" (Sequence.stop_reason)
+                             # or "scheduling" (the scheduler, the queue)
+    setting: bool = False    # left out: the engine's live setting of the same name
+    above: bool = False      # `lo` itself is refused (top_p > 0)
+    api_default: object = None   # the API's value when left out, where OpenAI's differs from the engine's
+    doc: str = ""
+
+    @property
+    def body_name(self):
+        return self.api or self.name
+
+    def check(self, value):
+        """`value` normalised (5.0 -> 5), or SettingError naming this field. None is left out
+        only where that is the field's default (or a setting's); a client leaves the others out
+        by not sending them."""
+        if value is None and (self.setting or self.default is None):
+            return None
+        value = coerce(self.name, self.kind, value, self.lo, self.hi)
+        if self.above and value <= self.lo:
+            raise SettingError(self.name, f"must be greater than {self.lo:g}")
+        return value
+
+
+FIELDS = (
+    Field("max_new_tokens", "int", 64, 1, api="max_tokens", role="scheduling", setting=True,
+          doc="tokens to generate at most"),
+    Field("temperature", "float", 0.0, 0.0, 2.0, setting=True, api_default=1.0, doc="0: greedy"),
+    Field("top_p", "float", 1.0, 0.0, 1.0, setting=True, above=True, api_default=1.0,
+          doc="nucleus: the smallest set of most likely tokens holding this mass"),
+    Field("seed", "int", None, 0, 2**63 - 1, doc="repeatable sampling: its draws its own"),
+    Field("ignore_eos", "bool", False, role="stopping", doc="end-of-sequence ends nothing (load tools)"),
+    Field("min_tokens", "int", 0, 0, role="stopping",
+          doc="neither end-of-sequence nor a stop string ends the output before this many tokens"),
+    Field("priority", "int", 0, -2**31, 2**31 - 1, role="scheduling",
+          doc="its place under the `priority` queue policy: lower first, ties by arrival (vLLM's)"),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+SETTING_FIELDS = tuple(f.name for f in FIELDS if f.setting)
+TYPES = {"int": int, "float": float, "bool": bool}
+
+
+def dataclass_of(name, frozen, settings_left_out):
+    """A dataclass of every field (a base class), each typed by its kind, its default its
+    `default`, or None for a `setting` field when `settings_left_out` (a request: the engine
+    fills it in). Its fields are keyword-only, so a subclass's own come first positionally."""
+    specs = [(f.name, TYPES[f.kind] | None,
+              field(default=None if settings_left_out and f.setting else f.default)) for f in FIELDS]
+    cls = make_dataclass(name, specs, frozen=frozen, kw_only=True)
+    cls.__module__ = __name__
+    return cls
+
+
+Requested = dataclass_of("Requested", frozen=True, settings_left_out=True)   # GenerateRequest's
+Resolved = dataclass_of("Resolved", frozen=False, settings_left_out=False)   # SamplingParams'
