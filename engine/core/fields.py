@@ -56,6 +56,8 @@ FIELDS = (
     Field("temperature", "float", 0.0, 0.0, 2.0, setting=True, api_default=1.0, doc="0: greedy"),
     Field("top_p", "float", 1.0, 0.0, 1.0, setting=True, above=True, api_default=1.0,
           doc="nucleus: the smallest set of most likely tokens holding this mass"),
+    Field("min_p", "float", 0.0, 0.0, 1.0,
+          doc="tokens under this times the most likely one's probability are dropped (vLLM's)"),
     Field("seed", "int", None, 0, 2**63 - 1, doc="repeatable sampling: its draws its own"),
     Field("ignore_eos", "bool", False, role="stopping", doc="end-of-sequence ends nothing (load tools)"),
     Field("min_tokens", "int", 0, 0, role="stopping",

@@ -1,7 +1,9 @@
-"""Turning logits into tokens: greedy, temperature, top-p, optionally seeded per request.
+"""Turning logits into tokens: greedy, temperature, min-p, top-p, optionally seeded per request.
 
-Every row that samples (temperature > 0) is handled in one batched pass: temperature, softmax
-and the top-p cut-off run on all of them at once. The draw itself is an exponential race:
+Every row that samples (temperature > 0) is handled in one batched pass: temperature, softmax,
+the min-p cut-off (vLLM's: tokens under min_p times the most likely one's probability dropped,
+the rest renormalised) and the top-p cut-off run on all of them at once, each on the rows that
+ask for it only. The draw itself is an exponential race:
 the token with the largest p / E wins, where E = -log U ~ Exp(1) is drawn independently per
 token, which picks each token with probability p (the Gumbel-max trick in another form). A seeded request draws its row of E from its own
 generator, so its tokens depend only on its seed and its logits, never on what else shares
@@ -29,7 +31,7 @@ The odds (`Odds`): what each token was chosen from, for the page's candidate bar
 logprobs. In the same batched pass, one `log_softmax` and one `topk` over the batch's logits
 give each row's most likely tokens under the model's own distribution (temperature 1, no top-p:
 vLLM's default `raw_logprobs`), and those tokens' probabilities under the distribution the draw
-used (temperature and top-p applied, renormalised; greedy: all of it on the argmax), with the
+used (temperature, min-p and top-p applied, renormalised; greedy: all of it on the argmax), with the
 chosen token's and, speculating, the guess's. The candidates are ordered by the model's own
 probability; a greedy row's chosen token is always first (on an exact tie too).
 """
@@ -62,9 +64,16 @@ def _top_p(probs, top_p):
     return torch.zeros_like(probs).scatter_(-1, order, top * keep)
 
 
+def _min_p(probs, min_p):
+    """Each row with the tokens under min_p times its most likely token's probability zeroed,
+    renormalised (top-p then reads a distribution)."""
+    kept = probs * (probs >= min_p[:, None] * probs.amax(dim=-1, keepdim=True))
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
 @dataclass(frozen=True)
 class Chance:
-    """One token's odds: `p` under the distribution it was drawn from (temperature, top-p;
+    """One token's odds: `p` under the distribution it was drawn from (temperature, min-p, top-p;
     greedy 1), `p_raw` under the model's own (softmax of the logits), `top` the most likely
     tokens [(id, p, p_raw)] by p_raw, first first, and `rejected` (id, p, p_raw) of the guess
     this token replaced (speculative decoding: the guess was kept with probability p), else None."""
@@ -222,6 +231,10 @@ def _sample_batch(logits, params_list, generators, want=None, guesses=None):
         rows = torch.tensor(hot, device=logits.device)
         temps = torch.tensor([params_list[i].temperature for i in hot], device=logits.device, dtype=logits.dtype)
         probs = torch.softmax(logits[rows] / temps[:, None], dim=-1)
+        floor = [j for j, i in enumerate(hot) if params_list[i].min_p > 0]
+        if floor:
+            min_p = torch.tensor([params_list[hot[j]].min_p for j in floor], device=logits.device, dtype=logits.dtype)
+            probs[floor] = _min_p(probs[floor], min_p)
         cut = [j for j, i in enumerate(hot) if params_list[i].top_p < 1]
         if cut:     # only those rows: one with top_p 1 would send every row to the full sort
             top_p = torch.tensor([params_list[hot[j]].top_p for j in cut], device=logits.device, dtype=logits.dtype)
