@@ -12,6 +12,10 @@ Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and ma
 for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
 max_tokens there means the engine's `max_new_tokens` setting (the page's slider).
 
+The request's own fields (max_tokens, temperature, top_p, min_p, seed, logit_bias, the
+penalties, stop_token_ids, priority...) come from one registry, engine/core/fields.py, each
+under its OpenAI/vLLM name (`_fields`).
+
 vLLM's extensions that load generators use to fix output lengths are accepted: `ignore_eos`
 (keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
@@ -59,7 +63,7 @@ PROBE_S = 0.5   # how often a waiting request looks for its deadline and its cli
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
-UNSUPPORTED = ("logit_bias", "presence_penalty", "frequency_penalty", "tools", "functions", "response_format",
+UNSUPPORTED = ("tools", "functions", "response_format",
                "echo", "prompt_logprobs", "best_of", "suffix")
 MIN_LOGPROB = -9999.0   # what a probability of 0 is sent as (vLLM's floor), JSON having no -Infinity
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})

@@ -115,10 +115,10 @@ class GenerateRequest(Requested):
             return said[-1] if said else self.messages[-1]["content"]
         return self.prompt
 
-    def sampling(self, settings, max_context):
+    def sampling(self, settings, max_context, vocab):
         """The sampling parameters on this engine: what was left out taken from its live
-        `settings` (settings.SamplingSettings), bounded by its context (the one place those
-        defaults are resolved)."""
+        `settings` (settings.SamplingSettings), bounded by its context and its vocabulary of
+        `vocab` tokens (the one place those defaults are resolved)."""
         given = {f.name: getattr(self, f.name) for f in FIELDS}
         for name in SETTING_FIELDS:
             if given[name] is None:
@@ -128,6 +128,9 @@ class GenerateRequest(Requested):
             raise SettingError("max_new_tokens", f"must be at most {max_context}, got {new}")
         if self.min_tokens > new:
             raise SettingError("min_tokens", f"must be at most max_new_tokens ({new})")
+        for f in FIELDS:
+            if f.kind in ("token_ids", "token_bias"):
+                f.check_ids(given[f.name], vocab)
         spec = self.speculative_config or {}
         return SamplingParams(**given, stop=self.stop, speculation=spec.get("method"),
                               spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs)

@@ -95,11 +95,18 @@ class Sequence:
         why it ends the request, or None."""
         self.output_ids.append(token_id)
         text = self.detok.add(token_id)   # "" while a UTF-8 character is incomplete
+        if self.stop_token():    # it ends here, its own text not its client's (vLLM's)
+            return text, self.stops.flush(), "stop"
         client_text = self.stops.feed(text)
         stop = self.stop_reason(eos_seen, self.stops.found)
         if stop:
             client_text += self.stops.flush()
         return text, client_text, stop
+
+    def stop_token(self):
+        """Whether its newest token is one of its `stop_token_ids`, from `min_tokens` on."""
+        p = self.params
+        return len(self.output_ids) >= p.min_tokens and self.output_ids[-1] in p.stop_token_ids
 
     def stop_reason(self, eos_seen, stop_string_seen):
         """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of

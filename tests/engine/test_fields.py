@@ -2,6 +2,7 @@
 the API under its body's name, the websocket's `submit` and observe mode under the engine's, and
 the typed SamplingParams the sampler and scheduler read."""
 from dataclasses import fields
+import json
 
 import pytest
 
@@ -18,6 +19,10 @@ def asked(f):
     """A value of field `f` other than its default and within its bounds."""
     if f.kind == "bool":
         return not f.default
+    if f.kind == "token_ids":
+        return (3, 5)
+    if f.kind == "token_bias":
+        return {3: 1.5}
     if f.kind == "int":
         return 7 if f.default != 7 else 8
     return f.hi if f.hi is not None and f.hi != f.default else f.lo + 0.5
@@ -35,10 +40,10 @@ def test_each_field_reaches_the_request_and_the_engines_parameters(f):
         req = parse_request(kind, {"model": "m", **shape, f.body_name: value}, "m").request
         assert getattr(req, f.name) == value
     settings = SamplingSettings(max_new_tokens=9, temperature=0.5, top_p=0.5)
-    params = GenerateRequest(prompt="hi", **{f.name: value}).sampling(settings, 4096)
+    params = GenerateRequest(prompt="hi", **{f.name: value}).sampling(settings, 4096, 400)
     assert isinstance(params, SamplingParams) and getattr(params, f.name) == value
     # left out: its default, or the live setting's value
-    left = GenerateRequest(prompt="hi").sampling(settings, 4096)
+    left = GenerateRequest(prompt="hi").sampling(settings, 4096, 400)
     assert getattr(left, f.name) == (getattr(settings, f.name) if f.setting else f.default)
 
 
@@ -55,7 +60,7 @@ class Capture:
 @pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
 def test_the_websockets_submit_takes_each_field_by_its_name(f):
     backend = Capture()
-    assert control.handle(backend, f'{{"type": "submit", "prompt": "hi", "{f.name}": {str(asked(f)).lower()}}}') == []
+    assert control.handle(backend, json.dumps({"type": "submit", "prompt": "hi", f.name: asked(f)})) == []
     assert getattr(backend.got[0], f.name) == asked(f) and backend.got[0].source == "page"
 
 
