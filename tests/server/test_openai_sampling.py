@@ -2,29 +2,12 @@
 `openai` client against the in-process app on the tiny random model): logit_bias, the
 penalties, min_p, stop_token_ids, and every bad value refused with a 400 naming its field,
 nothing left behind."""
-import openai
-import pytest
 from simple_websocket import Client
 
-from helpers import frames, reference
+from helpers import frames, idle, reference
+from test_openai_api import client, model  # noqa: F401  (fixtures: the openai client on the in-process app, its model)
 
 PROMPT = "We hold these truths to be self-evident, that all men"
-
-
-@pytest.fixture
-def client(live):
-    return openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture
-def model(live):
-    return live.driver.api_model
-
-
-def clean(live):
-    eng = live.driver.engine
-    return (not eng.scheduler.running and not eng.scheduler.waiting and eng.in_flight == 0
-            and eng.blocks.used == 0)
 
 
 def token_ids(live, ask):
@@ -53,7 +36,7 @@ def test_logit_bias_minus_100_is_never_chosen(live, client, model, tiny):
         model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=5, logit_bias={str(greedy[0]): -100}))
     top = r.choices[0].logprobs.top_logprobs[0]
     assert ids[0] != greedy[0] and max(top, key=top.get) == first
-    assert clean(live)
+    assert idle(live.driver)
 
 
 def test_stop_token_ids_end_the_request_with_finish_reason_stop(live, client, model, tiny):
@@ -68,7 +51,7 @@ def test_stop_token_ids_end_the_request_with_finish_reason_stop(live, client, mo
     r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
                                   extra_body={"stop_token_ids": [greedy[3]], "min_tokens": k + 2, "ignore_eos": True})
     assert r.usage.completion_tokens > k + 1
-    assert clean(live)
+    assert idle(live.driver)
 
 
 def test_penalties_and_min_p_are_taken_through_the_openai_client(client, model, tiny):
@@ -102,4 +85,4 @@ def test_bad_values_are_refused_naming_the_field_and_leave_nothing_behind(live, 
                 assert r.status_code == 400, (change, r.text)
                 err = r.get_json()["error"]
                 assert err["param"] == field and field in err["message"], (change, err)
-    assert clean(live)
+    assert idle(live.driver)
