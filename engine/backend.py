@@ -35,8 +35,8 @@ class Backend(Protocol):
     def submit(self, request: GenerateRequest) -> RequestHandle:
         """Queue one request (engine/core/request.py); SettingError (nothing queued) names a field
         it cannot take. Observe mode takes the page's and a classroom student's fields only
-        (prompt, chat, max_new_tokens, temperature, top_p, seed, label, stream, source): the
-        API, which sends the rest, needs a model of its own."""
+        (prompt, chat, the request registry's, engine/core/fields.py, label, stream, source): the
+        API, which sends the rest (messages, stop strings), needs a model of its own."""
 
     def cancel(self, rid: str) -> None: ...
 

@@ -6,6 +6,7 @@ import time
 
 from engine.backend import Mode
 from engine.broadcast import Broadcaster
+from engine.core.fields import BY_NAME, FIELDS, SETTING_FIELDS
 from engine.events import PROTOCOL, SHOWN, Clock, Hello, Reset, Settings
 from engine.settings import Live, SettingError, coerce, defaults, make_settings, validate
 from .flights import Flights
@@ -14,10 +15,11 @@ from .target import Target
 from .ticker import Ticker
 from .watch import Watch
 
-SETTINGS = ("load", "rate", "prompt_tokens", "max_new_tokens", "temperature", "top_p")
+SETTINGS = ("load", "rate", "prompt_tokens") + SETTING_FIELDS   # the request fields a setting fills in
 API_KEY_ENV = "FIRST_TOKEN_OBSERVE_API_KEY"
-# GenerateRequest's fields a page or a classroom student never sends, at the values that leave them out.
-BEYOND_PAGE = {"messages": None, "stop": (), "ignore_eos": False, "min_tokens": 0, "prompt_tokens": None}
+# GenerateRequest's fields beyond a prompt and the request registry's (engine/core/fields.py),
+# which a page or a classroom student never sends, at the values that leave them out.
+BEYOND_PAGE = {"messages": None, "stop": (), "prompt_tokens": None}
 # hello's facts about a model and its engine, which a client of another server cannot know.
 UNKNOWN = ("device", "dtype", "params", "layers", "kv_heads", "head_dim", "hidden", "vocab", "kv_bytes_per_token",
            "weight_bytes", "block_size", "cache_blocks", "kv_store_bytes", "max_slots", "bench", "bandwidth")
@@ -132,13 +134,13 @@ class Observer:
         mode's settings; nothing is sent then."""
         for name, neutral in BEYOND_PAGE.items():
             if getattr(request, name) != neutral:
-                raise SettingError(name, "observe mode sends the page's parameters only (prompt, chat, "
-                                         "max_new_tokens, temperature, top_p, seed; a student's label)")
-        overrides = {k: getattr(request, k) for k in ("max_new_tokens", "temperature", "top_p")
-                     if getattr(request, k) is not None}
+                raise SettingError(name, "observe mode sends a prompt (or chat), a student's label and the "
+                                         "request fields (engine/core/fields.py) only")
+        overrides = {k: getattr(request, k) for k in SETTING_FIELDS if getattr(request, k) is not None}
         params = self._params(validate(self.specs, overrides) if overrides else {})
-        if request.seed is not None:
-            params["seed"] = request.seed
+        # the other fields it sets, by the API's names (the observed server judges them)
+        params |= {f.body_name: getattr(request, f.name) for f in FIELDS
+                   if not f.setting and getattr(request, f.name) != f.default}
         prompt = request.prompt
         if request.chat:
             path, body = "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
@@ -154,7 +156,7 @@ class Observer:
 
     def _params(self, overrides):
         s = self.settings.now.replace(overrides).sampling
-        return {"max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p}
+        return {BY_NAME[name].body_name: getattr(s, name) for name in SETTING_FIELDS}
 
     def _launch(self, source, path, body, prompt, **kw):
         """Send one request; while a page shows candidates, asking for the server's log-probabilities

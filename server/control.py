@@ -4,6 +4,7 @@
 gets an `error` reply naming the field and changes nothing. A classroom viewer may send `sync`,
 `view` (its own stream only) and `leave` only."""
 from engine.events import Error, Sync
+from engine.core.fields import FIELDS
 from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import inputs
@@ -43,9 +44,10 @@ def _parse(backend, raw):
 
 
 def _submit(backend, msg, room):
-    backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True),
-                                   max_new_tokens=msg.get("max_new_tokens"), temperature=msg.get("temperature"),
-                                   top_p=msg.get("top_p"), seed=msg.get("seed"), priority=msg.get("priority") or 0))
+    """A page's own request: its prompt, and any of the registry's fields (engine/core/fields.py)
+    by their names; one it leaves out (or sends as null) takes the request's default."""
+    asked = {f.name: msg[f.name] for f in FIELDS if msg.get(f.name) is not None}
+    backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True), **asked))
 
 
 def _sync(backend, msg, room):

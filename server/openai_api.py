@@ -12,6 +12,10 @@ Defaults follow OpenAI where it has a finite one: temperature 1, top_p 1, and ma
 for /v1/completions. Chat completions have no finite OpenAI default, so an omitted
 max_tokens there means the engine's `max_new_tokens` setting (the page's slider).
 
+The request's own fields (max_tokens, temperature, top_p, min_p, seed, logit_bias, the
+penalties, stop_token_ids, priority...) come from one registry, engine/core/fields.py, each
+under its OpenAI/vLLM name (`_fields`).
+
 vLLM's extensions that load generators use to fix output lengths are accepted: `ignore_eos`
 (keep generating past end-of-sequence) and `min_tokens` (neither end-of-sequence nor a stop
 string ends the output before this many tokens). `usage.prompt_tokens_details.cached_tokens`
@@ -48,6 +52,7 @@ import math
 import time
 
 from engine.events import MAX_TOP, Rejected, Token
+from engine.core.fields import FIELDS
 from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import delivery
@@ -61,7 +66,7 @@ PROBE_S = 0.5   # how often a waiting request looks for its deadline and its cli
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
-UNSUPPORTED = ("logit_bias", "presence_penalty", "frequency_penalty", "tools", "functions", "response_format",
+UNSUPPORTED = ("tools", "functions", "response_format",
                "echo", "prompt_logprobs", "best_of", "suffix")
 MIN_LOGPROB = -9999.0   # what a probability of 0 is sent as (vLLM's floor), JSON having no -Infinity
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
@@ -113,21 +118,30 @@ def parse_request(kind, body, model_name):
     max_tokens = body.get(max_name)
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-    fields = dict(source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
-                  temperature=_or(body.get("temperature"), 1.0), top_p=_or(body.get("top_p"), 1.0),
-                  seed=body.get("seed"), ignore_eos=_or(body.get("ignore_eos"), False),
-                  min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
-                  logprobs=logprobs, priority=_or(body.get("priority"), 0),
+    fields = dict(_fields(body), source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
+                  speculative_config=body.get("speculative_config"), logprobs=logprobs,
                   add_special_tokens=body.get("add_special_tokens"))
     if kind == "chat":
         fields["messages"] = _messages(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
-    names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
-             "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
+    names = {f.name: f.body_name for f in FIELDS} | {
+        "max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
+        "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
     with _openai_names(names):
         request = GenerateRequest(**fields)
     return ApiRequest(kind, request, stream, include_usage, names, logprobs)
+
+
+def _fields(body):
+    """The registry's fields (engine/core/fields.py) this body sets, by their engine names; one
+    left out takes OpenAI's default where it has its own (temperature 1, top_p 1), else the
+    request's. (max_tokens, whose default depends on the endpoint, is `parse_request`'s.)"""
+    out = {}
+    for f in FIELDS:
+        value = body.get(f.body_name)
+        out[f.name] = f.api_default if value is None else value
+    return {name: value for name, value in out.items() if value is not None}
 
 
 def _logprobs(kind, body):
@@ -165,10 +179,6 @@ def _openai_names(names):
     except SettingError as e:
         param = names.get(e.field, e.field)
         raise ApiError(400, f"{param}: {e.message}", param) from None
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def _stop(value):

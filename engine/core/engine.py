@@ -293,7 +293,8 @@ class Engine:
         want = [shown if g.seq.params.logprobs is None else max(g.seq.params.logprobs, shown or 0) for g in segs]
         start = self.clock.now()
         runs, failed, odds = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
-                                            [g.draft for g in segs], want)
+                                            [g.draft for g in segs], want,
+                                            [(g.seq.prompt_ids, g.seq.output_ids) for g in segs])
         out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
         delivered = [(seg.seq, self._deliver(out, seg, run, chances))

@@ -37,7 +37,7 @@ class Intake:
         Raises SettingError for what only the engine can judge (its context, the prompt's text
         once templated, a prompt that tokenizes to nothing)."""
         arrival = self.clock.now()
-        params = request.sampling(self.sampling, self.max_context)
+        params = request.sampling(self.sampling, self.max_context, len(self.tokenizer))
         text, ids = self._tokenize(request)
         if request.prompt_tokens is not None:
             ids = ids[:request.prompt_tokens]

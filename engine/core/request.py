@@ -14,6 +14,7 @@ import queue
 from typing import get_args
 
 from ..events import MAX_TOP, Finished, Rejected, Source
+from .fields import FIELDS, SETTING_FIELDS, Requested
 from .sequence import SamplingParams
 from ..settings import MAX_SPEC_TOKENS, SPECULATION, SettingError, check_text, coerce, shown
 
@@ -24,19 +25,14 @@ SOURCES = tuple(s for s in get_args(Source) if s != "observe")   # observe mode'
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    """Everything a client may ask for one request. Left out (None), `max_new_tokens`,
-    `temperature` and `top_p` take the engine's live settings (the page's sliders)."""
+class GenerateRequest(Requested):
+    """Everything a client may ask for one request: the fields of the request registry
+    (engine/core/fields.py: sampling, stopping, scheduling; keyword-only), and these. Left out
+    (None), the registry's `setting` fields take the engine's live settings (the page's sliders)."""
     prompt: str | None = None          # the text, used as it is unless `chat`
     messages: list | None = None       # or a chat: [{"role", "content"}, ...] through the chat template
     chat: bool = False                 # wrap `prompt` as one user message (when the model has a template)
-    max_new_tokens: int | None = None
-    temperature: float | None = None   # 0: greedy
-    top_p: float | None = None
-    seed: int | None = None            # repeatable sampling
     stop: tuple = ()                   # up to 4 stop strings: the output ends just before the first
-    ignore_eos: bool = False           # keep going past end-of-sequence (load tools fix output lengths)
-    min_tokens: int = 0                # neither end-of-sequence nor a stop string ends it sooner
     label: str | None = None           # who asked, shown on the timeline (a classroom student's name)
     source: str = "api"                # page | load | api | join
     stream: bool = False               # the client reads its events from the handle `submit` returns
@@ -49,9 +45,6 @@ class GenerateRequest:
     # candidates, 0-20 (0: the chosen token's own only); None: not asked (its events still carry
     # the page's candidates, engine/model/sampler.py)
     logprobs: int | None = None
-    # Its place in the queue under the `priority` scheduling policy (vLLM's field): lower values
-    # first, ties by arrival; ignored (kept, shown) under fcfs
-    priority: int = 0
     # Whether the tokenizer adds its own special tokens (a BOS where it wants one) around the text,
     # vLLM's field; None: vLLM's defaults, yes for a plain prompt and no for a chat template's text
     # (the template writes its own, and a second BOS would change what the model reads)
@@ -64,20 +57,16 @@ class GenerateRequest:
             if not isinstance(self.label, str) or not self.label or len(self.label) > MAX_LABEL_CHARS:
                 raise SettingError("label", f"must be a non-empty string of up to {MAX_LABEL_CHARS} characters")
             check_text("label", self.label)
-        for name, kind, lo, hi in (("max_new_tokens", "int", 1, None), ("temperature", "float", 0.0, 2.0),
-                                   ("top_p", "float", 0.0, 1.0), ("seed", "int", 0, 2**63 - 1),
-                                   ("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP)):
+        for f in FIELDS:
+            fix(f.name, f.check(getattr(self, f.name)))
+        for name, kind, lo, hi in (("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP)):
             if getattr(self, name) is not None:
                 fix(name, coerce(name, kind, getattr(self, name), lo, hi))
-        if self.top_p is not None and self.top_p <= 0:
-            raise SettingError("top_p", "must be greater than 0")
         fix("stop", self._stops(self.stop))
-        for name in ("ignore_eos", "chat", "stream"):
+        for name in ("chat", "stream"):
             coerce(name, "bool", getattr(self, name))
         if self.add_special_tokens is not None:
             coerce("add_special_tokens", "bool", self.add_special_tokens)
-        fix("min_tokens", coerce("min_tokens", "int", self.min_tokens, 0))
-        fix("priority", coerce("priority", "int", self.priority, -2**31, 2**31 - 1))
         if self.source not in SOURCES:
             raise SettingError("source", f"must be one of {', '.join(SOURCES)}, got {self.source!r}")
         if self.speculative_config is not None:
@@ -132,23 +121,25 @@ class GenerateRequest:
             return said[-1] if said else self.messages[-1]["content"]
         return self.prompt
 
-    def sampling(self, settings, max_context):
+    def sampling(self, settings, max_context, vocab):
         """The sampling parameters on this engine: what was left out taken from its live
-        `settings` (settings.SamplingSettings), bounded by its context (the one place those
-        defaults are resolved)."""
-        new = settings.max_new_tokens if self.max_new_tokens is None else self.max_new_tokens
+        `settings` (settings.SamplingSettings), bounded by its context and its vocabulary of
+        `vocab` tokens (the one place those defaults are resolved)."""
+        given = {f.name: getattr(self, f.name) for f in FIELDS}
+        for name in SETTING_FIELDS:
+            if given[name] is None:
+                given[name] = getattr(settings, name)
+        new = given["max_new_tokens"]
         if new > max_context:
             raise SettingError("max_new_tokens", f"must be at most {max_context}, got {shown(new)}")
         if self.min_tokens > new:
             raise SettingError("min_tokens", f"must be at most max_new_tokens ({new})")
+        for f in FIELDS:
+            if f.kind in ("token_ids", "token_bias"):
+                f.check_ids(given[f.name], vocab)
         spec = self.speculative_config or {}
-        return SamplingParams(
-            max_new_tokens=new, seed=self.seed, stop=self.stop, ignore_eos=self.ignore_eos,
-            min_tokens=self.min_tokens,
-            temperature=settings.temperature if self.temperature is None else self.temperature,
-            top_p=settings.top_p if self.top_p is None else self.top_p,
-            speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs,
-            priority=self.priority)
+        return SamplingParams(**given, stop=self.stop, speculation=spec.get("method"),
+                              spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs)
 
 
 class RequestHandle:

@@ -8,20 +8,17 @@ the next token. Prefill, decode and recompute after preemption are all this one 
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .fields import Resolved
+
 
 @dataclass
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+class SamplingParams(Resolved):
+    """A request's parameters as the engine reads them: every field of the registry
+    (engine/core/fields.py, keyword-only), resolved (`GenerateRequest.sampling`), and these."""
     stop: tuple = ()          # stop strings (the API's `stop`)
-    ignore_eos: bool = False  # keep going past end-of-sequence (load tools fix output lengths)
-    min_tokens: int = 0       # end-of-sequence and stop strings end nothing before this many
     speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
     logprobs: int | None = None      # candidates its client asks for with each token (the API's); None: none
-    priority: int = 0                # its place under the `priority` queue policy: lower first (vLLM's)
 
 
 class Status(Enum):
@@ -98,11 +95,18 @@ class Sequence:
         why it ends the request, or None."""
         self.output_ids.append(token_id)
         text = self.detok.add(token_id)   # "" while a UTF-8 character is incomplete
+        if self.stop_token():    # it ends here, its own text not its client's (vLLM's)
+            return text, self.stops.flush(), "stop"
         client_text = self.stops.feed(text)
         stop = self.stop_reason(eos_seen, self.stops.found)
         if stop:
             client_text += self.stops.flush()
         return text, client_text, stop
+
+    def stop_token(self):
+        """Whether its newest token is one of its `stop_token_ids`, from `min_tokens` on."""
+        p = self.params
+        return len(self.output_ids) >= p.min_tokens and self.output_ids[-1] in p.stop_token_ids
 
     def stop_reason(self, eos_seen, stop_string_seen):
         """Why its newest token ends it ("stop", "stop_string", "length"), or None. End of

@@ -1,7 +1,17 @@
-"""Turning logits into tokens: greedy, temperature, top-p, optionally seeded per request.
+"""Turning logits into tokens: greedy, temperature, min-p, top-p, optionally seeded per request,
+after each request's own changes to its logits (a logit bias, penalties on what it has seen).
 
-Every row that samples (temperature > 0) is handled in one batched pass: temperature, softmax
-and the top-p cut-off run on all of them at once. The draw itself is an exponential race:
+Before anything else, the rows that ask have their logits changed, in vLLM's order, each
+change a batched op over the rows that ask for it (a batch where none asks uses the logits as
+they are): `logit_bias` added; `repetition_penalty` (vLLM's, Hugging Face's) on every token of
+the prompt or the output, a positive logit divided by it, a negative one multiplied; then
+OpenAI's `frequency_penalty` times each token's count in the output and `presence_penalty` once
+for each token in it, subtracted. Greedy rows take the argmax of the changed logits.
+
+Every row that samples (temperature > 0) is handled in one batched pass: temperature, softmax,
+the min-p cut-off (vLLM's: tokens under min_p times the most likely one's probability dropped,
+the rest renormalised) and the top-p cut-off run on all of them at once, each on the rows that
+ask for it only. The draw itself is an exponential race:
 the token with the largest p / E wins, where E = -log U ~ Exp(1) is drawn independently per
 token, which picks each token with probability p (the Gumbel-max trick in another form). A seeded request draws its row of E from its own
 generator, so its tokens depend only on its seed and its logits, never on what else shares
@@ -27,11 +37,12 @@ whether it speculated or not (and, greedy, it is the argmax at every position).
 
 The odds (`Odds`): what each token was chosen from, for the page's candidate bars and the API's
 logprobs. In the same batched pass, one `log_softmax` and one `topk` over the batch's logits
-give each row's most likely tokens under the model's own distribution (temperature 1, no top-p:
-vLLM's default `raw_logprobs`), and those tokens' probabilities under the distribution the draw
-used (temperature and top-p applied, renormalised; greedy: all of it on the argmax), with the
-chosen token's and, speculating, the guess's. The candidates are ordered by the model's own
-probability; a greedy row's chosen token is always first (on an exact tie too).
+give each row's most likely tokens under the model's own distribution (temperature 1, no top-p,
+no bias or penalty: vLLM's default `raw_logprobs`), and those tokens' probabilities under the
+distribution the draw used (its logits changed, temperature, min-p and top-p applied,
+renormalised; greedy: all of it on the argmax), with the chosen token's and, speculating, the
+guess's. The candidates are ordered by the model's own probability; a greedy row's chosen token
+is always first (on an exact tie too) unless its logits were changed.
 """
 from dataclasses import dataclass
 
@@ -62,9 +73,16 @@ def _top_p(probs, top_p):
     return torch.zeros_like(probs).scatter_(-1, order, top * keep)
 
 
+def _min_p(probs, min_p):
+    """Each row with the tokens under min_p times its most likely token's probability zeroed,
+    renormalised (top-p then reads a distribution)."""
+    kept = probs * (probs >= min_p[:, None] * probs.amax(dim=-1, keepdim=True))
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
 @dataclass(frozen=True)
 class Chance:
-    """One token's odds: `p` under the distribution it was drawn from (temperature, top-p;
+    """One token's odds: `p` under the distribution it was drawn from (temperature, min-p, top-p;
     greedy 1), `p_raw` under the model's own (softmax of the logits), `top` the most likely
     tokens [(id, p, p_raw)] by p_raw, first first, and `rejected` (id, p, p_raw) of the guess
     this token replaced (speculative decoding: the guess was kept with probability p), else None."""
@@ -113,23 +131,25 @@ class RowsFailed(Exception):
         self.tokens, self.failed, self.odds = tokens, failed, odds
 
 
-def sample(logits, params_list, generators, want=None, guesses=None):
+def sample(logits, params_list, generators, want=None, guesses=None, seen=None):
     """One token per row of `logits` [rows, vocab]: the batched pass, or, if it raises, each row
     on its own (RowsFailed if some of them raise). With `want` (per row: how many candidates,
     or None for no odds) returns (tokens, Odds); `guesses` (per row: a token id whose odds are
-    wanted too, or -1) is speculative decoding's."""
+    wanted too, or -1) is speculative decoding's; `seen` (per row: its (prompt ids, output ids)
+    so far, or None) is what a row's penalties read."""
     states = [None if g is None else g.get_state() for g in generators]
     try:
-        return _sample_batch(logits, params_list, generators, want, guesses)
+        return _sample_batch(logits, params_list, generators, want, guesses, seen)
     except Exception as batch_error:  # noqa: BLE001 -- find the rows at fault below
         for g, state in zip(generators, states):
             if g is not None:
                 g.set_state(state)
         tokens, failed, parts = [], {}, []
         for i in range(len(params_list)):
-            one = (want[i:i + 1], guesses[i:i + 1] if guesses is not None else None) if want is not None else ()
+            one = (None, None) if want is None else (want[i:i + 1], None if guesses is None else guesses[i:i + 1])
             try:
-                got = _sample_batch(logits[i:i + 1], params_list[i:i + 1], generators[i:i + 1], *one)
+                got = _sample_batch(logits[i:i + 1], params_list[i:i + 1], generators[i:i + 1], *one,
+                                    None if seen is None else seen[i:i + 1])
             except Exception as e:  # noqa: BLE001 -- this request's fault, reported for it alone
                 tokens.append(None)
                 parts.append(None)
@@ -153,15 +173,22 @@ def _draw(generator, probs):
     return torch.rand(probs.shape[1], generator=generator, device=probs.device, dtype=probs.dtype)
 
 
-def verify(logits, params_list, generators, drafts, want=None):
+def verify(logits, params_list, generators, drafts, want=None, seen=None):
     """Each request's tokens from one forward: `logits` has len(draft) + 1 rows per request,
-    in order (one for a request without guesses). Returns (runs, failed, chances): runs[i] is the
-    accepted guesses then the target's own token (None when its sampling raised), failed
-    {request: the exception}, chances[i] one Chance per token of runs[i] (its own row's; the
-    last one's `rejected` says what the guess it replaced had), or None where `want[i]` is None
-    (all None without `want`). Raises what `sample` raises when every row fails."""
-    rows_p, rows_g, owner, rows_w, rows_guess = [], [], [], [], []
+    in order (one for a request without guesses); `seen[i]`: request i's (prompt ids, output
+    ids) so far, which its penalties read (row j also sees the guesses before it). Returns
+    (runs, failed, chances): runs[i] is the accepted guesses then the target's own token (None
+    when its sampling raised), failed {request: the exception}, chances[i] one Chance per token
+    of runs[i] (its own row's; the last one's `rejected` says what the guess it replaced had), or
+    None where `want[i]` is None (all None without `want`). Raises what `sample` raises when
+    every row fails."""
+    rows_p, rows_g, owner, rows_w, rows_guess, rows_seen = [], [], [], [], [], []
     for i, (p, g, d) in enumerate(zip(params_list, generators, drafts)):
+        if seen is not None and _penalises(p):
+            prompt, output = seen[i]
+            rows_seen += [(prompt, list(output) + list(d[:j])) for j in range(len(d) + 1)]
+        else:
+            rows_seen += [None] * (len(d) + 1)
         rows_p += [p] * (len(d) + 1)
         rows_g += [g] * (len(d) + 1)
         owner += [i] * (len(d) + 1)
@@ -172,9 +199,9 @@ def verify(logits, params_list, generators, drafts, want=None):
     odds = None
     try:
         if asked:
-            winners, odds = sample(logits, rows_p, rows_g, rows_w, rows_guess)
+            winners, odds = sample(logits, rows_p, rows_g, rows_w, rows_guess, rows_seen)
         else:
-            winners = sample(logits, rows_p, rows_g)
+            winners = sample(logits, rows_p, rows_g, seen=rows_seen)
         failed_rows = {}
     except RowsFailed as e:
         winners, failed_rows, odds = e.tokens, e.failed, e.odds
@@ -211,10 +238,59 @@ def _rewind(generator, state, n, logits):
         _draw(generator, probs)
 
 
-def _sample_batch(logits, params_list, generators, want=None, guesses=None):
+def _penalises(p):
+    return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
+
+
+def _changed(logits, params_list, seen):
+    """(the logits the rows are drawn from, the rows whose logits were changed): `logits`
+    itself when no row asks for a change, else a copy with each asking row's logit bias, then
+    its penalties, applied (the module's docstring)."""
+    rows = [i for i, p in enumerate(params_list) if p.logit_bias or _penalises(p)]
+    if not rows:
+        return logits, rows
+    x = logits.clone()    # the model's own stay as they were: the odds' raw probabilities
+    bias = [(i, tid, b) for i in rows for tid, b in (params_list[i].logit_bias or {}).items()]
+    if bias:
+        at, ids, values = zip(*bias)
+        x.index_put_((torch.tensor(at, device=x.device), torch.tensor(ids, device=x.device)),
+                     torch.tensor(values, device=x.device, dtype=x.dtype), accumulate=True)
+    hit = [i for i in rows if _penalises(params_list[i])]
+    if hit:
+        if seen is None or any(seen[i] is None for i in hit):
+            raise ValueError("penalties need the tokens the row has seen")
+        x[hit] = _penalise(x[hit], [params_list[i] for i in hit], [seen[i] for i in hit])
+    return x, rows
+
+
+def _counts(lists, vocab, like):
+    """[rows, vocab]: how many times each token is in each row's list (ids past the vocabulary,
+    a tokenizer's extra ones, dropped)."""
+    width = max([len(ids) for ids in lists] + [1])
+    idx = torch.tensor([list(ids) + [vocab] * (width - len(ids)) for ids in lists], device=like.device)
+    idx = idx.clamp_(max=vocab)     # column `vocab` collects the padding and is dropped
+    counts = torch.zeros((len(lists), vocab + 1), device=like.device, dtype=like.dtype)
+    return counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=like.dtype))[:, :vocab]
+
+
+def _penalise(x, params, seen):
+    """Rows `x` with their penalties applied, each over its (prompt ids, output ids) in `seen`."""
+    vocab = x.shape[1]
+    output = _counts([out for _, out in seen], vocab, x)
+    def column(name):
+        return torch.tensor([getattr(p, name) for p in params], device=x.device, dtype=x.dtype)[:, None]
+    repetition = column("repetition_penalty")
+    anywhere = (output > 0) | (_counts([prompt for prompt, _ in seen], vocab, x) > 0)
+    x = torch.where(anywhere, torch.where(x > 0, x / repetition, x * repetition), x)
+    return x - column("frequency_penalty") * output - column("presence_penalty") * (output > 0)
+
+
+def _sample_batch(logits, params_list, generators, want=None, guesses=None, seen=None):
     """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax (`max`'s
     indices: the first maximal one, as argmax's, in a third of its time on a CPU here). With
     `want`: (tokens, Odds)."""
+    raw = logits
+    logits, changed = _changed(logits, params_list, seen)
     out = torch.max(logits, dim=-1).indices
     hot = [i for i, p in enumerate(params_list) if p.temperature > 0]
     probs = rows = None
@@ -222,6 +298,10 @@ def _sample_batch(logits, params_list, generators, want=None, guesses=None):
         rows = torch.tensor(hot, device=logits.device)
         temps = torch.tensor([params_list[i].temperature for i in hot], device=logits.device, dtype=logits.dtype)
         probs = torch.softmax(logits[rows] / temps[:, None], dim=-1)
+        floor = [j for j, i in enumerate(hot) if params_list[i].min_p > 0]
+        if floor:
+            min_p = torch.tensor([params_list[hot[j]].min_p for j in floor], device=logits.device, dtype=logits.dtype)
+            probs[floor] = _min_p(probs[floor], min_p)
         cut = [j for j, i in enumerate(hot) if params_list[i].top_p < 1]
         if cut:     # only those rows: one with top_p 1 would send every row to the full sort
             top_p = torch.tensor([params_list[hot[j]].top_p for j in cut], device=logits.device, dtype=logits.dtype)
@@ -237,15 +317,16 @@ def _sample_batch(logits, params_list, generators, want=None, guesses=None):
         out[rows] = torch.argmax(probs / race, dim=-1)
     if want is None:
         return out.tolist()
-    return out.tolist(), _odds(logits, out, rows, probs, want, guesses)
+    return out.tolist(), _odds(raw, out, rows, probs, want, guesses, changed)
 
 
-def _odds(logits, chosen, hot, probs, want, guesses):
+def _odds(logits, chosen, hot, probs, want, guesses, changed):
     """Every row's Odds at once: one top-k over the batch (the largest `want`) and one logsumexp,
     then the candidates', the chosen token's and the guess's probabilities gathered from the
     model's distribution and from the one each row was drawn from (`probs`, the `hot` rows'; a
-    greedy row's is all on its argmax). Probabilities are float64 from there, so that the API's
-    log-probabilities keep their range."""
+    greedy row's is all on its argmax). `logits` are the model's own, whatever changed the rows
+    in `changed` before their draw (vLLM's raw_logprobs). Probabilities are float64 from there,
+    so that the API's log-probabilities keep their range."""
     k = max([w for w in want if w is not None] + [0])
     x = logits.float()
     top_ids = _top_ids(x, k)
@@ -253,6 +334,7 @@ def _odds(logits, chosen, hot, probs, want, guesses):
         greedy = torch.ones(len(want), dtype=torch.bool, device=x.device)
         if hot is not None:
             greedy[hot] = False
+        greedy[changed] = False   # its argmax is its changed logits': shown where the model's own put it
         first = top_ids[:, 0] == chosen
         if not bool(first[greedy].all()):     # an exact tie put another token first
             top_ids = torch.where(greedy[:, None], _chosen_first(top_ids, chosen), top_ids)

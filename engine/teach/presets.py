@@ -36,26 +36,23 @@ class Action:
     # instead of a burst: change these settings at that time (a lesson that switches mid-run: the
     # `weights` preset reads fp32, then the file's 4-bit blocks); a comparison's overrides win
     settings: dict | None = None
-    # a fixed question instead of a corpus window, asked as a chat (the `sampling` lesson's), and
-    # its requests' own sampling (their seed is `seed`) and row name; None: the settings'
+    # a fixed question instead of a corpus window, asked as a chat (the `sampling` lesson's), its
+    # row's name, and its requests' own fields of the request registry (engine/core/fields.py:
+    # temperature, top_p, priority...; checked as each request is built; its seed is `seed`)
     prompt: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     label: str | None = None
-    priority: int | None = None   # its place under the `priority` queue policy (None: the default, 0)
-
-    ASKED = ("prompt", "temperature", "top_p", "label", "priority")   # a fixed question's own fields (`question`)
+    asks: dict | None = None
 
     def question(self, max_new_tokens):
         """The request a fixed question's burst sends each time (None: a corpus burst)."""
         if self.prompt is None:
             return None
         return GenerateRequest(chat=True, source="load", max_new_tokens=max_new_tokens, seed=self.seed,
-                               **{name: getattr(self, name) for name in self.ASKED if getattr(self, name) is not None})
+                               prompt=self.prompt, label=self.label, **(self.asks or {}))
 
     def describe(self):
-        out = {"at": self.at, "burst": self.burst}
-        for name in self.ASKED:
+        out = {"at": self.at, "burst": self.burst, **(self.asks or {})}
+        for name in ("prompt", "label"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         if self.reload:
@@ -145,9 +142,9 @@ SAMPLING_PROMPT = "Write one sentence about the sea."
 # urgent question
 BATCH_JOB = "Summarise the history of the printing press in a long paragraph."
 URGENT = "Is the exam tomorrow at nine?"
-BATCH_JOBS = tuple(Action(0, 1, prompt=BATCH_JOB, temperature=0.8, seed=i, label="batch job", priority=10)
+BATCH_JOBS = tuple(Action(0, 1, prompt=BATCH_JOB, seed=i, label="batch job", asks={"temperature": 0.8, "priority": 10})
                    for i in range(6))
-SAMPLING = tuple(Action(0, 1, prompt=SAMPLING_PROMPT, temperature=t, top_p=p, label=name, seed=7)
+SAMPLING = tuple(Action(0, 1, prompt=SAMPLING_PROMPT, label=name, seed=7, asks={"temperature": t, "top_p": p})
                  for name, t, p in (("greedy", 0.0, 1.0), ("T 0.7", 0.7, 1.0), ("T 1", 1.0, 1.0),
                                     ("T 1.5", 1.5, 1.0), ("top-p 0.5", 1.0, 0.5)))
 

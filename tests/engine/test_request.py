@@ -95,12 +95,13 @@ def test_the_load_generator_cuts_its_prompt_to_length(driver):
 
 
 def test_observe_mode_takes_the_pages_and_students_fields_only():
+    """A prompt and the request registry's fields (tests/engine/test_fields.py: each is sent)."""
     from observe import Observer
     obs = Observer("http://127.0.0.1:9/v1")   # never started: nothing is sent
-    for fields, field in ((dict(stop=["x"]), "stop"), (dict(min_tokens=1), "min_tokens"),
-                          (dict(ignore_eos=True), "ignore_eos"), (dict(prompt_tokens=4), "prompt_tokens")):
+    for fields, field in ((dict(prompt="hi", stop=["x"]), "stop"), (dict(prompt="hi", prompt_tokens=4), "prompt_tokens"),
+                          (dict(messages=[{"role": "user", "content": "hi"}]), "messages")):
         with pytest.raises(SettingError) as e:
-            obs.submit(GenerateRequest(prompt="hi", **fields))
+            obs.submit(GenerateRequest(**fields))
         assert e.value.field == field
     with pytest.raises(SettingError) as e:   # this mode's own bounds (the page's slider)
         obs.submit(GenerateRequest(prompt="hi", max_new_tokens=513))
