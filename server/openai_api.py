@@ -76,12 +76,7 @@ class ApiRequest:
 
 def parse_request(kind, body, model_name):
     """Validate an OpenAI chat/completions body; return an ApiRequest or raise ApiError."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "you must provide a model parameter (a string)", "model")
-    if model != model_name:
-        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
-                       "model", "model_not_found")
+    check_model(body, model_name)
     for name in UNSUPPORTED:
         if body.get(name) not in NEUTRAL:
             raise ApiError(400, f"`{name}` is not supported by this server", name, "unsupported_parameter")
@@ -116,7 +111,7 @@ def parse_request(kind, body, model_name):
                   min_tokens=_or(body.get("min_tokens"), 0), speculative_config=body.get("speculative_config"),
                   logprobs=logprobs, priority=_or(body.get("priority"), 0))
     if kind == "chat":
-        fields["messages"] = _messages(body.get("messages"))
+        fields["messages"] = messages_of(body.get("messages"))
     else:
         fields["prompt"] = _prompt(body.get("prompt"))
     names = {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
@@ -124,6 +119,18 @@ def parse_request(kind, body, model_name):
     with _openai_names(names):
         request = GenerateRequest(**fields)
     return ApiRequest(kind, request, stream, include_usage, names, logprobs)
+
+
+def check_model(body, model_name, required=True):
+    """ApiError unless `body`'s `model` names the served model (left out: fine unless `required`)."""
+    model = body.get("model")
+    if model is None and not required:
+        return
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "you must provide a model parameter (a string)", "model")
+    if model != model_name:
+        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
+                       "model", "model_not_found")
 
 
 def _logprobs(kind, body):
@@ -177,7 +184,8 @@ def _stop(value):
     raise ApiError(400, "`stop` must be a string or a list of strings", "stop")
 
 
-def _messages(value):
+def messages_of(value):
+    """OpenAI chat `messages` as the engine takes them, or ApiError naming the bad part."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "`messages` must be a non-empty array", "messages")
     out = []
