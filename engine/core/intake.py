@@ -38,11 +38,16 @@ class Intake:
         if request.prompt_tokens is not None:
             ids = ids[:request.prompt_tokens]
         rid = f"r{next(self._ids)}"
-        return Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
-                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label, preview=request.shown(),
-                        handle=RequestHandle(rid, request.stream))
+        seq = Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
+                       arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
+                       preview=request.shown() or text, handle=RequestHandle(rid, request.stream))
+        if params.prompt_logprobs is not None:
+            seq.prompt_odds = [None] * len(ids)
+        return seq
 
     def _tokenize(self, request):
+        if request.prompt_ids is not None:
+            return self._token_prompt(request.prompt_ids)
         if request.messages is not None:
             text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
         else:
@@ -55,6 +60,16 @@ class Intake:
         if not ids:
             raise SettingError("prompt", "tokenizes to nothing")
         return text, ids
+
+    def _token_prompt(self, ids):
+        """A prompt given as token ids (the API's token arrays): taken as they are, not retokenized
+        (no special token added), once each is checked to be in the vocabulary; its text decoded."""
+        vocab = len(self.tokenizer)
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise SettingError("prompt", f"token id {ids[bad]} (at {bad}) is not in this model's vocabulary "
+                                         f"(0 to {vocab - 1})")
+        return self.tokenizer.decode(ids), list(ids)
 
     def announce(self, seq):
         """The `request` and `tokenized` events of a request reaching the engine."""

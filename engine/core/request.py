@@ -28,6 +28,7 @@ class GenerateRequest:
     """Everything a client may ask for one request. Left out (None), `max_new_tokens`,
     `temperature` and `top_p` take the engine's live settings (the page's sliders)."""
     prompt: str | None = None          # the text, used as it is unless `chat`
+    prompt_ids: tuple | None = None    # or the prompt as token ids, taken as they are (checked against the vocabulary)
     messages: list | None = None       # or a chat: [{"role", "content"}, ...] through the chat template
     chat: bool = False                 # wrap `prompt` as one user message (when the model has a template)
     max_new_tokens: int | None = None
@@ -52,6 +53,10 @@ class GenerateRequest:
     # Its place in the queue under the `priority` scheduling policy (vLLM's field): lower values
     # first, ties by arrival; ignored (kept, shown) under fcfs
     priority: int = 0
+    # The odds of each prompt token given those before it (vLLM's `prompt_logprobs`, the API's
+    # echo with logprobs): how many candidates, 0-20; None: not asked. Computed in the prefill
+    # (engine/model/runner.py); such a request does not read the prefix cache (block_manager.py)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -62,7 +67,8 @@ class GenerateRequest:
             check_text("label", self.label)
         for name, kind, lo, hi in (("max_new_tokens", "int", 1, None), ("temperature", "float", 0.0, 2.0),
                                    ("top_p", "float", 0.0, 1.0), ("seed", "int", 0, 2**63 - 1),
-                                   ("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP)):
+                                   ("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP),
+                                   ("prompt_logprobs", "int", 0, MAX_TOP)):
             if getattr(self, name) is not None:
                 fix(name, coerce(name, kind, getattr(self, name), lo, hi))
         if self.top_p is not None and self.top_p <= 0:
@@ -104,9 +110,18 @@ class GenerateRequest:
         return {"method": method, "num_speculative_tokens": k}
 
     def _check_prompt(self):
-        """A prompt or messages, of the right shapes (their text is checked once templated, in
-        engine/core/intake.py, where the tokenizer takes it)."""
-        if self.messages is not None:
+        """A prompt, token ids or messages, of the right shapes (their text is checked once
+        templated, and the ids against the vocabulary, in engine/core/intake.py, where the
+        tokenizer takes them)."""
+        if self.prompt_ids is not None:
+            ids = self.prompt_ids
+            if self.prompt is not None or self.messages is not None or self.chat:
+                raise SettingError("prompt", "give token ids alone: not with a prompt, messages or chat")
+            if not isinstance(ids, (list, tuple)) or not ids or len(ids) > MAX_PROMPT_CHARS or \
+                    not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise SettingError("prompt", "token ids must be a non-empty list of whole numbers")
+            object.__setattr__(self, "prompt_ids", tuple(ids))
+        elif self.messages is not None:
             if self.prompt is not None:
                 raise SettingError("prompt", "give a prompt or messages, not both")
             if not isinstance(self.messages, list) or not self.messages or not all(
@@ -124,7 +139,7 @@ class GenerateRequest:
         if self.messages is not None:
             said = [m["content"] for m in self.messages if m["role"] == "user"]
             return said[-1] if said else self.messages[-1]["content"]
-        return self.prompt
+        return self.prompt   # None for token ids: intake shows their text
 
     def sampling(self, settings, max_context):
         """The sampling parameters on this engine: what was left out taken from its live
@@ -142,7 +157,7 @@ class GenerateRequest:
             temperature=settings.temperature if self.temperature is None else self.temperature,
             top_p=settings.top_p if self.top_p is None else self.top_p,
             speculation=spec.get("method"), spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs,
-            priority=self.priority)
+            priority=self.priority, prompt_logprobs=self.prompt_logprobs)
 
 
 class RequestHandle:
