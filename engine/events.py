@@ -362,8 +362,8 @@ class Token(Event):
     # what it added to the output, "" inside a character). Not sent: the page has `text`.
     own_text: str | None = field(default=None, metadata=IN_PROCESS)
     # The first token of a request that asked for its prompt's log-probabilities carries them (the
-    # API's echo with logprobs, vLLM's prompt_logprobs): per prompt token, None for the first, then
-    # {token_id, rank, own_text, p_raw, top, ...} (engine/core/engine.py). Not sent.
+    # API's echo with logprobs, vLLM's prompt_logprobs): per prompt token {token_id, text, own_text},
+    # and after the first {rank, p_raw, top, ...} too (engine/core/engine.py). Not sent.
     prompt: list | None = field(default=None, metadata=IN_PROCESS)
 
     def client(self):

@@ -40,7 +40,7 @@ def _generate(kind):
     try:
         backend = model_backend()
         body = inputs.read_object(request.stream)
-        req = oa.parse_request(kind, body, backend.api_model)
+        req = oa.parse_request(kind, body, backend.api_model, backend.tokenizer.decode)
         timeout_s, gone = current_app.config["REQUEST_TIMEOUT"], client_gone(request.environ)
         if req.stream:
             return Response(oa.start_stream(backend, req, timeout_s, gone), mimetype="text/event-stream",

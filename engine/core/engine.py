@@ -327,10 +327,16 @@ class Engine:
             seg.seq.prompt_odds[rows.start + 1:rows.stop + 1] = [replace(c, top=c.top[:want]) for c in mine]
 
     def _prompt_entries(self, seq):
-        """The prompt's odds as its first token carries them to its client: None for the first
-        prompt token (nothing before it), then each token's id, text, rank and odds (`Pieces.odds`)."""
-        return [c and {"token_id": t, "rank": c.rank, **self.pieces.odds(t, c)}
-                for t, c in zip(seq.prompt_ids, seq.prompt_odds)]
+        """The prompt's odds as its first token carries them to its client: per prompt token its
+        id, its own text (`own_text`), the text it adds to the prompt decoded in order, special
+        tokens included (`text`: "" inside a character), and, after the first (nothing comes
+        before it), its rank and odds (`Pieces.odds`: p_raw, top)."""
+        detok = Detokenizer(self.tokenizer, skip_special_tokens=False)
+        entries = [{"token_id": t, "text": detok.add(t), "own_text": self.pieces(t)}
+                   | ({} if c is None else {"rank": c.rank, **self.pieces.odds(t, c)})
+                   for t, c in zip(seq.prompt_ids, seq.prompt_odds)]
+        entries[-1]["text"] += detok.flush()   # a prompt that ends inside a character
+        return entries
 
     def _deliver(self, out, seg, run, chances):
         """One request's tokens from this forward, in order, each appended and handed out with its

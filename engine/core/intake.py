@@ -40,7 +40,7 @@ class Intake:
         rid = f"r{next(self._ids)}"
         seq = Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
-                       preview=request.shown() or text, handle=RequestHandle(rid, request.stream))
+                       preview=request.shown() or text, handle=RequestHandle(rid, request.stream, len(ids)))
         if params.prompt_logprobs is not None:
             seq.prompt_odds = [None] * len(ids)
         return seq

@@ -170,8 +170,9 @@ class RequestHandle:
 
     Without `stream` nothing is kept (the page and the load generator follow events only)."""
 
-    def __init__(self, rid, stream=False):
+    def __init__(self, rid, stream=False, prompt_tokens=None):
         self.id = rid
+        self.prompt_tokens = prompt_tokens   # its prompt's length in tokens, once tokenized (intake)
         self._events = queue.SimpleQueue() if stream else None
         self.ended = False   # the last event (Finished or Rejected) has been read
 

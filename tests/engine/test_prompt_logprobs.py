@@ -33,7 +33,7 @@ def prompt_of(run, rid):
 
 
 def check_against_reference(entries, ids, ref, k):
-    assert len(entries) == len(ids) and entries[0] is None
+    assert len(entries) == len(ids) and "p_raw" not in entries[0] and entries[0]["token_id"] == ids[0]
     for j in range(1, len(ids)):
         e, row = entries[j], ref[j - 1]
         assert e["token_id"] == ids[j]
@@ -56,6 +56,7 @@ def test_prompt_logprobs_equal_transformers_teacher_forced_over_chunks(engine, t
     run.until_idle()
     assert len([s for s in run.of(ev.Step) if asks in s.ids and s.prefill_tokens]) >= 3   # chunked
     check_against_reference(prompt_of(run, asks), ids, ref, 5)
+    assert "".join(e["text"] for e in prompt_of(run, asks)) == tiny.tokenizer.decode(ids)
     assert prompt_of(run, plain) is None
     assert run.tokens(asks) == run.tokens(plain)   # token ids are the prompt the text tokenizes to
     assert [e.prompt for e in run.of(ev.Token, asks) if e.index > 0] == [None, None]   # only the first carries it
