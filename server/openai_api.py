@@ -447,21 +447,21 @@ class Reply:
     def _odds(self):
         return None if self.logprobs is None else self.logprobs.take()
 
-    def envelope(self, obj, choices):
+    def _envelope(self, obj, choices):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
 
     def chunk(self, text=None, finish=None, role=False):
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            out = self.envelope("chat.completion.chunk", [{"index": self.index, "delta": delta,
+            out = self._envelope("chat.completion.chunk", [{"index": self.index, "delta": delta,
                                                             "logprobs": None if role else self._odds(),
                                                             "finish_reason": finish}])
         else:
             choice = {"index": self.index, "text": text or "", "logprobs": self._odds(), "finish_reason": finish}
             if self.prompt_odds is not None:    # with the first chunk only
                 choice["prompt_logprobs"], self.prompt_odds = self.prompt_odds, None
-            out = self.envelope("text_completion", [choice])
+            out = self._envelope("text_completion", [choice])
         if self.usage_mode == "null":
             out["usage"] = None   # OpenAI sends `usage: null` on every chunk but the last when asked
         elif self.usage_mode == "continuous":
@@ -470,7 +470,7 @@ class Reply:
         return out
 
     def usage_chunk(self, counts):
-        out = self.envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
+        out = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", [])
         out["usage"] = counts
         return out
 
@@ -484,7 +484,7 @@ class Reply:
         return out
 
     def full(self, choices, counts):
-        out = self.envelope("chat.completion" if self.kind == "chat" else "text_completion", choices)
+        out = self._envelope("chat.completion" if self.kind == "chat" else "text_completion", choices)
         out["usage"] = counts
         return out
 

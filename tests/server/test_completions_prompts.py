@@ -2,8 +2,6 @@
 the official `openai` client against the tiny model's app: echo and the prompt's log-probabilities
 (equal to transformers' teacher-forced ones), max_tokens 0 with echo, vLLM's prompt_logprobs,
 prompts as token ids and as lists (one choice each, in order, usage summed), streamed or not."""
-import math
-
 import openai
 import pytest
 import torch
@@ -77,6 +75,16 @@ def test_echo_without_generation_and_vllms_prompt_logprobs(live, client, model, 
         assert ranks == [1, 2] or (own["rank"] <= 2 and len(plp[j]) == 2)
     plain = client.completions.create(model=model, prompt=TEXT, max_tokens=1, extra_body={"prompt_logprobs": 0})
     assert plain.choices[0].text != TEXT and len(plain.choices[0].model_extra["prompt_logprobs"]) == len(ids)
+    assert clean(live)
+
+
+def test_echo_of_several_prompts_begins_each_choice_with_its_own(live, client, model, tiny):
+    prompts = ["We hold these truths", "Four score and seven years ago"]
+    ids = tiny.tokenizer(prompts[1], add_special_tokens=False)["input_ids"]
+    r = client.completions.create(model=model, prompt=prompts, echo=True, max_tokens=0)
+    assert [c.text for c in r.choices] == prompts and r.usage.completion_tokens == 0
+    t = client.completions.create(model=model, prompt=[ids, ids[:3]], echo=True, max_tokens=0)
+    assert [c.text for c in t.choices] == [tiny.tokenizer.decode(ids), tiny.tokenizer.decode(ids[:3])]
     assert clean(live)
 
 
@@ -165,4 +173,3 @@ def test_bad_prompt_forms_and_echo_values_are_refused_naming_the_field(live, mod
     r = http.post(comp, json={"model": model, "prompt": [[1, 2, 3], [vocab]], "max_tokens": 200})
     assert r.status_code == 400 and error_of(r)["param"] == "prompt"
     assert clean(live)
-    assert math.isfinite(live.driver.max_context)
