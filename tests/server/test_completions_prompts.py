@@ -119,9 +119,11 @@ def test_echo_streams_the_prompt_first(live, client, model, tiny):
     n_prompt = len(tiny.tokenizer(TEXT, add_special_tokens=False)["input_ids"])
     out_text = client.completions.create(model=model, prompt=TEXT, max_tokens=4, temperature=0).choices[0].text
     chunks = list(client.completions.create(model=model, prompt=TEXT, echo=True, logprobs=1, max_tokens=4,
-                                            temperature=0, stream=True))
+                                            temperature=0, stream=True, extra_body={"prompt_logprobs": 1}))
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert texts[0].startswith(TEXT) and "".join(texts) == TEXT + out_text
+    carried = [c.choices[0].model_extra.get("prompt_logprobs") for c in chunks if c.choices]
+    assert len(carried[0]) == n_prompt and carried[0][0] is None and all(p is None for p in carried[1:])
     lps = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
     assert lps[0] is None and len(lps) == n_prompt + 4
     assert clean(live)
