@@ -148,6 +148,11 @@ class EngineDriver:
         self.between_wall_s = self.between_cpu_s = 0.0
 
     # ------------------------------------------------------------------ facts
+    @property
+    def tokenizer(self):
+        """The tokenizer requests are tokenized with (the API's /tokenize, /detokenize)."""
+        return self.engine.intake.tokenizer
+
     def hello(self):
         return self.engine.hello()
 

@@ -367,6 +367,10 @@ class Token(Event):
     # The token decoded alone, as its candidates' texts are (the API's logprob `token`; `text` is
     # what it added to the output, "" inside a character). Not sent: the page has `text`.
     own_text: str | None = field(default=None, metadata=IN_PROCESS)
+    # The first token of a request that asked for its prompt's log-probabilities carries them (the
+    # API's echo with logprobs, vLLM's prompt_logprobs): per prompt token {token_id, text, own_text},
+    # and after the first {rank, p_raw, top, ...} too (engine/core/engine.py). Not sent.
+    prompt: list | None = field(default=None, metadata=IN_PROCESS)
 
     def client(self):
         """The text the request's client gets with this token (the API forwards it as it is)."""

@@ -3,7 +3,8 @@
 
     pages    /, /embed, /static/plotly.min.js, /healthz
     live     /ws: hello, replayed history, live events; control messages from the page
-    api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible)
+    api      /v1/chat/completions, /v1/completions, /v1/models (OpenAI-compatible); vLLM's /health,
+             /version, /tokenize, /detokenize, /tokenizer_info
     metrics  /metrics (Prometheus, vLLM's names)
     join     /join, /join/session, /join/ask, /classroom/clients (--classroom; the model:
              server/classroom.py, as the web layer sees it: server/classroom_web.py)

@@ -22,6 +22,13 @@ it only updates counters and a couple of dicts. Names, meanings and buckets foll
     vllm:generation_tokens_total        tokens generated
     vllm:request_success_total          finished requests by finished_reason: stop (EOS or a stop
                                         string), length, abort (cancelled), error
+    vllm:request_prompt_tokens          each finished request's prompt tokens (finished.prompt_tokens)
+    vllm:request_generation_tokens      ... and tokens generated (finished.output_tokens)
+    vllm:request_params_max_tokens      ... and the max_tokens it asked (request.max_new_tokens); these
+                                        three with vLLM's 1-2-5 buckets up to the context
+    vllm:iteration_tokens_total         tokens each forward computed (step.tokens: prompt + decode)
+    vllm:cache_config_info{block_size, num_gpu_blocks, cache_dtype, enable_prefix_caching}  always 1:
+                                        the KV cache's configuration (hello, the prefix_caching setting)
     vllm:spec_decode_num_drafts_total   speculative decoding: requests' steps that verified guesses (step.spec)
     vllm:spec_decode_num_draft_tokens_total     guesses verified
     vllm:spec_decode_num_accepted_tokens_total  ... of which accepted
@@ -74,12 +81,24 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 # vLLM's NixlConnector's (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py NixlPromMetrics)
 XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 XFER_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # vLLM's iteration_tokens
+
+
+def buckets_1_2_5(limit):
+    """vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > limit:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
 FINISHED_REASON = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "abort",
                    "error": "error"}
 
 
 class EngineMetrics:
-    def __init__(self, model_name, cache_blocks, disaggregated=False):
+    def __init__(self, model_name, cache_blocks, disaggregated=False, max_context=None):
         self.registry = CollectorRegistry()
         self.cache_blocks = cache_blocks
         label = {"model_name": model_name}
@@ -115,6 +134,19 @@ class EngineMetrics:
         success = Counter("vllm:request_success", "Finished requests", ["model_name", "finished_reason"],
                           registry=self.registry)
         self.success = {r: success.labels(finished_reason=r, **label) for r in sorted(set(FINISHED_REASON.values()))}
+        sizes = buckets_1_2_5(max_context or 2 ** 20)
+        self.request_prompt = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed", sizes)
+        self.request_generation = histogram("vllm:request_generation_tokens", "Number of generation tokens "
+                                            "processed", sizes)
+        self.request_max_tokens = histogram("vllm:request_params_max_tokens", "The max_tokens request parameter",
+                                            sizes)
+        self.iteration = histogram("vllm:iteration_tokens_total", "Number of tokens per engine step",
+                                   ITERATION_BUCKETS)
+        self._cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration",
+                                 ["model_name", "block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"],
+                                 registry=self.registry)
+        self._cache_labels = self._hello = None   # the labels of its one series now; the hello they came from
+        self._max_tokens = {}         # request id -> its max_new_tokens (the request event's), until it ends
         self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts")
         self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens")
         self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens")
@@ -160,13 +192,26 @@ class EngineMetrics:
     def attach(cls, backend):
         """Metrics for `backend`'s model, listening to its events from now on."""
         hello = backend.hello()
-        m = cls(backend.api_model, hello.cache_blocks, disaggregated=hello.instances is not None)
+        m = cls(backend.api_model, hello.cache_blocks, disaggregated=hello.instances is not None,
+                max_context=hello.max_context)
+        m._cache_config(hello, Settings.from_wire(hello.settings).scheduling.prefix_caching)
         m.load_s.set(backend.health()[0].get("load_s") or 0.0)
         if hello.weights:
             m._formats = {name: f["decode_bytes"] for name, f in hello.weights["formats"].items()}
             m._weights_in_force(Settings.from_wire(hello.settings).scheduling.weights)
         backend.events.add_listener(m.on_event)
         return m
+
+    def _cache_config(self, hello, prefix_caching):
+        """`vllm:cache_config_info`'s one series, labelled with the cache as configured now."""
+        labels = {"block_size": str(hello.block_size), "num_gpu_blocks": str(hello.cache_blocks),
+                  "cache_dtype": str(hello.dtype), "enable_prefix_caching": str(prefix_caching)}
+        if labels == self._cache_labels:
+            return
+        if self._cache_labels is not None:
+            self._cache_info.remove(self._label["model_name"], *self._cache_labels.values())
+        self._cache_info.labels(**labels, **self._label).set(1)
+        self._cache_labels, self._hello = labels, hello
 
     def _weights_in_force(self, fmt):
         """The decode-bytes gauge's one series names the format in force."""
@@ -179,11 +224,16 @@ class EngineMetrics:
 
     def on_event(self, ev):
         if isinstance(ev, ev_types.Settings):
+            scheduling = Settings.from_wire(ev.settings).scheduling
             if self._formats:   # an engine's (observe mode's settings are only those of requests)
-                self._weights_in_force(Settings.from_wire(ev.settings).scheduling.weights)
+                self._weights_in_force(scheduling.weights)
+            if self._hello is not None:
+                self._cache_config(self._hello, scheduling.prefix_caching)
             return
-        if isinstance(ev, ev_types.Step) and ev.weights and ev.weight_bytes:
-            self._read.labels(format=ev.weights, **self._label).inc(ev.weight_bytes)
+        if isinstance(ev, ev_types.Step):
+            self.iteration.observe(ev.tokens)
+            if ev.weights and ev.weight_bytes:
+                self._read.labels(format=ev.weights, **self._label).inc(ev.weight_bytes)
         if isinstance(ev, ev_types.KVTransfer):
             self.xfer_time.observe(ev.end - ev.start)
             self.xfer_bytes.observe(ev.bytes)
@@ -209,6 +259,7 @@ class EngineMetrics:
             return
         elif isinstance(ev, ev_types.Request):
             self._waiting.add(ev.id)
+            self._max_tokens[ev.id] = ev.max_new_tokens
         elif isinstance(ev, ev_types.Admitted):
             self._waiting.discard(ev.id)
             self._running.add(ev.id)
@@ -225,8 +276,9 @@ class EngineMetrics:
             self._waiting.discard(ev.id)
             self._running.discard(ev.id)
             self._last_token.pop(ev.id, None)
+            max_tokens = self._max_tokens.pop(ev.id, None)
             if isinstance(ev, ev_types.Finished):
-                self._finished(ev)
+                self._finished(ev, max_tokens)
         else:
             return
         self.waiting.set(len(self._waiting))
@@ -240,8 +292,13 @@ class EngineMetrics:
             for pos in range(c["accepted"]):
                 self.spec_per_pos[pos].inc()
 
-    def _finished(self, ev):
+    def _finished(self, ev, max_tokens):
         self.success[FINISHED_REASON.get(ev.reason, "error")].inc()
+        if ev.prompt_tokens is not None:
+            self.request_prompt.observe(ev.prompt_tokens)
+            self.request_generation.observe(ev.output_tokens or 0)
+        if max_tokens is not None:
+            self.request_max_tokens.observe(max_tokens)
         if ev.slo is not None:
             self.slo[ev.slo["met"]].inc()
         self.e2e.observe(ev.e2e)

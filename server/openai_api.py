@@ -2,7 +2,8 @@
 typed request every client builds, engine/core/request.py) out; engine outputs in, OpenAI-shaped
 responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
-Validation: OpenAI's own shapes (model, messages, prompt, stop, stream, n) are checked here;
+Validation: OpenAI's own shapes (model, messages, stop, stream, n) are checked here, and
+completions' prompt forms, echo and prompt log-probabilities in server/prompts.py;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
 is validated by the request itself as it is built (and by the engine where only it can judge:
 its context, the templated text), and its `SettingError` comes back under the OpenAI
@@ -34,7 +35,13 @@ token's probability as it was drawn (after them) is the page's (`token.p`). Each
 is the token decoded alone (as vLLM's are: part of a character decodes to "\ufffd"), `bytes` its
 UTF-8. Every generated token has its entry, the one that completes a stop string too; a streamed
 token whose text is held back (part of a character, or of a possible stop string) has its entry in
-the next chunk that carries text (or the last). `echo` and prompt log-probabilities are refused.
+the next chunk that carries text (or the last). Completions' `echo` (with `logprobs`: the prompt's
+tokens first, the first `None`), `max_tokens: 0` with echo and vLLM's `prompt_logprobs`, computed
+in the prefill, and prompts as token ids or lists of prompts (a choice each): server/prompts.py.
+
+`stream_options.continuous_usage_stats` (vLLM's, with `include_usage`) puts the usage so far on
+every chunk. `tools` are accepted with `tool_choice: "none"` (and ignored); any other choice is a
+400 naming `tool_choice`, this server having no tool-call parser.
 
 Stop strings: the engine applies OpenAI's rule (engine/core/detok.py, `StopStrings`: the text ends
 just before the first stop string, a possible start of one held back until decided), and each
@@ -48,7 +55,6 @@ import contextlib
 from dataclasses import dataclass
 import itertools
 import json
-import math
 import time
 
 from engine.events import MAX_TOP, Rejected, Token
@@ -57,6 +63,7 @@ from engine.core.request import GenerateRequest
 from engine.settings import SettingError, coerce
 from . import delivery
 from .errors import ApiError
+from .prompts import echo_text, logprob, prompts_of, request_fields, vllm_prompt_logprobs
 
 MAX_BODY_BYTES = 1 << 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
@@ -66,33 +73,37 @@ PROBE_S = 0.5   # how often a waiting request looks for its deadline and its cli
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
-UNSUPPORTED = ("tools", "functions", "response_format",
-               "echo", "prompt_logprobs", "best_of", "suffix")
-MIN_LOGPROB = -9999.0   # what a probability of 0 is sent as (vLLM's floor), JSON having no -Infinity
+UNSUPPORTED = ("functions", "response_format", "best_of", "suffix")
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
+COMPLETIONS_ONLY = ("echo", "prompt_logprobs")
 
 
 @dataclass
 class ApiRequest:
     kind: str              # "chat" or "completion"
-    request: GenerateRequest   # what the engine is asked (it always streams to us)
+    requests: list         # what the engine is asked (it always streams to us): a GenerateRequest per
+                           # choice, in `index` order (a completions prompt list: one per prompt)
     stream: bool           # whether the client asked for server-sent events
     include_usage: bool
     names: dict            # engine field -> the OpenAI parameter it came from
     logprobs: int | None = None   # candidates asked with each token's log-probability; None: no logprobs
+    continuous_usage: bool = False   # stream_options.continuous_usage_stats: usage on every chunk (vLLM's)
+    echo: list | None = None  # completions' echo: per choice the text it begins with (server/prompts.py)
+    silent: bool = False      # max_tokens 0 with echo: the one token the engine generates is not shown
+    prompt_logprobs: int | None = None   # vLLM's prompt_logprobs: candidates in each choice's `prompt_logprobs`
 
 
-def parse_request(kind, body, model_name):
-    """Validate an OpenAI chat/completions body; return an ApiRequest or raise ApiError."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "you must provide a model parameter (a string)", "model")
-    if model != model_name:
-        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
-                       "model", "model_not_found")
+def parse_request(kind, body, model_name, decode=None):
+    """Validate an OpenAI chat/completions body; return an ApiRequest or raise ApiError.
+    `decode(ids)`: the text of token ids (an echoed token-id prompt's)."""
+    check_model(body, model_name)
     for name in UNSUPPORTED:
         if body.get(name) not in NEUTRAL:
             raise ApiError(400, f"`{name}` is not supported by this server", name, "unsupported_parameter")
+    for name in COMPLETIONS_ONLY:
+        if kind == "chat" and body.get(name) not in NEUTRAL:
+            raise ApiError(400, f"`{name}` is a /v1/completions parameter here", name, "unsupported_parameter")
+    _tools(body)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise ApiError(400, "only n=1 is supported", "n")
@@ -102,14 +113,17 @@ def parse_request(kind, body, model_name):
     if not isinstance(stream, bool):
         raise ApiError(400, "`stream` must be true or false", "stream")
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if options is not None:
         if not stream:
             raise ApiError(400, "`stream_options` is only allowed when `stream` is true", "stream_options")
-        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-            raise ApiError(400, "`stream_options` must be an object with a boolean `include_usage`",
-                           "stream_options")
+        if not isinstance(options, dict) or not all(isinstance(options.get(k, False), bool)
+                                                    for k in ("include_usage", "continuous_usage_stats")):
+            raise ApiError(400, "`stream_options` must be an object with booleans `include_usage` and "
+                                "`continuous_usage_stats`", "stream_options")
         include_usage = options.get("include_usage", False)
+        # vLLM's: usage on every chunk, when usage is asked for at all
+        continuous = include_usage and options.get("continuous_usage_stats", False)
 
     logprobs = _logprobs(kind, body)
     max_name = "max_tokens"
@@ -118,19 +132,63 @@ def parse_request(kind, body, model_name):
     max_tokens = body.get(max_name)
     if max_tokens is None and kind == "completion":
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    echo = _flag(body, "echo")
+    silent = echo and max_tokens == 0 and not isinstance(max_tokens, bool)
+    if silent:
+        max_tokens = 1   # vLLM's echo without generation: one token generated, not shown
+    prompt_logprobs = body.get("prompt_logprobs")
+    if prompt_logprobs is not None:
+        prompt_logprobs = _count("prompt_logprobs", prompt_logprobs)
+    # the prompt's odds are computed when echo shows them in `logprobs`, or vLLM's field asks
+    engine_prompt = max((k for k in (prompt_logprobs, logprobs if echo else None) if k is not None), default=None)
     fields = dict(_fields(body), source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   speculative_config=body.get("speculative_config"), logprobs=logprobs,
-                  add_special_tokens=body.get("add_special_tokens"))
+                  prompt_logprobs=engine_prompt, add_special_tokens=body.get("add_special_tokens"))
+    names = {f.name: f.body_name for f in FIELDS} | {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
+             "logprobs": "top_logprobs" if kind == "chat" else "logprobs",
+             "prompt_logprobs": "prompt_logprobs" if prompt_logprobs is not None else "logprobs"}
     if kind == "chat":
-        fields["messages"] = _messages(body.get("messages"))
+        prompts, each = [None], [{"messages": messages_of(body.get("messages"))}]
     else:
-        fields["prompt"] = _prompt(body.get("prompt"))
-    names = {f.name: f.body_name for f in FIELDS} | {
-        "max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
-        "logprobs": "top_logprobs" if kind == "chat" else "logprobs"}
+        prompts = prompts_of(body.get("prompt"))
+        each = [request_fields(p) for p in prompts]
     with _openai_names(names):
-        request = GenerateRequest(**fields)
-    return ApiRequest(kind, request, stream, include_usage, names, logprobs)
+        requests = [GenerateRequest(**fields, **one) for one in each]
+    return ApiRequest(kind, requests, stream, include_usage, names, logprobs, continuous,
+                      [echo_text(p, decode) for p in prompts] if echo else None, silent, prompt_logprobs)
+
+
+def _flag(body, name):
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"`{name}` must be true or false", name)
+    return bool(value)
+
+
+def _tools(body):
+    """`tools` are accepted with `tool_choice: "none"` (the model is not to call one: they are
+    ignored); calling one needs a tool-call parser, which this server does not have."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, "`tools` must be a list", "tools")
+    if choice is None:
+        choice = "auto" if tools else "none"   # OpenAI's default
+    if choice != "none":
+        raise ApiError(400, f"`tool_choice` {json.dumps(choice)[:60]} is not supported: this server has no "
+                            "tool-call parser; send `tool_choice: \"none\"` (tools are then ignored)",
+                       "tool_choice", "unsupported_parameter")
+
+
+def check_model(body, model_name, required=True):
+    """ApiError unless `body`'s `model` names the served model (left out: fine unless `required`)."""
+    model = body.get("model")
+    if model is None and not required:
+        return
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "you must provide a model parameter (a string)", "model")
+    if model != model_name:
+        raise ApiError(404, f"The model `{model}` does not exist; this server serves `{model_name}`",
+                       "model", "model_not_found")
 
 
 def _fields(body):
@@ -191,7 +249,8 @@ def _stop(value):
     raise ApiError(400, "`stop` must be a string or a list of strings", "stop")
 
 
-def _messages(value):
+def messages_of(value):
+    """OpenAI chat `messages` as the engine takes them, or ApiError naming the bad part."""
     if not isinstance(value, list) or not value:
         raise ApiError(400, "`messages` must be a non-empty array", "messages")
     out = []
@@ -216,19 +275,28 @@ def _content(content, where):
     raise ApiError(400, f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
 
 
-def _prompt(value):
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if not isinstance(value, str):
-        raise ApiError(400, "`prompt` must be a string (or a list of one string; token arrays and "
-                            "batches are not supported)", "prompt")
-    return value
-
-
 def submit(backend, req):
-    """Queue the request; a SettingError from the engine becomes a 400 naming the OpenAI parameter."""
-    with _openai_names(req.names):
-        return backend.submit(req.request)
+    """Queue each choice's request: their handles, in order. A SettingError from the engine becomes
+    a 400 naming the OpenAI parameter, and none of them stays queued."""
+    handles = []
+    with _all_or_none(backend, handles), _openai_names(req.names):
+        for request in req.requests:
+            handles.append(backend.submit(request))
+    return handles
+
+
+@contextlib.contextmanager
+def _all_or_none(backend, handles):
+    """Whatever raises inside cancels every request of `handles` in the engine (one refused, the
+    client gone, a deadline passed), so none runs on for nobody; one whose end was read (refused,
+    done) is left as it is."""
+    try:
+        yield
+    except BaseException:
+        for handle in handles:
+            if not handle.ended:
+                backend.cancel(handle.id)
+        raise
 
 
 class ClientGone(Exception):
@@ -290,66 +358,103 @@ def finish_reason(event):
     raise ApiError(500, f"the engine failed on this request ({reason})", code=reason)
 
 
-def usage(event):
-    p, c = event.prompt_tokens, event.output_tokens
+def usage(event, silent=False):
+    """One choice's usage from its `finished` event (`silent`: the one generated token not shown)."""
+    p, c = event.prompt_tokens, 0 if silent else event.output_tokens
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
             "prompt_tokens_details": {"cached_tokens": event.cached_tokens or 0}}
 
 
-def _logprob(p):
-    return math.log(p) if p > 0 else MIN_LOGPROB
+def total(counts):
+    """The usage of several choices: summed."""
+    return {"prompt_tokens": sum(c["prompt_tokens"] for c in counts),
+            "completion_tokens": sum(c["completion_tokens"] for c in counts),
+            "total_tokens": sum(c["total_tokens"] for c in counts),
+            "prompt_tokens_details": {"cached_tokens": sum(c["prompt_tokens_details"]["cached_tokens"]
+                                                           for c in counts)}}
 
 
 class Logprobs:
-    """One request's log-probabilities, token by token (`add`), handed out in OpenAI's shapes
-    (`take`: those added since the last take): chat's `{"content": [...]}` entries, or the legacy
-    completions object, whose `text_offset` runs on over the whole output."""
+    """One choice's log-probabilities, token by token (`add`; an echoed prompt's first,
+    `add_prompt`), handed out in OpenAI's shapes (`take`: those added since the last take): chat's
+    `{"content": [...]}` entries, or the legacy completions object, whose `text_offset` runs on
+    over the whole text."""
 
     def __init__(self, kind, k):
         self.kind, self.k = kind, k
-        self.pending, self.offset = [], 0
+        self.pending, self.offset = [], 0   # (own text, p_raw, top, text added)
 
     def add(self, event):
-        self.pending.append(event)
+        self.pending.append((event.own_text, event.p_raw, event.top, event.client()))
+
+    def add_prompt(self, entries):
+        """The prompt's tokens (engine/core/engine.py's entries): the first has no log-probability."""
+        self.pending += [(e["own_text"], e.get("p_raw"), e.get("top"), e["text"]) for e in entries]
 
     def take(self):
-        events, self.pending = self.pending, []
+        items, self.pending = self.pending, []
         if self.kind == "chat":
-            return {"content": [self._entry(ev.own_text, ev.p_raw) | {"top_logprobs": [
-                self._entry(text, raw) for _, text, _, raw in ev.top[:self.k]]} for ev in events]}
+            return {"content": [self._entry(own, p) | {"top_logprobs": [
+                self._entry(text, raw) for _, text, _, raw in top[:self.k]]} for own, p, top, _ in items]}
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for ev in events:
-            top = {text: _logprob(raw) for _, text, _, raw in ev.top[:self.k]}
-            # OpenAI: the sampled token's is always there (keyed by text, its own wins a clash)
-            top[ev.own_text] = _logprob(ev.p_raw)
-            out["tokens"].append(ev.own_text)
-            out["token_logprobs"].append(_logprob(ev.p_raw))
-            out["top_logprobs"].append(top)
+        for own, p, top, text in items:
+            odds = None
+            if p is not None:   # None: an echoed prompt's first token (OpenAI's null)
+                odds = {t: logprob(raw) for _, t, _, raw in top[:self.k]}
+                odds[own] = logprob(p)   # OpenAI: the token's own is always there (keyed by text, its own wins a clash)
+            out["tokens"].append(own)
+            out["token_logprobs"].append(None if p is None else logprob(p))
+            out["top_logprobs"].append(odds)
             out["text_offset"].append(self.offset)
-            self.offset += len(ev.client())
+            self.offset += len(text)
         return out
 
     @staticmethod
     def _entry(text, p):
-        return {"token": text, "logprob": _logprob(p), "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": logprob(p), "bytes": list(text.encode("utf-8"))}
 
 
 class Reply:
-    """Shapes one request's text into OpenAI responses or stream chunks; with `logprobs` (the
-    candidates asked for), each token's log-probabilities too (`token`, before its text)."""
+    """Shapes one request's text into OpenAI responses or stream chunks: `choice` is one choice
+    (`index`) of it; with `logprobs` (the candidates asked for), each token's log-probabilities
+    too (`token`, before its text). Completions' `echo` (the prompt's text), `silent` and
+    `prompt_logprobs` are server/prompts.py's. `usage_mode`: stream chunks carry no `usage`
+    (None), `usage: null` ("null"), or the counts so far ("continuous")."""
 
-    def __init__(self, kind, rid, model, logprobs=None):
-        self.kind = kind
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + rid
+    def __init__(self, req, rid, model, index=0, prompt_tokens=None):
+        self.kind = req.kind
+        self.id = ("chatcmpl-" if self.kind == "chat" else "cmpl-") + rid
         self.created = int(time.time())
-        self.model = model
-        self.logprobs = None if logprobs is None else Logprobs(kind, logprobs)
+        self.model, self.index = model, index
+        self.logprobs = None if req.logprobs is None else Logprobs(self.kind, req.logprobs)
+        self.echo = None if req.echo is None else req.echo[index]
+        self.silent, self.k_prompt = req.silent, req.prompt_logprobs
+        self.prompt_odds = None     # vLLM's prompt_logprobs, once the first token brought them
+        self.usage_mode = "continuous" if req.continuous_usage else "null" if req.include_usage else None
+        self.prompt_tokens, self.generated = prompt_tokens, 0
 
     def token(self, event):
-        """A token's text for the client (its log-probabilities kept for the next chunk)."""
+        """A token's text for the client (its log-probabilities kept for the next chunk); the first
+        one's comes after the echoed prompt (and its log-probabilities)."""
+        text = ""
+        if event.index == 0:
+            if self.echo is not None:
+                text = self.echo
+                if self.logprobs is not None:
+                    self.logprobs.add_prompt(event.prompt)
+            if self.k_prompt is not None:
+                self.prompt_odds = vllm_prompt_logprobs(event.prompt, self.k_prompt)
+        if self.silent:
+            return text
+        self.generated += 1
         if self.logprobs is not None:
             self.logprobs.add(event)
-        return event.client()
+        return text + event.client()
+
+    def finish(self, event):
+        """OpenAI's finish_reason (an echo without generation ends at its length: none was asked)."""
+        reason = finish_reason(event)
+        return "length" if self.silent else reason
 
     def _odds(self):
         return None if self.logprobs is None else self.logprobs.take()
@@ -358,17 +463,22 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
 
-    def chunk(self, text=None, finish=None, role=False, usage_field=False):
+    def chunk(self, text=None, finish=None, role=False):
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            out = self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta,
-                                                             "logprobs": None if role else self._odds(),
-                                                             "finish_reason": finish}])
+            out = self._envelope("chat.completion.chunk", [{"index": self.index, "delta": delta,
+                                                            "logprobs": None if role else self._odds(),
+                                                            "finish_reason": finish}])
         else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text or "", "logprobs": self._odds(),
-                                                       "finish_reason": finish}])
-        if usage_field:
+            choice = {"index": self.index, "text": text or "", "logprobs": self._odds(), "finish_reason": finish}
+            if self.prompt_odds is not None:    # with the first chunk only
+                choice["prompt_logprobs"], self.prompt_odds = self.prompt_odds, None
+            out = self._envelope("text_completion", [choice])
+        if self.usage_mode == "null":
             out["usage"] = None   # OpenAI sends `usage: null` on every chunk but the last when asked
+        elif self.usage_mode == "continuous":
+            p, c = self.prompt_tokens, self.generated
+            out["usage"] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
         return out
 
     def usage_chunk(self, counts):
@@ -376,14 +486,17 @@ class Reply:
         out["usage"] = counts
         return out
 
-    def full(self, text, finish, counts):
+    def choice(self, text, finish):
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                      "logprobs": self._odds(), "finish_reason": finish}
-            out = self._envelope("chat.completion", [choice])
-        else:
-            out = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": self._odds(),
-                                                      "finish_reason": finish}])
+            return {"index": self.index, "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": self._odds(), "finish_reason": finish}
+        out = {"index": self.index, "text": text, "logprobs": self._odds(), "finish_reason": finish}
+        if self.k_prompt is not None:
+            out["prompt_logprobs"] = self.prompt_odds
+        return out
+
+    def full(self, choices, counts):
+        out = self._envelope("chat.completion" if self.kind == "chat" else "text_completion", choices)
         out["usage"] = counts
         return out
 
@@ -395,44 +508,63 @@ def sse(obj):
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def _begin(backend, req, timeout_s, gone):
+    """Submit every choice's request and wait for each one's first output (errors are still HTTP
+    statuses up to here; any of them cancels them all): (their outputs, first outputs, Replies)."""
+    handles = submit(backend, req)
+    with _all_or_none(backend, handles):
+        items = [outputs(backend, h, timeout_s, gone) for h in handles]
+        firsts = [first_output(it, req.names["prompt"]) for it in items]
+    replies = [Reply(req, handles[0].id, backend.api_model, i, h.prompt_tokens) for i, h in enumerate(handles)]
+    return items, firsts, replies
+
+
 def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
-    """Run one non-streaming request to the end; return the response body (or raise ApiError,
-    or ClientGone). `gone()` tells whether the client has closed its connection."""
-    handle = submit(backend, req)
-    items = outputs(backend, handle, timeout_s, gone)
-    with contextlib.closing(items):
-        first = first_output(items, req.names["prompt"])
-        reply = Reply(req.kind, handle.id, backend.api_model, req.logprobs)
-        text = []
-        for event in itertools.chain([first], items):
-            if event is None:
-                continue
-            if isinstance(event, Token):
-                text.append(reply.token(event))
-            else:
-                return reply.full("".join(text), finish_reason(event), usage(event))
+    """Run a non-streaming request to the end (each choice's); return the response body (or raise
+    ApiError, or ClientGone). `gone()` tells whether the client has closed its connection."""
+    items, firsts, replies = _begin(backend, req, timeout_s, gone)
+    with contextlib.ExitStack() as stack:
+        for it in items:
+            stack.enter_context(contextlib.closing(it))   # closing one that has not ended cancels it
+        choices, counts = [], []
+        for reply, first, it in zip(replies, firsts, items):
+            text = []
+            for event in itertools.chain([first], it):
+                if event is None:
+                    continue
+                if isinstance(event, Token):
+                    text.append(reply.token(event))
+                else:
+                    choices.append(reply.choice("".join(text), reply.finish(event)))
+                    counts.append(usage(event, req.silent))
+                    break
+        return replies[0].full(choices, total(counts))
 
 
 def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
-    """Submit and wait for the first output (errors are still HTTP statuses up to here); return
-    the generator of SSE text. Closing it early (the client left) cancels the request."""
-    handle = submit(backend, req)
-    items = outputs(backend, handle, timeout_s, gone)
-    try:
-        first = first_output(items, req.names["prompt"])
-    except BaseException:
-        items.close()
-        raise
-    return _stream(items, first, Reply(req.kind, handle.id, backend.api_model, req.logprobs),
-                   req.include_usage)
+    """Submit and wait for the first outputs (errors are still HTTP statuses up to here); return
+    the generator of SSE text. Closing it early (the client left) cancels the requests. Several
+    choices are streamed one after another (the engine runs them together)."""
+    items, firsts, replies = _begin(backend, req, timeout_s, gone)
+    return _stream(items, firsts, replies, req)
 
 
-def _stream(items, first, reply, include_usage):
-    with contextlib.closing(items):   # closing it cancels the request unless it ended
-        if reply.kind == "chat":
-            yield sse(reply.chunk(role=True, usage_field=include_usage))
+def _stream(items, firsts, replies, req):
+    with contextlib.ExitStack() as stack:
+        for it in items:
+            stack.enter_context(contextlib.closing(it))   # closing one cancels it unless it ended
+        counts = []
         try:
-            yield from _stream_body(itertools.chain([first], items), reply, include_usage)
+            for reply, first, it in zip(replies, firsts, items):
+                if reply.kind == "chat":
+                    yield sse(reply.chunk(role=True))
+                done = yield from _stream_body(itertools.chain([first], it), reply, req.silent)
+                if done is None:   # it failed: its error chunk was sent
+                    break
+                counts.append(done)
+            else:
+                if req.include_usage:
+                    yield sse(replies[0].usage_chunk(total(counts)))
         except ApiError as e:   # the deadline passed mid-stream: the status is sent, so say it here
             yield sse(e.body())
         except ClientGone:
@@ -440,7 +572,8 @@ def _stream(items, first, reply, include_usage):
         yield SSE_DONE
 
 
-def _stream_body(items, reply, include_usage):
+def _stream_body(items, reply, silent):
+    """One choice's chunks; its usage, or None when it failed (its error chunk sent)."""
     for event in items:
         if event is None:
             yield ": waiting\n\n"
@@ -448,17 +581,15 @@ def _stream_body(items, reply, include_usage):
         if isinstance(event, Token):
             text = reply.token(event)
             if text:
-                yield sse(reply.chunk(text, usage_field=include_usage))
+                yield sse(reply.chunk(text))
             continue
         try:
-            finish = finish_reason(event)
+            finish = reply.finish(event)
         except ApiError as e:
             yield sse(e.body())
-            return
-        yield sse(reply.chunk(finish=finish, usage_field=include_usage))
-        if include_usage:
-            yield sse(reply.usage_chunk(usage(event)))
-        return
+            return None
+        yield sse(reply.chunk(finish=finish))
+        return usage(event, silent)
 
 
 def models_list(model, created, max_context):

@@ -111,7 +111,12 @@ class BlockManager:
 
     def _prefix_hashes(self, seq):
         """The hashes of the request's full prompt blocks that a prefix hit may cover: all but
-        what would leave nothing to compute (its last token's logits are needed)."""
+        what would leave nothing to compute (its last token's logits are needed); none for a
+        request that asks for its prompt's log-probabilities. Those are the logits at every
+        prompt position, which a hit never computes: such a request recomputes its whole prompt
+        (as vLLM's skip reading the prefix cache), and its blocks are still cached for others."""
+        if seq.params.prompt_logprobs is not None:
+            return []
         return self._hashes(seq)[:(seq.num_tokens - 1) // self.block_size]
 
     def _hashes(self, seq):

@@ -21,6 +21,10 @@ Keys and values computed elsewhere come and go through the engine's one connecto
 the forward (`load`) and after it (`leaves`), and the scheduler where a request is admitted and
 where it ends; what the connector says to other engines goes out with each call's events.
 """
+from dataclasses import replace
+
+import torch
+
 from ..model import sampler, speculate
 from ..model.agreement import measure as agreement_of
 from ..model.runner import Runner
@@ -285,7 +289,9 @@ class Engine:
 
     def _postprocess(self, out, logits):
         """Tokens for each segment that wanted them (a speculating one's guesses verified), handed
-        out; requests that stopped finish. A request whose own sampling raised fails alone."""
+        out; requests that stopped finish. A request whose own sampling raised fails alone. First
+        the odds of the prompt tokens whose logits the forward computed."""
+        self._prompt_odds(out.segments)
         segs = [seg for seg in out.segments if seg.logits]
         if not segs:
             return
@@ -305,6 +311,35 @@ class Engine:
             if stop:
                 out.ended.append(self._end(seq, stop))
 
+    def _prompt_odds(self, segments):
+        """The odds of the prompt tokens whose logits this forward computed (the segments'
+        `prompt_logits`, engine/model/runner.py), in one batched pass for every such request
+        (sampler.prompt_chances, at the largest count asked), kept on the request until its first
+        token hands them out."""
+        asking = [seg for seg in segments if seg.prompt_logits is not None and len(seg.prompt_rows)]
+        if not asking:
+            return
+        tokens = [t for seg in asking for t in seg.seq.prompt_ids[seg.prompt_rows.start + 1:seg.prompt_rows.stop + 1]]
+        k = max(seg.seq.params.prompt_logprobs for seg in asking)
+        chances = sampler.prompt_chances(torch.cat([seg.prompt_logits for seg in asking]), tokens, k)
+        at = 0
+        for seg in asking:
+            rows, want = seg.prompt_rows, seg.seq.params.prompt_logprobs
+            mine, at = chances[at:at + len(rows)], at + len(rows)
+            seg.seq.prompt_odds[rows.start + 1:rows.stop + 1] = [replace(c, top=c.top[:want]) for c in mine]
+
+    def _prompt_entries(self, seq):
+        """The prompt's odds as its first token carries them to its client: per prompt token its
+        id, its own text (`own_text`), the text it adds to the prompt decoded in order, special
+        tokens included (`text`: "" inside a character), and, after the first (nothing comes
+        before it), its rank and odds (`Pieces.odds`: p_raw, top)."""
+        detok = Detokenizer(self.tokenizer, skip_special_tokens=False)
+        entries = [{"token_id": t, "text": detok.add(t), "own_text": self.pieces(t)}
+                   | ({} if c is None else {"rank": c.rank, **self.pieces.odds(t, c)})
+                   for t, c in zip(seq.prompt_ids, seq.prompt_odds)]
+        entries[-1]["text"] += detok.flush()   # a prompt that ends inside a character
+        return entries
+
     def _deliver(self, out, seg, run, chances):
         """One request's tokens from this forward, in order, each appended and handed out with its
         odds (None: none asked for; its client gets its text under the stop rule,
@@ -315,7 +350,10 @@ class Engine:
             out.accepted[seq.id] = len(run) - 1
         for tid, spec, chance in zip(run, speculate.kinds(len(run), len(seg.draft)), chances or [None] * len(run)):
             text, client_text, stop = seq.append(tid, tid in self.eos)
-            out.hand_out(seq, tid, text, client_text, spec, self.pieces.odds(tid, chance))
+            odds = self.pieces.odds(tid, chance)
+            if seq.prompt_odds is not None and len(seq.output_ids) == 1:
+                odds["prompt"] = self._prompt_entries(seq)
+            out.hand_out(seq, tid, text, client_text, spec, odds)
             if stop:
                 return stop
         return None

@@ -42,15 +42,20 @@ class Intake:
         if request.prompt_tokens is not None:
             ids = ids[:request.prompt_tokens]
         rid = f"r{next(self._ids)}"
-        return Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
-                        arrival=arrival, tokenize_end=self.clock.now(), label=request.label, preview=request.shown(),
-                        handle=RequestHandle(rid, request.stream))
+        seq = Sequence(id=rid, source=request.source, prompt=text, prompt_ids=ids, params=params,
+                       arrival=arrival, tokenize_end=self.clock.now(), label=request.label,
+                       preview=request.shown() or text, handle=RequestHandle(rid, request.stream, len(ids)))
+        if params.prompt_logprobs is not None:
+            seq.prompt_odds = [None] * len(ids)
+        return seq
 
     def _tokenize(self, request):
         """(the prompt's text, its token ids), tokenized as vLLM does: a chat through the model's own
         template, its text without special tokens added (the template writes them), a plain prompt
         with the tokenizer's special tokens (Gemma's BOS; SmolLM2's tokenizer adds none), unless
         the request's `add_special_tokens` says otherwise."""
+        if request.prompt_ids is not None:
+            return self._token_prompt(request.prompt_ids)
         template = self.tokenizer.chat_template
         if request.messages is not None and not template:
             raise SettingError("chat_template", NO_TEMPLATE)
@@ -64,6 +69,16 @@ class Intake:
         if not ids:
             raise SettingError("prompt", "tokenizes to nothing")
         return text, ids
+
+    def _token_prompt(self, ids):
+        """A prompt given as token ids (the API's token arrays): taken as they are, not retokenized
+        (no special token added), once each is checked to be in the vocabulary; its text decoded."""
+        vocab = len(self.tokenizer)
+        bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise SettingError("prompt", f"token id {ids[bad]} (at {bad}) is not in this model's vocabulary "
+                                         f"(0 to {vocab - 1})")
+        return self.tokenizer.decode(ids), list(ids)
 
     def announce(self, seq):
         """The `request` and `tokenized` events of a request reaching the engine."""

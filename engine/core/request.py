@@ -30,6 +30,7 @@ class GenerateRequest(Requested):
     (engine/core/fields.py: sampling, stopping, scheduling; keyword-only), and these. Left out
     (None), the registry's `setting` fields take the engine's live settings (the page's sliders)."""
     prompt: str | None = None          # the text, used as it is unless `chat`
+    prompt_ids: tuple | None = None    # or the prompt as token ids, taken as they are (checked against the vocabulary)
     messages: list | None = None       # or a chat: [{"role", "content"}, ...] through the chat template
     chat: bool = False                 # wrap `prompt` as one user message (when the model has a template)
     stop: tuple = ()                   # up to 4 stop strings: the output ends just before the first
@@ -49,6 +50,10 @@ class GenerateRequest(Requested):
     # vLLM's field; None: vLLM's defaults, yes for a plain prompt and no for a chat template's text
     # (the template writes its own, and a second BOS would change what the model reads)
     add_special_tokens: bool | None = None
+    # The odds of each prompt token given those before it (vLLM's `prompt_logprobs`, the API's
+    # echo with logprobs): how many candidates, 0-20; None: not asked. Computed in the prefill
+    # (engine/model/runner.py); such a request does not read the prefix cache (block_manager.py)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         # Each check names its field; values of another numeric form (5.0 for 5) are normalised.
@@ -59,7 +64,8 @@ class GenerateRequest(Requested):
             check_text("label", self.label)
         for f in FIELDS:
             fix(f.name, f.check(getattr(self, f.name)))
-        for name, kind, lo, hi in (("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP)):
+        for name, kind, lo, hi in (("prompt_tokens", "int", 1, None), ("logprobs", "int", 0, MAX_TOP),
+                                   ("prompt_logprobs", "int", 0, MAX_TOP)):
             if getattr(self, name) is not None:
                 fix(name, coerce(name, kind, getattr(self, name), lo, hi))
         fix("stop", self._stops(self.stop))
@@ -99,9 +105,18 @@ class GenerateRequest(Requested):
         return {"method": method, "num_speculative_tokens": k}
 
     def _check_prompt(self):
-        """A prompt or messages, of the right shapes (their text is checked once templated, in
-        engine/core/intake.py, where the tokenizer takes it)."""
-        if self.messages is not None:
+        """A prompt, token ids or messages, of the right shapes (their text is checked once
+        templated, and the ids against the vocabulary, in engine/core/intake.py, where the
+        tokenizer takes them)."""
+        if self.prompt_ids is not None:
+            ids = self.prompt_ids
+            if self.prompt is not None or self.messages is not None or self.chat:
+                raise SettingError("prompt", "give token ids alone: not with a prompt, messages or chat")
+            if not isinstance(ids, (list, tuple)) or not ids or len(ids) > MAX_PROMPT_CHARS or \
+                    not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise SettingError("prompt", "token ids must be a non-empty list of whole numbers")
+            object.__setattr__(self, "prompt_ids", tuple(ids))
+        elif self.messages is not None:
             if self.prompt is not None:
                 raise SettingError("prompt", "give a prompt or messages, not both")
             if not isinstance(self.messages, list) or not self.messages or not all(
@@ -119,7 +134,7 @@ class GenerateRequest(Requested):
         if self.messages is not None:
             said = [m["content"] for m in self.messages if m["role"] == "user"]
             return said[-1] if said else self.messages[-1]["content"]
-        return self.prompt
+        return self.prompt   # None for token ids: intake shows their text
 
     def sampling(self, settings, max_context, vocab):
         """The sampling parameters on this engine: what was left out taken from its live
@@ -139,7 +154,8 @@ class GenerateRequest(Requested):
                 f.check_ids(given[f.name], vocab)
         spec = self.speculative_config or {}
         return SamplingParams(**given, stop=self.stop, speculation=spec.get("method"),
-                              spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs)
+                              spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs,
+                              prompt_logprobs=self.prompt_logprobs)
 
 
 class RequestHandle:
@@ -152,8 +168,9 @@ class RequestHandle:
 
     Without `stream` nothing is kept (the page and the load generator follow events only)."""
 
-    def __init__(self, rid, stream=False):
+    def __init__(self, rid, stream=False, prompt_tokens=None):
         self.id = rid
+        self.prompt_tokens = prompt_tokens   # its prompt's length in tokens, once tokenized (intake)
         self._events = queue.SimpleQueue() if stream else None
         self.ended = False   # the last event (Finished or Rejected) has been read
 

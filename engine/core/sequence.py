@@ -19,6 +19,7 @@ class SamplingParams(Resolved):
     speculation: str | None = None   # this request's proposer ("off", "ngram", "suffix"); None: the setting's
     spec_tokens: int | None = None   # its guesses per step (1-8); None: the `spec_tokens` setting
     logprobs: int | None = None      # candidates its client asks for with each token (the API's); None: none
+    prompt_logprobs: int | None = None   # candidates its client asks for with each prompt token; None: none
 
 
 class Status(Enum):
@@ -52,6 +53,10 @@ class Sequence:
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
     finish_reason: str | None = None
+    # Its prompt's odds when its client asked (`params.prompt_logprobs`): per prompt position, the
+    # sampler's Chance of that token given those before it (position 0 has none: None), filled by
+    # the prefill's forwards (engine.py) and handed out with its first token
+    prompt_odds: list | None = None
     # --- the request's own times (engine clock), measured by intake; everything timed later is
     # the step recorder's, its RequestTimes (engine/timing/request_times.py), written by it alone
     arrival: float = 0.0

@@ -54,9 +54,17 @@ class Segment:
     # accounting, decode or prefill tokens, a `prefill` event or not. Fixed when the segment is made: the request's
     # `num_computed` moves on once the forward is done.
     decode: bool = field(init=False)
+    # Its positions whose logits give its prompt's log-probabilities (each predicts the prompt token
+    # after it): a request that asks for them (`prompt_logprobs`), in its prefill; and those
+    # logits [len(prompt_rows), vocab], once the forward has run (None before, or without rows).
+    prompt_rows: range = field(init=False)
+    prompt_logits: object = field(init=False, default=None)
 
     def __post_init__(self):
         self.decode = self.logits and self.seq.decoding
+        asked = self.seq.params.prompt_logprobs is not None and not self.decode
+        self.prompt_rows = range(self.start, min(self.start + self.n, len(self.seq.prompt_ids) - 1) if asked
+                                 else self.start)
 
     @property
     def is_single_query(self):
@@ -246,20 +254,23 @@ class Runner:
     def forward(self, segments):
         """One forward over every segment's tokens, packed; logits [k, vocab] at the last position
         of each segment that wants them (and at each guess of a speculating one), in order.
-        Decode rows must come first."""
-        ids, pos, last = [], [], []
+        Decode rows must come first. A segment with `prompt_rows` gets its `prompt_logits` too: the
+        same output head over those rows, in the same call."""
+        ids, pos, last, prompt = [], [], [], []
         for seg in segments:
+            q0 = len(ids)
             ids += seg.seq.token_ids(seg.start, seg.n - len(seg.draft)) + list(seg.draft)
             pos += range(seg.start, seg.start + seg.n)
             if seg.logits:
                 last += range(len(ids) - 1 - len(seg.draft), len(ids))
-        self.path = self.formats.path(len(ids), len(last))
-        shape = (self.geometry, self.path.kernel, len(ids), len(last))
+            prompt += (q0 + p - seg.start for p in seg.prompt_rows)
+        self.path = self.formats.path(len(ids), len(last) + len(prompt))
+        shape = (self.geometry, self.path.kernel, len(ids), len(last) + len(prompt))
         self.first_shape = shape not in SHAPES
         SHAPES.add(shape)
         w0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return self._forward(ids, pos, last, segments)
+            return self._forward(ids, pos, last, segments, prompt)
         finally:
             self.wall_s += time.perf_counter() - w0
             self.cpu_s += time.thread_time() - c0
@@ -272,7 +283,7 @@ class Runner:
         self.path = self.formats.path(n, n)
         return self._forward(seq.token_ids(start, n), list(range(start, start + n)), list(range(n)), [seg])
 
-    def _forward(self, ids, pos, last, segments):
+    def _forward(self, ids, pos, last, segments, prompt=()):
         plan = Plan(self.store, segments, self.device)
         if self.fused:
             hidden = self.fused(_index(ids, self.device), _index(pos, self.device), plan)
@@ -280,10 +291,14 @@ class Runner:
             hidden = self.decoder(input_ids=torch.tensor([ids], device=self.device),
                                   position_ids=torch.tensor([pos], device=self.device), use_cache=False,
                                   ft_plan=plan).last_hidden_state[0]
-        if not last:
+        if not last and not prompt:
             synchronize(self.device)
             return None
-        hidden = hidden[_index(last, self.device)]
+        hidden = hidden[_index(last + list(prompt), self.device)]
         logits = self.head(hidden).float()
         synchronize(self.device)      # the forward ends (engine.py's step `end`) when the GPU is done
-        return logits
+        if prompt:
+            at = len(last)
+            for seg in segments:
+                seg.prompt_logits, at = logits[at:at + len(seg.prompt_rows)], at + len(seg.prompt_rows)
+        return logits[:len(last)] if last else None

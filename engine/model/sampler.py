@@ -90,6 +90,7 @@ class Chance:
     p_raw: float
     top: list
     rejected: tuple | None = None
+    rank: int | None = None   # a prompt token's: 1 + how many tokens the model found likelier (vLLM's)
 
 
 class Odds:
@@ -346,6 +347,24 @@ def _odds(logits, chosen, hot, probs, want, guesses, changed):
     if hot is not None:     # top-p leaves the nucleus unnormalised (the race needs no more)
         drawn[hot] = (probs.gather(1, ids[hot]) / probs.sum(-1, keepdim=True)).double()
     return Odds(want, k, ids.tolist(), raw.tolist(), drawn.tolist())
+
+
+def prompt_chances(logits, tokens, k):
+    """The odds of each prompt token given those before it, from the prefill's logits [rows, vocab]
+    at the positions before them (`tokens`, one id per row): the model's own distribution (as a
+    generated token's `p_raw`: log-softmax of the logits), its `k` most likely candidates by the
+    same batched top-k as the sampler's, and its rank. One Chance per row, `p` = `p_raw`."""
+    x = logits.float()
+    chosen = torch.tensor(tokens, device=x.device)[:, None]
+    ids = torch.cat([_top_ids(x, k), chosen], dim=1)
+    raw = (x.gather(1, ids) - torch.logsumexp(x, dim=-1, keepdim=True)).double().exp_()
+    # counted in int32: a bool tensor's default sum widens to int64, measured twice as slow here
+    rank = ((x > x.gather(1, chosen)).sum(-1, dtype=torch.int32) + 1).tolist()
+    out = []
+    for row_ids, row_raw, r in zip(ids.tolist(), raw.tolist(), rank):
+        top = [(t, p, p) for t, p in zip(row_ids[:k], row_raw[:k])]
+        out.append(Chance(row_raw[k], row_raw[k], top, rank=r))
+    return out
 
 
 BLOCK = 1024   # the top-k looks at the blocks of the vocabulary with the largest maxima only

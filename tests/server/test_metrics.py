@@ -81,6 +81,20 @@ def test_metrics_move_by_exactly_what_the_requests_did(live):
     assert types["vllm:num_requests_running"] == "gauge"
     assert after[("vllm:num_requests_running", ())] == 0 and after[("vllm:num_requests_waiting", ())] == 0
     assert 0 <= after[("vllm:kv_cache_usage_perc", ())] <= 1
+    # per request: its prompt, its output and the max_tokens it asked; per forward: its tokens
+    for hist, values in (("vllm:request_prompt_tokens", [u.prompt_tokens for u in usages]),
+                         ("vllm:request_generation_tokens", [u.completion_tokens for u in usages]),
+                         ("vllm:request_params_max_tokens", [3, 5, 4])):
+        assert types[hist] == "histogram"
+        assert moved(hist + "_count") == n and moved(hist + "_sum") == sum(values)
+    computed = sum(u.prompt_tokens - u.prompt_tokens_details.cached_tokens + u.completion_tokens - 1 for u in usages)
+    assert moved("vllm:iteration_tokens_total_sum") == computed   # every prompt token not cached, every token fed back
+    assert moved("vllm:iteration_tokens_total_count") >= n
+    hello = live.driver.hello()
+    info = {dict(labels)["block_size"]: v for (name, labels), v in after.items() if name == "vllm:cache_config_info"}
+    assert info == {str(hello.block_size): 1.0}
+    (labels,) = [dict(labels) for (name, labels) in after if name == "vllm:cache_config_info"]
+    assert labels["num_gpu_blocks"] == str(hello.cache_blocks) and labels["enable_prefix_caching"] == "True"
 
 
 def test_gauges_follow_request_lifecycle_events():
@@ -134,3 +148,15 @@ def test_inter_token_latency_counts_one_gap_per_forward_under_speculation():
     total = m.registry.get_sample_value("vllm:inter_token_latency_seconds_sum", {"model_name": "m"})
     assert count == 3
     assert total == pytest.approx((1.1 - 1.0) + (1.3 - 1.1002) + (1.6 - 1.3))
+
+
+def test_cache_config_info_follows_the_prefix_caching_setting(live):
+    """`vllm:cache_config_info` keeps one series, relabelled when prefix caching is switched."""
+    from helpers import wait_until
+
+    def series():
+        _, values = scrape(live)
+        return [dict(labels)["enable_prefix_caching"] for (name, labels) in values if name == "vllm:cache_config_info"]
+    assert series() == ["True"]
+    live.driver.update_settings({"prefix_caching": False})
+    wait_until(lambda: series() == ["False"], 10, "cache_config_info relabelled")
