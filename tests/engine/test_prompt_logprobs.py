@@ -97,3 +97,17 @@ def test_token_id_prompts_are_taken_as_they_are_or_refused_naming_prompt(engine,
         GenerateRequest(prompt="hi", prompt_logprobs=21)
     assert e.value.field == "prompt_logprobs"
     assert_clean(engine)
+
+
+def test_disaggregated_the_prefill_instance_computes_them_and_the_decode_instance_hands_them_out(tiny):
+    """Prefill and decode engines (engine/disagg/): the prompt's odds are computed where the prompt
+    is, travel with the request in its hand-off (pickled, as down the pipe), and come out with its
+    first token on the decode instance, equal to transformers' teacher-forced ones."""
+    from test_disagg import Pair
+    pair = Pair(tiny)
+    ids = tiny.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    seq = pair.p.new_sequence(GenerateRequest(prompt_ids=ids, prompt_logprobs=3, max_new_tokens=2))
+    pair.route(pair.p.add(seq))
+    pair.until_idle()
+    check_against_reference(prompt_of(pair, seq.id), ids, teacher_forced(tiny, ids), 3)
+    assert_clean(pair.p, pair.d)
