@@ -161,8 +161,8 @@ def _header(kind):
 
 def _sub_fields(kind):
     """(name, values, bytes each) of a sub-block of 32 weights in the kernel's layout: "lo" the low
-    nibbles (chunk c's dword: weights 8c..8c+7, weight 8c+t at bits 4t), "qh" the fifth bits
-    (bit k: weight k), "hi" the sixth and fifth bits (dword h: weights 16h..16h+15, 2 bits each),
+    nibbles (chunk c's dword: weights 8c..8c+7, weight 8c+t at bits 4t), "qh" the fifth bits and
+    "hi" the top two bits, each placed where the byte of their low nibbles is (`_HIGH_ORDER`),
     "q8" Q8_0's int8 and "h" F16/BF16's values, position by position."""
     bits = SPECS[kind].bits
     if bits == 8:
@@ -172,14 +172,33 @@ def _sub_fields(kind):
     return [("lo", 4, 4)] + ([("qh", 1, 4)] if bits == 5 else [("hi", 2, 4)] if bits == 6 else [])
 
 
+def _high_order(width):
+    """The weight (0..31) whose high bits sit in each `width`-bit field of a sub-block's "qh"
+    (width 1: one dword) or "hi" (2: two dwords), lowest field first. Byte j of chunk c's low
+    nibbles holds weights 8c + 2j (low nibble) and 8c + 2j + 1 (high); their high bits sit in
+    byte j too, chunk after chunk (qh: bits 2c and 2c + 1; hi: dword c / 2, fields 2 (c % 2) and
+    2 (c % 2) + 1), so that the kernel adds them to a whole chunk's bytes with a shift and a mask."""
+    per_byte, chunks = 8 // width, 8 // width // 2        # fields a byte; chunks a dword
+    order = []
+    for dword in range(width):
+        for j in range(4):
+            for f in range(per_byte):
+                c, e = dword * chunks + f // 2, f % 2
+                order.append(8 * c + 2 * j + e)
+    return torch.tensor(order)
+
+
+_HIGH_ORDER = {1: _high_order(1), 2: _high_order(2)}
+
+
 def _sub_values(name, q):
     """A sub-block's quants [.., 32] -> the bytes of its field `name` [.., values * bytes each]."""
     if name == "lo":
         return _join_bits(q & 0x0F, 4)
     if name == "qh":
-        return _join_bits((q >> 4) & 1, 1)
+        return _join_bits(((q >> 4) & 1)[..., _HIGH_ORDER[1]], 1)
     if name == "hi":
-        return _join_bits(q >> 4, 2)
+        return _join_bits((q >> 4)[..., _HIGH_ORDER[2]], 2)
     return q                                   # q8: the int8 bytes; h: the values' bytes [.., 64]
 
 
@@ -188,10 +207,11 @@ def _sub_quants(fields):
     if "lo" not in fields:
         return fields.get("q8", fields.get("h"))
     q = _bits(fields["lo"], 4)
-    if "qh" in fields:
-        q = q | (_bits(fields["qh"], 1) << 4)
-    if "hi" in fields:
-        q = q | (_bits(fields["hi"], 2) << 4)
+    for name, width in (("qh", 1), ("hi", 2)):
+        if name in fields:
+            high = torch.empty_like(q)
+            high[..., _HIGH_ORDER[width]] = _bits(fields[name], width)
+            q = q | (high << 4)
     return q
 
 

@@ -52,6 +52,13 @@ def test_the_header_and_the_control_name_the_format_and_follow_the_setting(qlive
         step = page.evaluate("() => firstToken.state.steps.find(s => s.kind === 'decode')")
         line = page.evaluate("st => import('ft/weights').then(w => w.stepLine(firstToken.state, st))", step)
         assert line == f"weights read: {fp32}, fp32 dequantised (oneDNN fp32)"
+        # a model's stored blocks named truthfully (issue 50): float blocks kept as stored are
+        # fp16/bf16, not the fp32 copy's dtype; a Q4_K_M file's mix is its fewest bits
+        names = page.evaluate("""async () => { const w = await import('ft/weights');
+            const st = (blocks) => ({hello: {dtype: 'float32', weights: {formats: {stored: {blocks}, dequantised: {blocks: ['F32']}}}}});
+            return [['F16'], ['BF16'], ['BF16', 'F16'], ['Q4_K', 'Q5_0', 'Q6_K', 'Q8_0'], ['Q6_K'], ['F16', 'Q8_0']]
+              .map((b) => w.name(st(b), 'stored', 'short')).concat([w.name(st(['F16']), 'dequantised', 'short')]); }""")
+        assert names == ["fp16", "bf16", "bf16/fp16", "4-bit", "6-bit", "8-bit", "fp32"]
         # on a phone the model line is hidden: the headline says it
         page.set_viewport_size({"width": 390, "height": 844})
         page.wait_for_selector("#h-weights-fig", state="visible")
