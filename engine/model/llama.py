@@ -46,10 +46,14 @@ def supported(model):
 
 def _linear(modules, names, formats):
     """One linear layer for several of the model's, stacked by rows: their blocks where the file
-    stored them, else the model's fp32 weights prepacked."""
+    stored them all in one type, else fp32 prepacked: the model's weights, or where a part has blocks
+    (its own weight left unmade) those blocks dequantised (a file mixing a type the kernels read with
+    one they do not yet, Gemma 3 270M's Q8_0 k beside a Q5_0 q)."""
     blocks = [formats.quant.get(n) for n in names]
     stacked = stack_rows(blocks) if None not in blocks else None
-    return QuantLinear(stacked, formats) if stacked is not None else PackedLinear(torch.cat([m.weight for m in modules]))
+    if stacked is not None:
+        return QuantLinear(stacked, formats)
+    return PackedLinear(torch.cat([m.weight if b is None else b.dequantise() for m, b in zip(modules, blocks)]))
 
 
 def _weight(norm, arch):

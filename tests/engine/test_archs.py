@@ -15,7 +15,8 @@ import tiny_gguf
 
 PROMPT = "We hold these truths to be self-evident, that all men are created equal"
 NEW = 24
-CASES = [("llama", "Q8_0"), ("qwen2", "F32"), ("qwen2", "Q8_0"), ("qwen3", "Q8_0"), ("gemma3", "F32"), ("gemma3", "Q8_0")]
+CASES = [("llama", "Q8_0"), ("qwen2", "F32"), ("qwen2", "Q8_0"), ("qwen3", "Q8_0"), ("qwen3", "mixed"),
+         ("gemma3", "F32"), ("gemma3", "Q8_0")]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_greedy_and_logits_equal_transformers_on_the_same_file(served, case):
     bundle, ref, tok = served(case)
     assert bundle.model.config.model_type == ref.config.model_type
     assert not bundle.dense or case[1] == "F32"           # blocks: the model's linear weights never made
-    assert all(w.name == case[1] for w in bundle.quant.values())
+    assert {w.name for w in bundle.quant.values()} == ({"Q8_0"} if case[1] == "mixed" else {case[1]} - {"F32"})
     eng = Engine(bundle, EngineConfig(slots=2, kv_tokens=1024, block_size=16, max_context=256))
     assert eng.runner.fused is not None                    # the engine's own forward, not transformers'
     run = Run(eng)

@@ -21,7 +21,7 @@ WINDOW = 8     # Gemma's sliding window here: short, so prompts run past it
 
 def write(path, arch, seed=0, kind="F32", rope_freqs=None):
     """A tiny random `arch` model as a GGUF file at `path`; `kind` the linear layers' type (F32,
-    F16 or Q8_0; the embedding, tied to the head, is F32); `rope_freqs` (llama): the factors each
+    F16, Q8_0 or "mixed"; the embedding, tied to the head, is F32); `rope_freqs` (llama): the factors each
     rotary frequency is divided by, as llama.cpp writes Llama 3's scaling."""
     from gguf import GGMLQuantizationType, GGUFWriter, TokenType
     from gguf.quants import quantize
@@ -64,8 +64,10 @@ def write(path, arch, seed=0, kind="F32", rope_freqs=None):
 
     def tensor(name, shape, scale=0.2, norm=False):
         x = ((1 if norm else 0) + rng.standard_normal(shape) * scale).astype(np.float32)   # norms near 1
-        if len(shape) == 2 and not name.startswith("token_embd") and kind != "F32":
-            qt = GGMLQuantizationType[kind]
+        # "mixed": q F32 beside Q8_0 k and v, as a real file mixes a type the kernels read with one they do not
+        k = ("F32" if "attn_q." in name else "Q8_0") if kind == "mixed" else kind
+        if len(shape) == 2 and not name.startswith("token_embd") and k != "F32":
+            qt = GGMLQuantizationType[k]
             w.add_tensor(name, quantize(x, qt), raw_dtype=qt)
         else:
             w.add_tensor(name, x.astype(np.float32))
