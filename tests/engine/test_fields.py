@@ -37,7 +37,7 @@ def test_the_setting_fields_are_the_sampling_settings():
 def test_each_field_reaches_the_request_and_the_engines_parameters(f):
     value = asked(f)
     for kind, shape in (("chat", {"messages": [{"role": "user", "content": "hi"}]}), ("completion", {"prompt": "hi"})):
-        req = parse_request(kind, {"model": "m", **shape, f.body_name: value}, "m").request
+        req = parse_request(kind, {"model": "m", **shape, f.body_name: value}, "m").requests[0]
         assert getattr(req, f.name) == value
     settings = SamplingSettings(max_new_tokens=9, temperature=0.5, top_p=0.5)
     params = GenerateRequest(prompt="hi", **{f.name: value}).sampling(settings, 4096, 400)
