@@ -24,7 +24,6 @@ import argparse
 import math
 import os
 from pathlib import Path
-import sys
 
 from server import create_app, loader
 from server.classroom import Classroom, check_join_code, check_view_code

@@ -14,7 +14,7 @@ harness's remote tokenizer reads `/tokenizer_info` (it needs `eos_token`), encod
 (the one intake tokenizes requests with), so counts agree with `usage.prompt_tokens`.
 """
 from engine.core.request import MAX_PROMPT_CHARS
-from engine.settings import SettingError, text_problem
+from engine.settings import text_problem
 
 from .errors import ApiError
 from .openai_api import check_model, messages_of
