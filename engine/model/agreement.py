@@ -13,7 +13,6 @@ few seconds on two cores for SmolLM2), as for the measure sweep.
 """
 import time
 
-
 from ..teach.loadgen import CORPUS
 from ..timing.measure import _Synthetic
 
