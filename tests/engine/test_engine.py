@@ -384,7 +384,11 @@ def test_slow_subscriber_drops_without_blocking():
     assert got[0] == {"type": "dropped", "t": 980.0, "count": 980}
     assert [e["t"] for e in got[1:]] == [float(i) for i in range(980, 1000)]
     fresh = b.subscribe()
-    assert len(fresh.get(0)) == 10                 # bounded replay history
+    assert fresh.get(0) == [{"type": "reset", "t": 999.0, "cached_blocks": None}]   # its catch-up starts at the last reset
+    for i in range(30):
+        b.publish(ev.Sync(t=1000.0 + i, client_t=0.0, server_time=0.0))
+    later = b.subscribe()
+    assert [e["t"] for e in later.get(0)] == [1000.0 + i for i in range(20, 30)]   # bounded replay history
 
 
 def test_loadgen_prompt_length_and_poisson_rate(tiny):
