@@ -268,6 +268,19 @@ class LiveApp(Served):
         self.driver.shutdown()
 
 
+def open_classroom(bundle):
+    """The app on `bundle` in classroom mode, every entry point open (the API with the presenter's
+    key, /join for a phone, the websocket as the presenter), a rate limit that hostile-input tests
+    never reach, two tokens a request; `.room` is its Classroom. The caller stops it."""
+    from engine import EngineConfig
+    from server.classroom import Classroom
+    room = Classroom(rate_burst=10**6, rate_every_s=0.001)
+    served = LiveApp(bundle, EngineConfig(slots=4, kv_tokens=2048, max_context=512), classroom=room)
+    served.room = room
+    served.driver.update_settings({"max_new_tokens": 2})
+    return served
+
+
 # ------------------------------------------------------------------ pages: waits on what the page shows
 def frames_drawn(page, n=2):
     """Wait until the page (or frame) has run `n` more animation frames: what was due to be drawn

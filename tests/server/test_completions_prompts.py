@@ -6,19 +6,10 @@ import openai
 import pytest
 import torch
 
-from test_openai_api import clean, error_of, greedy, openai_client
+from test_openai_api import clean, error_of, greedy
+from test_openai_api import client, model  # noqa: F401  (fixtures: the openai client on the in-process app, its model)
 
 TEXT = "It was the best of times, it was the worst of times, it was the age of wisdom"
-
-
-@pytest.fixture
-def client(live):
-    return openai_client(live.url)
-
-
-@pytest.fixture
-def model(live):
-    return live.driver.api_model
 
 
 def teacher_forced(bundle, ids):

@@ -161,13 +161,8 @@ ws_case = st.one_of(   # escaped: a text frame itself must be UTF-8
 def classroom_app(tiny):
     """Classroom mode (every entry point open: the API with the presenter key, /join for one
     phone, the websocket as the presenter), a rate limit the examples never reach."""
-    from helpers import LiveApp
-    from engine import EngineConfig
-    from server.classroom import Classroom
-    room = Classroom(rate_burst=10**6, rate_every_s=0.001)
-    app = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), classroom=room)
-    app.room = room
-    app.driver.update_settings({"max_new_tokens": 2})
+    from helpers import open_classroom
+    app = open_classroom(tiny)
     yield app
     app.stop()
 

@@ -11,11 +11,10 @@ import logging
 from hypothesis import HealthCheck, given, settings, strategies as st
 import pytest
 
-from engine import EngineConfig
 from engine.settings import SettingError, coerce, finite_number
 from server import control, export
-from server.classroom import Classroom, Role
-from helpers import LiveApp, wait_idle
+from server.classroom import Role
+from helpers import open_classroom, wait_idle
 
 HUGE = 10**400   # JSON allows it; float(HUGE) raises OverflowError
 FEW = settings(max_examples=60, deadline=None, database=None,
@@ -38,10 +37,7 @@ PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 def app(tiny):
     """The app on the tiny model in classroom mode (every entry point open: the API with the
     presenter's key, /join for a phone), a rate limit the examples never reach."""
-    room = Classroom(rate_burst=10**6, rate_every_s=0.001)
-    served = LiveApp(tiny, EngineConfig(slots=4, kv_tokens=2048, max_context=512), classroom=room)
-    served.room = room
-    served.driver.update_settings({"max_new_tokens": 2})
+    served = open_classroom(tiny)
     yield served
     served.stop()
 
