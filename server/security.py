@@ -205,9 +205,11 @@ def page_policy(frame_ancestors):
     """A page's Content-Security-Policy: scripts from this origin and the inline ones this response
     rendered with its nonce, nothing else (an injected `<script>`, `onerror=` or `javascript:` URL
     does not run); no plugins; no `<base>` to re-point its relative URLs; framed by
-    `frame_ancestors`."""
+    `frame_ancestors`. 'unsafe-eval' because plotly's WebGL charts (regl) compile their drawing
+    code with `new Function`: without it the steps chart says "WebGL is not supported"; it lets the
+    page's own scripts evaluate strings, not an injected element or handler run."""
     nonce = g.get("csp_nonce")
-    scripts = "'self'" + (f" 'nonce-{nonce}'" if nonce else "")
+    scripts = "'self' 'unsafe-eval'" + (f" 'nonce-{nonce}'" if nonce else "")
     return f"script-src {scripts}; object-src 'none'; base-uri 'none'; frame-ancestors {frame_ancestors}"
 
 

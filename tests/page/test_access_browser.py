@@ -24,8 +24,10 @@ SIZES = [("1366x768", 1366, 768), ("phone-390x844", 390, 844)]
 def violations(page):
     """axe-core's violations on the page as it is now that matter here: the critical and serious
     ones, and the page-wide ones (PAGE_WIDE), each as (rule, impact, the first nodes' selectors)."""
+    # judged at rest: a toast fading in or out is text at part of its contrast for 0.3 s
+    page.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running')", timeout=10_000)
     if not page.evaluate("() => !!window.axe"):
-        page.add_script_tag(content=AXE)
+        page.evaluate(AXE)   # through the devtools protocol: the page's CSP refuses an added inline <script>
     got = page.evaluate("axe.run(document, {resultTypes: ['violations']})")["violations"]
     return [(v["id"], v["impact"], [n["target"] for n in v["nodes"][:6]]) for v in got
             if v["impact"] in ("critical", "serious") or v["id"] in PAGE_WIDE]
@@ -53,6 +55,10 @@ def test_no_serious_violation_on_any_page(ran, browser, tmp_path, name, width, h
     try:
         page = ctx.new_page()
         page.goto(ran.url + "/")
+        page.wait_for_function("() => window.firstToken && firstToken.state.hello", timeout=30_000)
+        # one request seen whole by this page (a new page's catch-up leaves out older requests'
+        # tokenized events, so their chips are not there to check)
+        ran.driver.submit(GenerateRequest(prompt="We hold these truths to be self-evident", max_new_tokens=6))
         page.wait_for_function("() => firstToken.state.finishedCount >= 3 && document.querySelector('#d-chips .tok')",
                                timeout=30_000)
         found["/"] = violations(page)
