@@ -15,9 +15,8 @@ changes nothing. Bounds that depend on the engine (the model's context, its voca
 checked where the request meets it (`GenerateRequest.sampling`).
 """
 from dataclasses import dataclass, field, make_dataclass
-import math
 
-from ..settings import SettingError, coerce
+from ..settings import SettingError, coerce, finite_number, shown
 
 MAX_TOKEN_IDS = 300   # entries of `logit_bias` / `stop_token_ids` (OpenAI's limit on logit_bias)
 MAX_BIAS = 100.0      # OpenAI's range of a logit bias: -100 bans a token, 100 all but forces it
@@ -74,10 +73,9 @@ class Field:
             raise SettingError(self.name, f"must be an object of up to {MAX_TOKEN_IDS} {{token id: bias}}")
         out = {}
         for key, bias in value.items():
-            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
-                    or abs(bias) > MAX_BIAS:
-                raise SettingError(self.name, f"token {str(key)[:20]}: a bias must be a number from "
-                                              f"{-MAX_BIAS:g} to {MAX_BIAS:g}, got {str(bias)[:40]}")
+            if not finite_number(bias) or abs(bias) > MAX_BIAS:
+                raise SettingError(self.name, f"token {shown(key, 20)}: a bias must be a number from "
+                                              f"{-MAX_BIAS:g} to {MAX_BIAS:g}, got {shown(bias)}")
             out[self._id(key)] = float(bias)
         return out or None
 

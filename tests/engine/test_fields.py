@@ -75,6 +75,13 @@ def test_a_bad_value_is_refused_under_the_name_its_client_used(f):
     assert e.value.status == 400 and e.value.param == f.body_name and f.body_name in e.value.message
 
 
+@pytest.mark.parametrize("bias", [10**400, float("nan"), True, "5"])
+def test_a_logit_bias_that_is_no_finite_number_is_a_400(bias):
+    with pytest.raises(ApiError) as e:    # 10**400: float() of it raised OverflowError, a 500
+        parse_request("completion", {"model": "m", "prompt": "hi", "logit_bias": {"1": bias}}, "m")
+    assert e.value.status == 400 and e.value.param == "logit_bias"
+
+
 def test_observe_mode_sends_each_field_under_the_apis_name(monkeypatch):
     from observe import Observer
     obs = Observer("http://127.0.0.1:9/v1")   # never started: `_launch` is where it would send
