@@ -101,11 +101,22 @@ def finite_number(value):
     return math.isfinite(value)
 
 
+def _digits(n):
+    """How many decimal digits the positive integer `n` has, without str(n) (which refuses more than
+    4,300 digits): from its bit length, corrected by exact comparisons."""
+    d = max(1, int(n.bit_length() * 0.30102999566398120))
+    while 10 ** d <= n:
+        d += 1
+    while d > 1 and 10 ** (d - 1) > n:
+        d -= 1
+    return d
+
+
 def shown(value, limit=40):
     """`value` as an error message quotes it: its repr, cut to `limit` characters (a client's value
     may be a 4,000-digit integer or a long string; the message names the problem, not all of it)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of {_digits(abs(value))} digits"
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -65,7 +65,7 @@ class Field:
         if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 12:
             value = int(value)   # JSON object keys are strings: OpenAI's logit_bias {"50256": -100}
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise SettingError(self.name, f"token ids are whole numbers from 0, got {str(value)[:40]!r}")
+            raise SettingError(self.name, f"token ids are whole numbers from 0, got {shown(value)}")
         return value
 
     def _bias(self, value):
@@ -84,7 +84,7 @@ class Field:
         ids = value if self.kind == "token_ids" else (value or {})
         bad = [i for i in ids if i >= vocab]
         if bad:
-            raise SettingError(self.name, f"token id {bad[0]} is not in this model's vocabulary (0-{vocab - 1})")
+            raise SettingError(self.name, f"token id {shown(bad[0])} is not in this model's vocabulary (0-{vocab - 1})")
 
 
 FIELDS = (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine import GenerateRequest, SettingError
-from engine.core.fields import FIELDS, SETTING_FIELDS
+from engine.core.fields import BY_NAME, FIELDS, SETTING_FIELDS
 from engine.core.sequence import SamplingParams
 from engine.settings import SamplingSettings
 from server import control
@@ -80,6 +80,12 @@ def test_a_logit_bias_that_is_no_finite_number_is_a_400(bias):
     with pytest.raises(ApiError) as e:    # 10**400: float() of it raised OverflowError, a 500
         parse_request("completion", {"model": "m", "prompt": "hi", "logit_bias": {"1": bias}}, "m")
     assert e.value.status == 400 and e.value.param == "logit_bias"
+
+
+def test_a_token_id_of_thousands_of_digits_is_a_400():
+    with pytest.raises(SettingError) as e:    # str() of it raised ValueError (over 4,300 digits), a 500
+        BY_NAME["stop_token_ids"].check_ids(BY_NAME["stop_token_ids"].check([10**5000]), 100)
+    assert e.value.field == "stop_token_ids" and "5001 digits" in str(e.value)
 
 
 def test_observe_mode_sends_each_field_under_the_apis_name(monkeypatch):
