@@ -275,7 +275,10 @@ export const proof = {
 // token late *here* while the engine's TTFT was short (network or buffering, named from the
 // settings), arrivals in clumps while the engine's steps were steady (buffering), or a wait for
 // the model (its `load` stage). Returns {cause, text, numbers} or null.
-export function diagnoseDelivery(r, s) {
+// `largest`: the largest engine-measured part of r's time (queue, prefill, decode ...): with nothing
+// set between, a late first token is the story only when it outweighs that part too (a page on a
+// busy machine reads its frames late; that must not hide a request that queued for seconds).
+export function diagnoseDelivery(r, s, largest = 0) {
   if (!r.stages || r.ttft === null) return null;
   const load = r.stages.load || 0;
   if (load > 0 && load >= 0.3 * r.ttft) {
@@ -295,7 +298,7 @@ export function diagnoseDelivery(r, s) {
     : c.arrivalGap >= 0.1 && c.arrivalGap > 2 * c.engineGap);
   // With nothing set between, clumps this page saw (a busy machine's websocket can clump too)
   // are the story only when they also made the first token late by a fifth of what it saw.
-  if (bunched && (way ? way.buffered : lag >= 0.1 && lag >= 0.2 * here)) {
+  if (bunched && (way ? way.buffered : lag >= 0.1 && lag >= 0.2 * here && lag >= largest)) {
     return {cause: "buffering", numbers: {ttft: r.ttft, ttftHere: here, delivery: lag},
       text: `Buffering: the engine made its ${c.tokens} tokens steadily (${c.made < c.tokens ? `in ${c.made} forwards, ` : ""}` +
         `${fmtS(c.engineGap)} apart) but they ` +
@@ -304,7 +307,7 @@ export function diagnoseDelivery(r, s) {
         "(nginx: proxy_buffering off) would let each token through as it is made."};
   }
   // Late here: a tenth of a second or more, and (nothing set between) a fifth of what the page saw.
-  if (lag >= 0.1 && (way || lag >= 0.2 * here)) {
+  if (lag >= 0.1 && (way || (lag >= 0.2 * here && lag >= largest))) {
     const why = way && way.injected && !way.buffered ? "injected network delay" :
       way && way.buffered && !way.injected ? "a buffering proxy holds tokens" :
       way ? "injected network delay and a buffering proxy that holds tokens" : "the network between the server and you";

@@ -181,7 +181,7 @@ export function diagnose(r, s) {
   for (const k in p) if (p[k] > p[cause]) cause = k;
   // A cold start, or a first token late here (network, buffering): told apart from queueing and
   // prefill by the model_load and the page's own arrivals (ft-delivery.js).
-  const way = diagnoseDelivery(r, s);
+  const way = diagnoseDelivery(r, s, p[cause] || 0);
   const d = way ? {cause: way.cause, text: way.text, extra: way.numbers} : causeText(cause === "queue" ? "queueing" : cause, r, s, p, total);
   const shapes = firstShapeNote(r, s);   // its first token slowed by new shapes' kernels, measured
   if (shapes) d.text += ` ${shapes}`;

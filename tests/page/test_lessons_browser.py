@@ -48,7 +48,12 @@ def test_a_comparison_can_be_cancelled(live, browser):
         page.select_option("#c-which", "batching")
         page.click("#c-run")
         page.wait_for_function("() => !document.getElementById('c-cancel').hidden")
-        page.click("#c-cancel")
+        # clicked where it is now, in one go: a CI run's pointer click found the sheet mid-reflow
+        # (its status line growing) and, retried, the button gone; the status says why if it is
+        ended = page.evaluate("""() => { const b = document.getElementById('c-cancel');
+                                         if (b.hidden) return document.getElementById('c-status').textContent;
+                                         b.click(); return null; }""")
+        assert ended is None, ended
         page.wait_for_function("() => /Cancelled/.test(document.getElementById('c-status').textContent)", timeout=10_000)
         assert page.is_hidden("#c-cancel") and page.is_enabled("#c-run")
         assert page.evaluate("c => c.runs", page_module(page, "compare")) is None

@@ -296,11 +296,12 @@ def test_guided_tour_applies_each_step_and_spots_its_part(tpage):
         if ".acc-ttft" in step["spot"]:   # a finished request's accounting: the shown request's, once it ends
             tpage.wait("p => { const r = p.selectedReq(firstToken.state, firstToken.ui); return r && r.stages; }",
                        page_module(tpage.page, "panels"), timeout=60_000)
-        # a spotted part drawn on the page's tick (the request panel's accounting among them)
-        tpage.wait("sels => sels.every(s => [...document.querySelectorAll(s)].some(e => e.classList.contains('spot')))",
-                   step["spot"], timeout=15_000)
-        spotted = tpage.js("sels => sels.map(s => [...document.querySelectorAll(s)].filter(e => e.classList.contains('spot')).length)",
-                           step["spot"])
+        # a spotted part drawn on the page's tick (the request panel's accounting among them), counted
+        # in the same look: the shown request can change to a newer one still running, whose panel
+        # has no accounting yet (a CI run read 0 a moment after the wait saw it)
+        spotted = tpage.page.wait_for_function(
+            "sels => { const n = sels.map(s => [...document.querySelectorAll(s)].filter(e => e.classList.contains('spot')).length);"
+            " return n.every(k => k >= 1) && n; }", arg=step["spot"], timeout=15_000, polling=100).json_value()
         assert all(n >= 1 for n in spotted), (step, spotted)
         # the rest is dimmed, the spotted part is not
         assert tpage.js("s => getComputedStyle(document.querySelector(s)).opacity", step["spot"][0]) == "1"
