@@ -142,6 +142,16 @@ def schema_validator():
     return jsonschema.Draft202012Validator({"$defs": defs, "$ref": "#/$defs/event"})
 
 
+def flag_error(capsys, *args):
+    """What `python app.py ARGS` says to a bad command line, from its own parser in process (one
+    subprocess a flag paid ~4.5 s of imports each): its exit status and stderr."""
+    import pytest
+    from app import parse_args
+    with pytest.raises(SystemExit) as exited:
+        parse_args(list(args))
+    return exited.value.code, capsys.readouterr().err
+
+
 def start_app(*args, port=None):
     """`python app.py` on the real model, its output in test-artifacts/server-PORT.log."""
     port = port or free_port()

@@ -12,7 +12,7 @@ import requests
 from simple_websocket import Client, ConnectionClosed
 
 from app import parse_args
-from helpers import ROOT, Served, frames, wait_until
+from helpers import ROOT, Served, flag_error, frames, wait_until
 from server import create_app, loader, pages
 
 
@@ -21,23 +21,25 @@ def cli(*args):
                           timeout=60)
 
 
-def test_help_lists_flags():
-    out = cli("--help").stdout
+def test_help_lists_flags(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = capsys.readouterr().out
     for flag in ("--host", "--port", "--model", "--device", "--dtype", "--slots", "--kv-tokens"):
         assert flag in out
 
 
-def test_bad_flags_get_one_line_errors():
+def test_bad_flags_get_one_line_errors(capsys):
     for args, needle in [(("--slots", "zero"), "--slots must be a whole number"),
                          (("--port", "70000"), "--port must be at most 65535"),
                          (("--device", "tpu"), "invalid choice"),
                          (("--kv-tokens", "4"), "--kv-tokens must hold at least one block")]:
-        r = cli(*args)
-        assert r.returncode == 2
-        assert needle in r.stderr and "Traceback" not in r.stderr
+        code, err = flag_error(capsys, *args)
+        assert code == 2 and needle in err and "Traceback" not in err
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
+    """The entry point itself, in a subprocess: a usage error and no traceback."""
     r = cli("--model", str(tmp_path / "nope"), "--port", "1")
     assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
 
