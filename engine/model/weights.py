@@ -197,11 +197,10 @@ def _sub_values(name, q):
     """A sub-block's quants [.., 32] -> the bytes of its field `name` [.., values * bytes each]."""
     if name == "lo":
         return _join_bits(q & 0x0F, 4)
-    # index_select, not q[..., order]: the advanced index was ~60 % of repacking a Q5_0 matrix
     if name == "qh":
-        return _join_bits(((q >> 4) & 1).index_select(-1, _HIGH_ORDER[1]), 1)
+        return _join_bits(((q >> 4) & 1)[..., _HIGH_ORDER[1]], 1)
     if name == "hi":
-        return _join_bits((q >> 4).index_select(-1, _HIGH_ORDER[2]), 2)
+        return _join_bits((q >> 4)[..., _HIGH_ORDER[2]], 2)
     return q                                   # q8: the int8 bytes; h: the values' bytes [.., 64]
 
 
