@@ -18,7 +18,7 @@ import sys, time
 t0, c0 = time.perf_counter(), time.process_time()
 import torch
 from engine.model import loading
-last = [time.perf_counter(), time.process_time()]
+last = [t0, c0]
 def phase(name):
     now, cpu = time.perf_counter(), time.process_time()
     print(f"  {now - last[0]:7.2f} s wall {cpu - last[1]:7.2f} s cpu  until: {name}", flush=True)
