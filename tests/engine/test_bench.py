@@ -167,6 +167,15 @@ def test_bench_soak_and_page_fps_smoke(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_load_phases_smoke(tmp_path):
+    import tiny_gguf
+    path = tiny_gguf.write(tmp_path / "tiny.gguf", "llama")
+    out = bench("bench.load_phases", "--model", str(path), "--cache", str(tmp_path / "cache"))
+    assert "(first start, " in out and "(config and tokenizer from the cache, " in out
+    assert out.count("until: ready") == 2
+
+
+@pytest.mark.slow
 def test_bench_gpu_check_and_reference_path():
     """gpu_check on a machine without CUDA says so and stops; bench.reference names its binary."""
     import torch
