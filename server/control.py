@@ -47,7 +47,8 @@ def _submit(backend, msg, room):
     """A page's own request: its prompt, and any of the registry's fields (engine/core/fields.py)
     by their names; one it leaves out (or sends as null) takes the request's default."""
     asked = {f.name: msg[f.name] for f in FIELDS if msg.get(f.name) is not None}
-    backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True), **asked))
+    for sample in GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True), **asked).samples():
+        backend.submit(sample)
 
 
 def _sync(backend, msg, room):

@@ -1,0 +1,129 @@
+"""Structured output: a request's constraint (vLLM's `structured_outputs`: a JSON schema, any JSON
+object, a regular expression, a choice of strings, or a Lark grammar) as a token mask per step,
+with llguidance (vLLM's "guidance" backend).
+
+A constraint is checked when the request is built (`check`: an invalid schema or regex is a
+SettingError then, nothing queued); the request carries it as it was given (observe mode sends it
+on as it is). When the engine takes the request in (engine/core/intake.py) it becomes
+llguidance's grammar text (`grammar_of`) and a `Matcher` against the model's tokenizer (`Grammars`: the tokenizer converted once per model, on
+first use). Each step, the sampler's rows with a matcher get the tokens it rules out at -inf
+before anything is drawn from their logits (`allowed`, one batched mask; a batch where no row is
+constrained builds none), and each accepted token advances the matcher (`Matcher.accept`); once
+the grammar is complete and nothing may follow, the request ends ("stop").
+"""
+import json
+
+import torch
+
+from ..settings import SettingError
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")   # vLLM's StructuredOutputsParams' constraints
+MAX_CHOICES = 256
+MAX_SPEC_CHARS = 100_000   # a schema, regex or grammar, as text
+
+
+def _ll():
+    import llguidance   # imported on first use: a server that constrains nothing never loads it
+    import llguidance.hf
+    import llguidance.torch   # noqa: F401 -- its submodules are not loaded with it
+    return llguidance
+
+
+def check(value, field="structured_outputs"):
+    """`value` as the request keeps it (the constraints given), or SettingError naming `field`
+    when it is malformed or does not compile (`grammar_of`)."""
+    grammar_of(value, field)
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def grammar_of(value, field="structured_outputs"):
+    """llguidance's grammar text for a constraint, vLLM's shape `{"json": schema}`, `{"regex": str}`,
+    `{"choice": [str, ...]}`, `{"grammar": lark}` or `{"json_object": true}` (exactly one; with JSON,
+    `disable_any_whitespace` too), or SettingError naming `field` when it is malformed or does
+    not compile. vLLM's other options (`structural_tag`, `whitespace_pattern`, ...) are refused."""
+    if not isinstance(value, dict):
+        raise SettingError(field, f"must be an object with one of {', '.join(KINDS)}")
+    given = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(KINDS) - {"disable_any_whitespace"})
+    kinds = [k for k in KINDS if k in given]
+    if unknown or len(kinds) != 1:
+        what = f"unsupported key {unknown[0]!r}" if unknown else f"{len(kinds)} constraints"
+        raise SettingError(field, f"must give exactly one of {', '.join(KINDS)} ({what})")
+    kind, spec = kinds[0], given[kinds[0]]
+    M = _ll().LLMatcher
+    if kind in ("regex", "grammar"):
+        if not isinstance(spec, str) or not spec or len(spec) > MAX_SPEC_CHARS:
+            raise SettingError(field, f"{kind} must be a non-empty string of up to {MAX_SPEC_CHARS} characters")
+        text = M.grammar_from_regex(spec) if kind == "regex" else M.grammar_from_lark(spec)
+    elif kind == "choice":
+        if not isinstance(spec, list) or not spec or len(spec) > MAX_CHOICES or \
+                not all(isinstance(c, str) and c for c in spec):
+            raise SettingError(field, f"choice must be a list of 1-{MAX_CHOICES} non-empty strings")
+        # each choice a Lark string literal (JSON's escapes are Lark's)
+        text = M.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in spec))
+    else:
+        schema = {"type": "object"} if kind == "json_object" else _schema(spec, field)
+        # JSON's whitespace anywhere it may be, unless the request says not (vLLM's guidance backend)
+        text = M.grammar_from_json_schema(schema, defaults={"whitespace_flexible": not given.get("disable_any_whitespace")})
+    error = M.validate_grammar(text)
+    if error:
+        raise SettingError(field, f"{kind} does not compile: {error.strip()[:300]}")
+    return text
+
+
+def _schema(spec, field):
+    if isinstance(spec, str):   # vLLM takes a schema as JSON text too
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise SettingError(field, f"json is not valid JSON: {e}") from None
+    if not isinstance(spec, (dict, bool)) or len(json.dumps(spec)) > MAX_SPEC_CHARS:
+        raise SettingError(field, f"json must be a JSON schema (an object) of up to {MAX_SPEC_CHARS} characters")
+    return spec
+
+
+class Grammars:
+    """One model's matchers: its tokenizer as llguidance reads it, converted on first use (a pass
+    over the vocabulary) and kept."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._ll_tokenizer = tokenizer, None
+
+    def matcher(self, constraint):
+        """A fresh Matcher for a constraint (`check`ed), or SettingError."""
+        grammar = grammar_of(constraint)
+        if self._ll_tokenizer is None:
+            try:
+                self._ll_tokenizer = _ll().hf.from_tokenizer(self.tokenizer, len(self.tokenizer))
+            except Exception as e:  # noqa: BLE001 -- a tokenizer llguidance cannot read: the request's 400
+                raise SettingError("structured_outputs", f"this model's tokenizer cannot be constrained: {e}") from None
+        return Matcher(_ll().LLMatcher(self._ll_tokenizer, grammar), len(self.tokenizer))
+
+
+class Matcher:
+    """Where one request is in its grammar."""
+
+    def __init__(self, matcher, vocab):
+        self.m, self.vocab = matcher, vocab   # `vocab`: the tokenizer's, the width of its masks
+        if matcher.is_error():
+            raise SettingError("structured_outputs", f"does not compile: {matcher.get_error()}")
+
+    def accept(self, token_id):
+        """Advance over an accepted token; whether the grammar is done (nothing may follow)."""
+        if not self.m.consume_token(token_id):
+            raise ValueError(f"structured output: token {token_id} is not allowed here ({self.m.get_error()})")
+        return self.m.is_stopped()
+
+
+def allowed(matchers, vocab, device):
+    """[rows, vocab] booleans: the tokens each matcher allows next (one mask for all of them; ids
+    past the tokenizer's, a model's padding, are never allowed)."""
+    ll = _ll()
+    words = ll.torch.allocate_token_bitmask(len(matchers), matchers[0].vocab)
+    for row, m in enumerate(matchers):
+        ll.torch.fill_next_token_bitmask(m.m, words, row)
+    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1   # little-endian bits of each word
+    mask = bits.reshape(len(matchers), -1).bool()
+    if mask.shape[1] < vocab:
+        mask = torch.nn.functional.pad(mask, (0, vocab - mask.shape[1]))
+    return mask[:, :vocab].to(device)
