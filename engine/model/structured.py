@@ -24,8 +24,8 @@ MAX_SPEC_CHARS = 100_000   # a schema, regex or grammar, as text
 
 def _ll():
     import llguidance   # imported on first use: a server that constrains nothing never loads it
-    import llguidance.hf
-    import llguidance.torch   # noqa: F401 -- its submodules are not loaded with it
+    import llguidance.hf   # noqa: F401 -- not loaded with it (llguidance.torch is not used: it loads
+                           # torch._dynamo, measured 4.9 s here, for a mask this module unpacks itself)
     return llguidance
 
 
@@ -97,14 +97,14 @@ class Grammars:
                 self._ll_tokenizer = _ll().hf.from_tokenizer(self.tokenizer, len(self.tokenizer))
             except Exception as e:  # noqa: BLE001 -- a tokenizer llguidance cannot read: the request's 400
                 raise SettingError("structured_outputs", f"this model's tokenizer cannot be constrained: {e}") from None
-        return Matcher(_ll().LLMatcher(self._ll_tokenizer, grammar), len(self.tokenizer))
+        return Matcher(_ll().LLMatcher(self._ll_tokenizer, grammar))
 
 
 class Matcher:
     """Where one request is in its grammar."""
 
-    def __init__(self, matcher, vocab):
-        self.m, self.vocab = matcher, vocab   # `vocab`: the tokenizer's, the width of its masks
+    def __init__(self, matcher):
+        self.m = matcher
         if matcher.is_error():
             raise SettingError("structured_outputs", f"does not compile: {matcher.get_error()}")
 
@@ -116,14 +116,12 @@ class Matcher:
 
 
 def allowed(matchers, vocab, device):
-    """[rows, vocab] booleans: the tokens each matcher allows next (one mask for all of them; ids
-    past the tokenizer's, a model's padding, are never allowed)."""
-    ll = _ll()
-    words = ll.torch.allocate_token_bitmask(len(matchers), matchers[0].vocab)
-    for row, m in enumerate(matchers):
-        ll.torch.fill_next_token_bitmask(m.m, words, row)
-    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1   # little-endian bits of each word
-    mask = bits.reshape(len(matchers), -1).bool()
+    """[rows, vocab] booleans: the tokens each matcher allows next, from llguidance's bitmasks (bit
+    i % 8 of byte i // 8 is token i), unpacked in one op for all rows; ids past the tokenizer's (a
+    model's padding) are never allowed."""
+    packed = torch.frombuffer(bytearray(b"".join(m.m.compute_bitmask() for m in matchers)), dtype=torch.uint8)
+    bits = (packed.view(len(matchers), -1)[:, :, None] >> torch.arange(8, dtype=torch.uint8)) & 1
+    mask = bits.view(len(matchers), -1).bool()
     if mask.shape[1] < vocab:
         mask = torch.nn.functional.pad(mask, (0, vocab - mask.shape[1]))
     return mask[:, :vocab].to(device)
