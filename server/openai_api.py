@@ -2,7 +2,7 @@
 typed request every client builds, engine/core/request.py) out; engine outputs in, OpenAI-shaped
 responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
-Validation: OpenAI's own shapes (model, messages, stop, stream, n) are checked here, and
+Validation: OpenAI's own shapes (model, messages, stop, stream) are checked here, and
 completions' prompt forms, echo and prompt log-probabilities in server/prompts.py;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
 is validated by the request itself as it is built (and by the engine where only it can judge:
@@ -38,6 +38,12 @@ token whose text is held back (part of a character, or of a possible stop string
 the next chunk that carries text (or the last). Completions' `echo` (with `logprobs`: the prompt's
 tokens first, the first `None`), `max_tokens: 0` with echo and vLLM's `prompt_logprobs`, computed
 in the prefill, and prompts as token ids or lists of prompts (a choice each): server/prompts.py.
+
+`n` samples (vLLM's parallel sampling): each its own engine request (GenerateRequest.samples, seeded
+ones with seed + i), queued and refused together, choices indexed prompt * n + sample, `usage` with
+each prompt's tokens once (vLLM's count), streamed chunks interleaved as they come. `best_of` (which
+vLLM's V1 engine dropped) is refused. Structured output (`response_format`, vLLM's
+`structured_outputs` and `guided_*`): server/structured_api.py, one registry field.
 
 `stream_options.continuous_usage_stats` (vLLM's, with `include_usage`) puts the usage so far on
 every chunk. `tools` are accepted with `tool_choice: "none"` (and ignored); any other choice is a

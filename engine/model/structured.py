@@ -5,8 +5,8 @@ with llguidance (vLLM's "guidance" backend).
 A constraint is checked when the request is built (`check`: an invalid schema or regex is a
 SettingError then, nothing queued); the request carries it as it was given (observe mode sends it
 on as it is). When the engine takes the request in (engine/core/intake.py) it becomes
-llguidance's grammar text (`grammar_of`) and a `Matcher` against the model's tokenizer (`Grammars`: the tokenizer converted once per model, on
-first use). Each step, the sampler's rows with a matcher get the tokens it rules out at -inf
+llguidance's grammar text (`grammar_of`) and a `Matcher` against the model's tokenizer
+(`Grammars`: the tokenizer converted once per model, on first use). Each step, the sampler's rows with a matcher get the tokens it rules out at -inf
 before anything is drawn from their logits (`allowed`, one batched mask; a batch where no row is
 constrained builds none), and each accepted token advances the matcher (`Matcher.accept`); once
 the grammar is complete and nothing may follow, the request ends ("stop").
