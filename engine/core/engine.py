@@ -164,6 +164,8 @@ class Engine:
             return self._take()
         seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
         seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
+        if seq.params.structured_outputs and seq.grammar is None:   # taken over: its matcher made anew
+            seq.grammar = self.intake.grammars.matcher(seq.params.structured_outputs, seq.output_ids)
         self._by_id[seq.id] = seq
         self.scheduler.add(seq)
         return self._take()
@@ -304,8 +306,14 @@ class Engine:
                                             self._masks(segs, logits))
         out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
-        delivered = [(seg.seq, self._deliver(out, seg, run, chances))
-                     for seg, run, chances in zip(segs, runs, odds) if run is not None]
+        delivered = []
+        for seg, run, chances in zip(segs, runs, odds):
+            if run is None:
+                continue
+            try:
+                delivered.append((seg.seq, self._deliver(out, seg, run, chances)))
+            except structured.GrammarError as e:   # its matcher refused the token: it fails alone
+                self._fail(out, [seg.seq], e, "structured output")
         for i, error in failed.items():
             self._fail(out, [segs[i].seq], error, "sampling")
         for seq, stop in delivered:

@@ -90,15 +90,23 @@ class Grammars:
     def __init__(self, tokenizer):
         self.tokenizer, self._ll_tokenizer = tokenizer, None
 
-    def matcher(self, constraint):
-        """A fresh Matcher for a constraint (`check`ed), or SettingError."""
+    def matcher(self, constraint, accepted=()):
+        """A Matcher for a constraint (`check`ed) that has accepted the tokens `accepted` (a request
+        taken over from another engine with its output so far), or SettingError."""
         grammar = grammar_of(constraint)
         if self._ll_tokenizer is None:
             try:
                 self._ll_tokenizer = _ll().hf.from_tokenizer(self.tokenizer, len(self.tokenizer))
             except Exception as e:  # noqa: BLE001 -- a tokenizer llguidance cannot read: the request's 400
                 raise SettingError("structured_outputs", f"this model's tokenizer cannot be constrained: {e}") from None
-        return Matcher(_ll().LLMatcher(self._ll_tokenizer, grammar))
+        matcher = Matcher(_ll().LLMatcher(self._ll_tokenizer, grammar))
+        for token in accepted:
+            matcher.accept(token)
+        return matcher
+
+
+class GrammarError(ValueError):
+    """A request's matcher refused a token (its request fails alone: engine.py)."""
 
 
 class Matcher:
@@ -112,7 +120,7 @@ class Matcher:
     def accept(self, token_id):
         """Advance over an accepted token; whether the grammar is done (nothing may follow)."""
         if not self.m.consume_token(token_id):
-            raise ValueError(f"structured output: token {token_id} is not allowed here ({self.m.get_error()})")
+            raise GrammarError(f"token {token_id} is not allowed here by its grammar ({self.m.get_error()})")
         return self.m.is_stopped()
 
 

@@ -12,7 +12,7 @@ from engine import Engine, EngineConfig, GenerateRequest, SettingError
 from engine.core.sequence import SamplingParams
 from engine.model import sampler, structured
 from helpers import reference
-from stepping import Run
+from stepping import Pair, Run
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
                                            "size": {"enum": ["S", "M", "L"]}},
@@ -86,3 +86,27 @@ def test_the_tokenizer_is_converted_once_per_model(tiny):
     converted = grammars._ll_tokenizer
     grammars.matcher({"choice": ["x"]})
     assert converted is not None and grammars._ll_tokenizer is converted
+
+
+def test_a_matcher_that_refuses_a_token_fails_its_request_alone(tiny):
+    run = Run(Engine(tiny, EngineConfig(slots=4)))
+    bad = run.add("hello", max_new_tokens=8, structured_outputs={"regex": "[a-z]+"})
+    good = run.add("hello", max_new_tokens=8, ignore_eos=True)
+
+    def refuse(token):
+        raise structured.GrammarError(f"token {token} refused")
+    run.engine._by_id[bad].grammar.accept = refuse
+    run.until_idle()
+    assert run.finished(bad).reason == "error" and run.finished(good).reason == "length"
+    assert run.engine.blocks.used == 0 and run.engine.in_flight == 0
+
+
+def test_a_constrained_request_handed_to_a_decode_instance_keeps_its_grammar(tiny):
+    """Disaggregated, the matcher (this process's object) does not travel: the decode instance
+    makes it anew over the output so far."""
+    config = EngineConfig(slots=2, kv_tokens=2048, block_size=16, max_context=512)
+    pair = Pair(tiny, config, config, prompt="We hold these truths")
+    rid = pair.add(max_new_tokens=40, temperature=1.0, seed=9, structured_outputs={"regex": "[0-9]{2}-[a-z]{3,6}"})
+    pair.until_idle()
+    assert re.fullmatch("[0-9]{2}-[a-z]{3,6}", text(pair, tiny, rid)) and pair.finished(rid).reason == "stop"
+    assert pair.d.blocks.used == 0 and pair.p.blocks.used == 0
