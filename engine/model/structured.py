@@ -51,7 +51,24 @@ def grammar_of(value, field="structured_outputs"):
         what = f"unsupported key {unknown[0]!r}" if unknown else f"{len(kinds)} constraints"
         raise SettingError(field, f"must give exactly one of {', '.join(KINDS)} ({what})")
     kind, spec = kinds[0], given[kinds[0]]
+    if not isinstance(given.get("disable_any_whitespace", False), bool):
+        raise SettingError(field, "disable_any_whitespace must be true or false")
+    try:
+        text = _grammar(kind, spec, given, field)
+    except SettingError:
+        raise
+    except ValueError as e:   # llguidance's own refusal of a value it cannot take
+        raise SettingError(field, f"{kind}: {e}") from None
+    error = _ll().LLMatcher.validate_grammar(text)
+    if error:
+        raise SettingError(field, f"{kind} does not compile: {error.strip()[:300]}")
+    return text
+
+
+def _grammar(kind, spec, given, field):
     M = _ll().LLMatcher
+    if kind == "json_object" and spec is not True:
+        raise SettingError(field, "json_object must be true")
     if kind in ("regex", "grammar"):
         if not isinstance(spec, str) or not spec or len(spec) > MAX_SPEC_CHARS:
             raise SettingError(field, f"{kind} must be a non-empty string of up to {MAX_SPEC_CHARS} characters")
@@ -66,9 +83,6 @@ def grammar_of(value, field="structured_outputs"):
         schema = {"type": "object"} if kind == "json_object" else _schema(spec, field)
         # JSON's whitespace anywhere it may be, unless the request says not (vLLM's guidance backend)
         text = M.grammar_from_json_schema(schema, defaults={"whitespace_flexible": not given.get("disable_any_whitespace")})
-    error = M.validate_grammar(text)
-    if error:
-        raise SettingError(field, f"{kind} does not compile: {error.strip()[:300]}")
     return text
 
 
@@ -78,7 +92,7 @@ def _schema(spec, field):
             spec = json.loads(spec)
         except ValueError as e:
             raise SettingError(field, f"json is not valid JSON: {e}") from None
-    if not isinstance(spec, (dict, bool)) or len(json.dumps(spec)) > MAX_SPEC_CHARS:
+    if not isinstance(spec, dict) or len(json.dumps(spec)) > MAX_SPEC_CHARS:
         raise SettingError(field, f"json must be a JSON schema (an object) of up to {MAX_SPEC_CHARS} characters")
     return spec
 

@@ -44,7 +44,8 @@ def test_a_mask_rules_tokens_out_before_the_draw_and_p_is_after_it():
     ({"json": {"type": "nope"}}, "json does not compile"), ({"regex": "[a-"}, "regex does not compile"),
     ({"choice": []}, "choice must be"), ({"grammar": "start: ("}, "grammar does not compile"),
     ({"json": {"type": "object"}, "regex": "a"}, "exactly one"), ({"structural_tag": "x"}, "unsupported key"),
-    ("json", "must be an object"), ({"json": "{not json"}, "not valid JSON")])
+    ("json", "must be an object"), ({"json": "{not json"}, "not valid JSON"), ({"json": True}, "JSON schema"),
+    ({"json_object": "yes"}, "must be true"), ({"regex": "a", "disable_any_whitespace": 1}, "true or false")])
 def test_a_constraint_that_does_not_compile_is_refused_when_the_request_is_built(value, says):
     with pytest.raises(SettingError) as e:
         GenerateRequest(prompt="hi", structured_outputs=value)
