@@ -296,14 +296,12 @@ def _content(content, where):
     raise ApiError(400, f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
 
 
-def submit(backend, req):
-    """Queue each choice's request: their handles, in order. A SettingError from the engine becomes
-    a 400 naming the OpenAI parameter, and none of them stays queued."""
-    handles = []
-    with _all_or_none(backend, handles), _openai_names(req.names):
-        for request in req.requests:
+def submit(backend, requests, names, handles):
+    """Queue `requests`, their handles appended to `handles` (whose requests are cancelled on any
+    error). A SettingError from the engine becomes a 400 naming the OpenAI parameter."""
+    with _all_or_none(backend, handles), _openai_names(names):
+        for request in requests:
             handles.append(backend.submit(request))
-    return handles
 
 
 @contextlib.contextmanager
@@ -533,11 +531,23 @@ SSE_DONE = "data: [DONE]\n\n"
 
 def _begin(backend, req, timeout_s, gone, probe=PROBE_S):
     """Submit every choice's request and wait for each one's first output (errors are still HTTP
-    statuses up to here; any of them cancels them all): (their outputs, first outputs, Replies)."""
-    handles = submit(backend, req)
+    statuses up to here; any of them cancels them all): (their outputs, first outputs, Replies).
+    With n samples, each prompt's first sample goes first and the others once it has its first
+    token: its prompt's full blocks are in the prefix cache by then, so they read them instead of
+    computing the prompt again (one prefill shared; submitted together, those admitted in its
+    step would compute their own)."""
+    n, handles, items, firsts = req.n, [], [], []
+    leads = req.requests[::n]
+    rest = [r for i, r in enumerate(req.requests) if i % n]
     with _all_or_none(backend, handles):
-        items = [outputs(backend, h, timeout_s, gone, probe) for h in handles]
-        firsts = [first_output(it, req.names["prompt"]) for it in items]
+        for group in (leads, rest):
+            start = len(handles)
+            submit(backend, group, req.names, handles)
+            items += [outputs(backend, h, timeout_s, gone, probe) for h in handles[start:]]
+            firsts += [first_output(it, req.names["prompt"]) for it in items[start:]]
+    order = list(range(0, len(req.requests), n)) + [i for i in range(len(req.requests)) if i % n]
+    place = sorted(range(len(order)), key=order.__getitem__)   # choice index -> where it was submitted
+    handles, items, firsts = ([xs[j] for j in place] for xs in (handles, items, firsts))
     replies = [Reply(req, handles[0].id, backend.api_model, i, h.prompt_tokens) for i, h in enumerate(handles)]
     return items, firsts, replies
 

@@ -90,3 +90,21 @@ def test_a_client_gone_mid_stream_cancels_every_sample(live, model):
     assert len(asked) == 3 and [e["reason"] for e in finished] == ["cancelled"] * 3
     assert all(e["output_tokens"] < 450 for e in finished)
     wait_idle(live.driver)
+
+
+def test_n_samples_share_one_prefill_through_the_prefix_cache(live, client, model):
+    """Each prompt's first sample is queued first, its others once it has its first token: they find
+    its prompt's full blocks in the prefix cache (the page's `finished.cached_tokens`)."""
+    block = live.driver.engine.blocks.block_size
+    ws = Client.connect(live.ws_url)
+    try:
+        r = client.completions.create(model=model, prompt=PROMPT * 6, max_tokens=4, temperature=1.0, n=3,
+                                      extra_body={"ignore_eos": True})
+        events = frames(ws, 60, until=lambda evs: sum(e["type"] == "finished" for e in evs) >= 3)
+    finally:
+        ws.close()
+    prompt = r.usage.prompt_tokens
+    assert prompt > 2 * block
+    cached = sorted(e["cached_tokens"] for e in events if e["type"] == "finished")
+    assert cached[0] == 0 and all(c >= prompt - block for c in cached[1:]), cached   # all but a partial block
+    assert idle(live.driver)
