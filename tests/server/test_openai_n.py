@@ -105,6 +105,12 @@ def test_n_samples_share_one_prefill_through_the_prefix_cache(live, client, mode
         ws.close()
     prompt = r.usage.prompt_tokens
     assert prompt > 2 * block
+    # the others arrive after the first sample's first token (engine clock), whatever the race of their
+    # admissions would have been
+    lead = r.id.removeprefix("cmpl-")
+    first_token = min(e["t"] for e in events if e["type"] == "token" and e["id"] == lead)
+    arrivals = [e["t"] for e in events if e["type"] == "request" and e["id"] != lead]
+    assert len(arrivals) == 2 and min(arrivals) > first_token
     cached = sorted(e["cached_tokens"] for e in events if e["type"] == "finished")
     assert cached[0] == 0 and all(c >= prompt - block for c in cached[1:]), cached   # all but a partial block
     assert idle(live.driver)
