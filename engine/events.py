@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from .settings import wire_type
 
-PROTOCOL = 18  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
+PROTOCOL = 19  # bump on any change of an event's fields or meaning (docs/protocol.md, "Versions")
 
 Source = Literal["page", "load", "api", "observe", "join"]
 SettingValues = wire_type()   # {name: value}, made from the settings registry's typed parts

@@ -45,9 +45,12 @@ def _parse(backend, raw):
 
 def _submit(backend, msg, room):
     """A page's own request: its prompt, and any of the registry's fields (engine/core/fields.py)
-    by their names; one it leaves out (or sends as null) takes the request's default."""
+    by their names; one it leaves out (or sends as null) takes the request's default. `n`: its
+    samples, each a request."""
     asked = {f.name: msg[f.name] for f in FIELDS if msg.get(f.name) is not None}
-    backend.submit(GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True), **asked))
+    request = GenerateRequest(prompt=msg.get("prompt"), source="page", chat=msg.get("chat", True), **asked)
+    for sample in request.samples():
+        backend.submit(sample)
 
 
 def _sync(backend, msg, room):

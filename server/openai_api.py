@@ -2,7 +2,7 @@
 typed request every client builds, engine/core/request.py) out; engine outputs in, OpenAI-shaped
 responses and server-sent-event chunks out. The Flask routes (server/api.py) only move bytes.
 
-Validation: OpenAI's own shapes (model, messages, stop, stream, n) are checked here, and
+Validation: OpenAI's own shapes (model, messages, stop, stream) are checked here, and
 completions' prompt forms, echo and prompt log-probabilities in server/prompts.py;
 every value the engine also takes (max_tokens, temperature, top_p, seed, the prompt text)
 is validated by the request itself as it is built (and by the engine where only it can judge:
@@ -39,6 +39,12 @@ the next chunk that carries text (or the last). Completions' `echo` (with `logpr
 tokens first, the first `None`), `max_tokens: 0` with echo and vLLM's `prompt_logprobs`, computed
 in the prefill, and prompts as token ids or lists of prompts (a choice each): server/prompts.py.
 
+`n` samples (vLLM's parallel sampling): each its own engine request (GenerateRequest.samples, seeded
+ones with seed + i), queued and refused together, choices indexed prompt * n + sample, `usage` with
+each prompt's tokens once (vLLM's count), streamed chunks interleaved as they come. `best_of` (which
+vLLM's V1 engine dropped) is refused. Structured output (`response_format`, vLLM's
+`structured_outputs` and `guided_*`): server/structured_api.py, one registry field.
+
 `stream_options.continuous_usage_stats` (vLLM's, with `include_usage`) puts the usage so far on
 every chunk. `tools` are accepted with `tool_choice: "none"` (and ignored); any other choice is a
 400 naming `tool_choice`, this server having no tool-call parser.
@@ -57,23 +63,26 @@ import itertools
 import json
 import time
 
-from engine.events import MAX_TOP, Rejected, Token
+from engine.events import MAX_TOP, Finished, Rejected, Token
 from engine.core.fields import FIELDS
 from engine.core.request import GenerateRequest
+from engine.core.scheduler import MAX_WAITING
 from engine.settings import SettingError, coerce
 from . import delivery
 from .errors import ApiError
 from .prompts import echo_text, logprob, prompts_of, request_fields, vllm_prompt_logprobs
+from .structured_api import constraint_of
 
 MAX_BODY_BYTES = 1 << 20
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16   # OpenAI's documented default for /v1/completions
 REQUEST_TIMEOUT_S = 600.0   # default deadline of one API request (--request-timeout)
 PROBE_S = 0.5   # how often a waiting request looks for its deadline and its client; a stream
                 # silent this long gets an SSE comment (a write that fails when the client left)
+POLL_S = 0.005  # how long a stream of several choices waits on one before looking at the next
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this engine does not implement: refused
 # unless given their neutral value, rather than silently ignored.
-UNSUPPORTED = ("functions", "response_format", "best_of", "suffix")
+UNSUPPORTED = ("functions", "suffix")
 NEUTRAL = (None, False, 0, [], {}, {"type": "text"})
 COMPLETIONS_ONLY = ("echo", "prompt_logprobs")
 
@@ -82,7 +91,7 @@ COMPLETIONS_ONLY = ("echo", "prompt_logprobs")
 class ApiRequest:
     kind: str              # "chat" or "completion"
     requests: list         # what the engine is asked (it always streams to us): a GenerateRequest per
-                           # choice, in `index` order (a completions prompt list: one per prompt)
+                           # choice, in `index` order (per prompt of a completions list, its n samples)
     stream: bool           # whether the client asked for server-sent events
     include_usage: bool
     names: dict            # engine field -> the OpenAI parameter it came from
@@ -91,6 +100,7 @@ class ApiRequest:
     echo: list | None = None  # completions' echo: per choice the text it begins with (server/prompts.py)
     silent: bool = False      # max_tokens 0 with echo: the one token the engine generates is not shown
     prompt_logprobs: int | None = None   # vLLM's prompt_logprobs: candidates in each choice's `prompt_logprobs`
+    n: int = 1                # samples of each prompt: `requests` holds each prompt's n in a row
 
 
 def parse_request(kind, body, model_name, decode=None):
@@ -104,9 +114,10 @@ def parse_request(kind, body, model_name, decode=None):
         if kind == "chat" and body.get(name) not in NEUTRAL:
             raise ApiError(400, f"`{name}` is a /v1/completions parameter here", name, "unsupported_parameter")
     _tools(body)
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or n != 1):
-        raise ApiError(400, "only n=1 is supported", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and (isinstance(best_of, bool) or best_of != 1):
+        raise ApiError(400, "`best_of` is not supported (vLLM's V1 engine dropped it too): ask for `n` samples "
+                            "with `logprobs` and choose among them", "best_of", "unsupported_parameter")
     stream = body.get("stream")
     if stream is None:
         stream = False
@@ -141,21 +152,31 @@ def parse_request(kind, body, model_name, decode=None):
         prompt_logprobs = _count("prompt_logprobs", prompt_logprobs)
     # the prompt's odds are computed when echo shows them in `logprobs`, or vLLM's field asks
     engine_prompt = max((k for k in (prompt_logprobs, logprobs if echo else None) if k is not None), default=None)
+    constraint, constraint_param = constraint_of(body)
     fields = dict(_fields(body), source="api", stream=True, max_new_tokens=max_tokens, stop=_stop(body.get("stop")),
                   speculative_config=body.get("speculative_config"), logprobs=logprobs,
                   prompt_logprobs=engine_prompt, add_special_tokens=body.get("add_special_tokens"))
     names = {f.name: f.body_name for f in FIELDS} | {"max_new_tokens": max_name, "prompt": "messages" if kind == "chat" else "prompt",
              "logprobs": "top_logprobs" if kind == "chat" else "logprobs",
              "prompt_logprobs": "prompt_logprobs" if prompt_logprobs is not None else "logprobs"}
+    if constraint is not None:
+        fields["structured_outputs"] = constraint
+        names["structured_outputs"] = constraint_param
     if kind == "chat":
         prompts, each = [None], [{"messages": messages_of(body.get("messages"))}]
     else:
         prompts = prompts_of(body.get("prompt"))
         each = [request_fields(p) for p in prompts]
     with _openai_names(names):
-        requests = [GenerateRequest(**fields, **one) for one in each]
+        # each prompt's n samples (vLLM's order: choice index = prompt * n + sample)
+        requests = [r for one in each for r in GenerateRequest(**fields, **one).samples()]
+    n = len(requests) // len(prompts)
+    if len(requests) > MAX_WAITING:
+        raise ApiError(400, f"n ({n}) x {len(prompts)} prompts is {len(requests)} requests; the queue holds "
+                            f"{MAX_WAITING}", "n")
     return ApiRequest(kind, requests, stream, include_usage, names, logprobs, continuous,
-                      [echo_text(p, decode) for p in prompts] if echo else None, silent, prompt_logprobs)
+                      [echo_text(p, decode) for p in prompts for _ in range(n)] if echo else None, silent,
+                      prompt_logprobs, n)
 
 
 def _flag(body, name):
@@ -275,14 +296,12 @@ def _content(content, where):
     raise ApiError(400, f"`{where}.content` must be a string or a list of text parts", f"{where}.content")
 
 
-def submit(backend, req):
-    """Queue each choice's request: their handles, in order. A SettingError from the engine becomes
-    a 400 naming the OpenAI parameter, and none of them stays queued."""
-    handles = []
-    with _all_or_none(backend, handles), _openai_names(req.names):
-        for request in req.requests:
+def submit(backend, requests, names, handles):
+    """Queue `requests`, their handles appended to `handles` (whose requests are cancelled on any
+    error). A SettingError from the engine becomes a 400 naming the OpenAI parameter."""
+    with _all_or_none(backend, handles), _openai_names(names):
+        for request in requests:
             handles.append(backend.submit(request))
-    return handles
 
 
 @contextlib.contextmanager
@@ -303,9 +322,9 @@ class ClientGone(Exception):
     """The client closed its connection: nobody is left to answer."""
 
 
-def outputs(backend, handle, timeout_s, gone):
+def outputs(backend, handle, timeout_s, gone, probe=PROBE_S):
     """The request's own events (`Token`s, then `Finished` or `Rejected`, from its RequestHandle),
-    with a None whenever PROBE_S passes without one. Raises ApiError (504) once `timeout_s` has
+    with a None whenever `probe` seconds pass without one. Raises ApiError (504) once `timeout_s` has
     passed and ClientGone once `gone()` says the client left; then, or when closed before the
     request ended, cancels it in the engine (slot and blocks freed)."""
     deadline = time.monotonic() + timeout_s
@@ -319,7 +338,7 @@ def outputs(backend, handle, timeout_s, gone):
                                     "(the server's --request-timeout); it was cancelled", code="timeout")
             if gone():
                 raise ClientGone()
-            event = handle.next(timeout=min(PROBE_S, left))
+            event = handle.next(timeout=min(probe, left))
             ended = handle.ended
             yield event
             if ended:
@@ -365,13 +384,15 @@ def usage(event, silent=False):
             "prompt_tokens_details": {"cached_tokens": event.cached_tokens or 0}}
 
 
-def total(counts):
-    """The usage of several choices: summed."""
-    return {"prompt_tokens": sum(c["prompt_tokens"] for c in counts),
-            "completion_tokens": sum(c["completion_tokens"] for c in counts),
-            "total_tokens": sum(c["total_tokens"] for c in counts),
+def total(counts, n=1):
+    """The usage of several choices (in `index` order, each prompt's `n` samples in a row), as vLLM
+    counts it: the completion tokens of every choice, a prompt's tokens once (its first sample's,
+    with the tokens that sample found in the prefix cache)."""
+    firsts = counts[::n]
+    prompt, completion = sum(c["prompt_tokens"] for c in firsts), sum(c["completion_tokens"] for c in counts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(c["prompt_tokens_details"]["cached_tokens"]
-                                                           for c in counts)}}
+                                                           for c in firsts)}}
 
 
 class Logprobs:
@@ -508,13 +529,25 @@ def sse(obj):
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def _begin(backend, req, timeout_s, gone):
+def _begin(backend, req, timeout_s, gone, probe=PROBE_S):
     """Submit every choice's request and wait for each one's first output (errors are still HTTP
-    statuses up to here; any of them cancels them all): (their outputs, first outputs, Replies)."""
-    handles = submit(backend, req)
+    statuses up to here; any of them cancels them all): (their outputs, first outputs, Replies).
+    With n samples, each prompt's first sample goes first and the others once it has its first
+    token: its prompt's full blocks are in the prefix cache by then, so they read them instead of
+    computing the prompt again (one prefill shared; submitted together, those admitted in its
+    step would compute their own)."""
+    n, handles, items, firsts = req.n, [], [], []
+    leads = req.requests[::n]
+    rest = [r for i, r in enumerate(req.requests) if i % n]
     with _all_or_none(backend, handles):
-        items = [outputs(backend, h, timeout_s, gone) for h in handles]
-        firsts = [first_output(it, req.names["prompt"]) for it in items]
+        for group in (leads, rest):
+            start = len(handles)
+            submit(backend, group, req.names, handles)
+            items += [outputs(backend, h, timeout_s, gone, probe) for h in handles[start:]]
+            firsts += [first_output(it, req.names["prompt"]) for it in items[start:]]
+    order = list(range(0, len(req.requests), n)) + [i for i in range(len(req.requests)) if i % n]
+    place = sorted(range(len(order)), key=order.__getitem__)   # choice index -> where it was submitted
+    handles, items, firsts = ([xs[j] for j in place] for xs in (handles, items, firsts))
     replies = [Reply(req, handles[0].id, backend.api_model, i, h.prompt_tokens) for i, h in enumerate(handles)]
     return items, firsts, replies
 
@@ -538,14 +571,15 @@ def respond(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
                     choices.append(reply.choice("".join(text), reply.finish(event)))
                     counts.append(usage(event, req.silent))
                     break
-        return replies[0].full(choices, total(counts))
+        return replies[0].full(choices, total(counts, req.n))
 
 
 def start_stream(backend, req, timeout_s=REQUEST_TIMEOUT_S, gone=lambda: False):
     """Submit and wait for the first outputs (errors are still HTTP statuses up to here); return
     the generator of SSE text. Closing it early (the client left) cancels the requests. Several
-    choices are streamed one after another (the engine runs them together)."""
-    items, firsts, replies = _begin(backend, req, timeout_s, gone)
+    choices' chunks are interleaved as their tokens come, each with its `index` (vLLM's)."""
+    probe = PROBE_S if len(req.requests) == 1 else POLL_S
+    items, firsts, replies = _begin(backend, req, timeout_s, gone, probe)
     return _stream(items, firsts, replies, req)
 
 
@@ -553,18 +587,31 @@ def _stream(items, firsts, replies, req):
     with contextlib.ExitStack() as stack:
         for it in items:
             stack.enter_context(contextlib.closing(it))   # closing one cancels it unless it ended
-        counts = []
+        counts = {}
         try:
-            for reply, first, it in zip(replies, firsts, items):
-                if reply.kind == "chat":
+            if replies[0].kind == "chat":
+                for reply in replies:
                     yield sse(reply.chunk(role=True))
-                done = yield from _stream_body(itertools.chain([first], it), reply, req.silent)
-                if done is None:   # it failed: its error chunk was sent
+            for i, event in _interleaved(items, firsts):
+                if event is None:
+                    yield ": waiting\n\n"
+                    continue
+                reply = replies[i]
+                if isinstance(event, Token):
+                    text = reply.token(event)
+                    if text:
+                        yield sse(reply.chunk(text))
+                    continue
+                try:
+                    finish = reply.finish(event)
+                except ApiError as e:   # it failed: its error chunk, and the others are cancelled
+                    yield sse(e.body())
                     break
-                counts.append(done)
+                yield sse(reply.chunk(finish=finish))
+                counts[i] = usage(event, req.silent)
             else:
                 if req.include_usage:
-                    yield sse(replies[0].usage_chunk(total(counts)))
+                    yield sse(replies[0].usage_chunk(total([counts[i] for i in sorted(counts)], req.n)))
         except ApiError as e:   # the deadline passed mid-stream: the status is sent, so say it here
             yield sse(e.body())
         except ClientGone:
@@ -572,24 +619,28 @@ def _stream(items, firsts, replies, req):
         yield SSE_DONE
 
 
-def _stream_body(items, reply, silent):
-    """One choice's chunks; its usage, or None when it failed (its error chunk sent)."""
-    for event in items:
-        if event is None:
-            yield ": waiting\n\n"
-            continue
-        if isinstance(event, Token):
-            text = reply.token(event)
-            if text:
-                yield sse(reply.chunk(text))
-            continue
-        try:
-            finish = reply.finish(event)
-        except ApiError as e:
-            yield sse(e.body())
-            return None
-        yield sse(reply.chunk(finish=finish))
-        return usage(event, silent)
+def _interleaved(items, firsts):
+    """(choice, event) of every choice's outputs as they come: each one's first, then each in turn
+    (one choice's `outputs` gives None after its probe, POLL_S when there are several), until each
+    has ended; (None, None) whenever PROBE_S passes with nothing from any (a keep-alive)."""
+    live = []
+    for i, first in enumerate(firsts):
+        yield i, first
+        if not isinstance(first, (Finished, Rejected)):
+            live.append(i)
+    quiet = time.monotonic()
+    while live:
+        for i in list(live):
+            event = next(items[i], None)
+            if event is None:
+                if time.monotonic() - quiet >= PROBE_S:
+                    quiet = time.monotonic()
+                    yield None, None
+                continue
+            quiet = time.monotonic()
+            yield i, event
+            if isinstance(event, (Finished, Rejected)):
+                live.remove(i)
 
 
 def models_list(model, created, max_context):

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from ..model import sampler, speculate
+from ..model import sampler, speculate, structured
 from ..model.agreement import measure as agreement_of
 from ..model.runner import Runner
 from ..config import EngineConfig
@@ -164,6 +164,8 @@ class Engine:
             return self._take()
         seq.generator = sampler.make_generator(seq.params.seed, self.runner.device)   # None: unseeded
         seq.detok, seq.stops = Detokenizer(self.tokenizer), StopStrings(seq.params.stop)
+        if seq.params.structured_outputs and seq.grammar is None:   # taken over: its matcher made anew
+            seq.grammar = self.intake.grammars.matcher(seq.params.structured_outputs, seq.output_ids)
         self._by_id[seq.id] = seq
         self.scheduler.add(seq)
         return self._take()
@@ -300,16 +302,37 @@ class Engine:
         start = self.clock.now()
         runs, failed, odds = sampler.verify(logits, [g.seq.params for g in segs], [g.seq.generator for g in segs],
                                             [g.draft for g in segs], want,
-                                            [(g.seq.prompt_ids, g.seq.output_ids) for g in segs])
+                                            [(g.seq.prompt_ids, g.seq.output_ids) for g in segs],
+                                            self._masks(segs, logits))
         out.sampling = (start, self.clock.now())
         # every token out before anyone finishes; a None run is a failed request's
-        delivered = [(seg.seq, self._deliver(out, seg, run, chances))
-                     for seg, run, chances in zip(segs, runs, odds) if run is not None]
+        delivered = []
+        for seg, run, chances in zip(segs, runs, odds):
+            if run is None:
+                continue
+            try:
+                delivered.append((seg.seq, self._deliver(out, seg, run, chances)))
+            except structured.GrammarError as e:   # its matcher refused the token: it fails alone
+                self._fail(out, [seg.seq], e, "structured output")
         for i, error in failed.items():
             self._fail(out, [segs[i].seq], error, "sampling")
         for seq, stop in delivered:
             if stop:
                 out.ended.append(self._end(seq, stop))
+
+    @staticmethod
+    def _masks(segs, logits):
+        """Per segment the tokens its grammar allows next (structured output, one batched mask
+        built in the sampling stage, so its cost is the step's `sample_s`), None where it has no
+        grammar; None when no segment has one (an unconstrained batch builds nothing)."""
+        rows = [i for i, seg in enumerate(segs) if seg.seq.grammar is not None]
+        if not rows:
+            return None
+        mask = structured.allowed([segs[i].seq.grammar for i in rows], logits.shape[-1], logits.device)
+        out = [None] * len(segs)
+        for j, i in enumerate(rows):
+            out[i] = mask[j]
+        return out
 
     def _prompt_odds(self, segments):
         """The odds of the prompt tokens whose logits this forward computed (the segments'

@@ -16,8 +16,11 @@ checked where the request meets it (`GenerateRequest.sampling`).
 """
 from dataclasses import dataclass, field, make_dataclass
 
+from ..model import structured
 from ..settings import SettingError, coerce, finite_number, shown
 
+MAX_SAMPLES = 64      # `n`: a request's samples, each queued as its own (with MAX_PROMPTS prompts, the
+                      # API keeps n x prompts within the queue's room, server/openai_api.py)
 MAX_TOKEN_IDS = 300   # entries of `logit_bias` / `stop_token_ids` (OpenAI's limit on logit_bias)
 MAX_BIAS = 100.0      # OpenAI's range of a logit bias: -100 bans a token, 100 all but forces it
 
@@ -25,13 +28,14 @@ MAX_BIAS = 100.0      # OpenAI's range of a logit bias: -100 bans a token, 100 a
 @dataclass(frozen=True)
 class Field:
     name: str            # GenerateRequest's and SamplingParams' name
-    kind: str            # "int", "float", "bool", "token_ids" (a list of ids) or "token_bias" ({id: bias})
+    kind: str            # "int", "float", "bool", "token_ids" (a list of ids), "token_bias" ({id: bias}) or
+                         # "structured" (vLLM's structured_outputs object, checked by engine/model/structured.py)
     default: object      # its value when left out (a `setting` field: when no engine setting applies)
     lo: float | None = None
     hi: float | None = None
     api: str = ""            # the OpenAI/vLLM body's name ("": `name`)
-    role: str = "sampling"   # who reads it: "sampling" (the sampler), "stopping" (Sequence.stop_reason)
-                             # or "scheduling" (the scheduler, the queue)
+    role: str = "sampling"   # who reads it: "sampling" (the sampler), "stopping" (Sequence.stop_reason),
+                             # "scheduling" (the scheduler, the queue) or "fanout" (GenerateRequest.samples)
     setting: bool = False    # left out: the engine's live setting of the same name
     above: bool = False      # `lo` itself is refused (top_p > 0)
     api_default: object = None   # the API's value when left out, where OpenAI's differs from the engine's
@@ -51,6 +55,8 @@ class Field:
             return self._ids(value)
         if self.kind == "token_bias":
             return self._bias(value)
+        if self.kind == "structured":
+            return structured.check(value, self.name)
         value = coerce(self.name, self.kind, value, self.lo, self.hi)
         if self.above and value <= self.lo:
             raise SettingError(self.name, f"must be greater than {self.lo:g}")
@@ -110,12 +116,16 @@ FIELDS = (
           doc="neither end-of-sequence, a stop token nor a stop string ends the output before this many tokens"),
     Field("stop_token_ids", "token_ids", (), role="stopping",
           doc="tokens that end the output (finish reason stop; the token's text left out, as vLLM's)"),
+    Field("n", "int", 1, 1, MAX_SAMPLES, role="fanout",
+          doc="independent samples of the prompt, each its own request (vLLM's parallel sampling; seeded: seed + i)"),
+    Field("structured_outputs", "structured", None,
+          doc="the output follows a JSON schema, a regex, a choice or a Lark grammar (vLLM's; a token mask per step)"),
     Field("priority", "int", 0, -2**31, 2**31 - 1, role="scheduling",
           doc="its place under the `priority` queue policy: lower first, ties by arrival (vLLM's)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 SETTING_FIELDS = tuple(f.name for f in FIELDS if f.setting)
-TYPES = {"int": int, "float": float, "bool": bool, "token_ids": tuple, "token_bias": dict}
+TYPES = {"int": int, "float": float, "bool": bool, "token_ids": tuple, "token_bias": dict, "structured": dict}
 
 
 def dataclass_of(name, frozen, settings_left_out):

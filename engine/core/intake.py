@@ -9,6 +9,7 @@ and why it can never run on this engine (a `rejected` reason and code).
 import itertools
 
 from ..events import Rejected, Request, Tokenized
+from ..model.structured import Grammars
 from .request import RequestHandle
 from .sequence import Sequence
 from ..settings import SettingError, check_text
@@ -29,6 +30,7 @@ class Intake:
         self.sampling = None
         self.max_context = max_context
         self.scheduler = scheduler
+        self.grammars = Grammars(tokenizer)   # structured output's matchers (the tokenizer converted once)
         self._ids = itertools.count(1)
 
     def new_sequence(self, request):
@@ -47,6 +49,8 @@ class Intake:
                        preview=request.shown() or text, handle=RequestHandle(rid, request.stream, len(ids)))
         if params.prompt_logprobs is not None:
             seq.prompt_odds = [None] * len(ids)
+        if params.structured_outputs:
+            seq.grammar = self.grammars.matcher(params.structured_outputs)
         return seq
 
     def _tokenize(self, request):

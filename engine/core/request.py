@@ -9,6 +9,7 @@ taken from the live settings when a value is left out, bounds given by the model
 is resolved in one place, `GenerateRequest.sampling`, when the engine takes the request in
 (engine/core/intake.py, which also tokenizes it).
 """
+import copy
 from dataclasses import dataclass
 import queue
 from typing import get_args
@@ -128,6 +129,20 @@ class GenerateRequest(Requested):
         elif len(self.prompt) > MAX_PROMPT_CHARS:
             raise SettingError("prompt", f"longer than {MAX_PROMPT_CHARS} characters")
 
+    def samples(self):
+        """The engine requests of its `n` samples (vLLM's parallel sampling): each this request with
+        n = 1, queued on its own (a prompt's later samples find its blocks in the prefix cache as
+        any request would); seeded, sample i draws with seed + i (vLLM's), so the samples differ and
+        each is reproducible. Copies of a request already checked: not validated again."""
+        out = []
+        for i in range(self.n):
+            one = copy.copy(self)
+            object.__setattr__(one, "n", 1)
+            if self.seed is not None:
+                object.__setattr__(one, "seed", (self.seed + i) % 2**63)   # the seed's range, wrapped
+            out.append(one)
+        return out
+
     def shown(self):
         """What the person asked, as a timeline row previews it: the last user message of a
         chat (not the chat template around it, the same for every row), else the prompt."""
@@ -140,6 +155,8 @@ class GenerateRequest(Requested):
         """The sampling parameters on this engine: what was left out taken from its live
         `settings` (settings.SamplingSettings), bounded by its context and its vocabulary of
         `vocab` tokens (the one place those defaults are resolved)."""
+        if self.n != 1:
+            raise SettingError("n", f"a request of {self.n} samples is queued as its samples (GenerateRequest.samples)")
         given = {f.name: getattr(self, f.name) for f in FIELDS}
         for name in SETTING_FIELDS:
             if given[name] is None:
@@ -153,7 +170,9 @@ class GenerateRequest(Requested):
             if f.kind in ("token_ids", "token_bias"):
                 f.check_ids(given[f.name], vocab)
         spec = self.speculative_config or {}
-        return SamplingParams(**given, stop=self.stop, speculation=spec.get("method"),
+        # a constrained request does not speculate: its mask is one row's, after the tokens it accepted
+        method = "off" if self.structured_outputs else spec.get("method")
+        return SamplingParams(**given, stop=self.stop, speculation=method,
                               spec_tokens=spec.get("num_speculative_tokens"), logprobs=self.logprobs,
                               prompt_logprobs=self.prompt_logprobs)
 

@@ -46,8 +46,11 @@ class Schedule:
     prefill_cap: int | None = None  # prompt tokens the step-time target allowed (None: no target)
 
 
+MAX_WAITING = 512   # requests the queue holds; more are refused (queue_full)
+
+
 class Scheduler:
-    def __init__(self, blocks, max_slots, step_cost, max_waiting=512, connector=None):
+    def __init__(self, blocks, max_slots, step_cost, max_waiting=MAX_WAITING, connector=None):
         """`step_cost`: what forwards cost lately (engine/timing/stepcost.py), which its owner feeds
         after every forward; the step-time target sizes prompt work by it. `connector`: the
         engine's (engine/core/connector.py), asked at admissions and ends."""

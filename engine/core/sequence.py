@@ -52,6 +52,7 @@ class Sequence:
     detok: object = None      # detok.Detokenizer: its text so far, token by token
     stops: object = None      # detok.StopStrings watching that text
     generator: object = None  # torch.Generator when seeded sampling
+    grammar: object = None    # engine/model/structured.py's Matcher when its output is constrained
     finish_reason: str | None = None
     # Its prompt's odds when its client asked (`params.prompt_logprobs`): per prompt position, the
     # sampler's Chance of that token given those before it (position 0 has none: None), filled by
@@ -69,7 +70,7 @@ class Sequence:
     # What a request is between processes (nano-vllm's `Sequence.__getstate__`): its tokens, its
     # place in the cache and its times, without this engine's objects around it (its
     # detokenizer, stop watcher, sampling generator and client), which whoever takes it makes anew.
-    LOCAL = ("detok", "stops", "generator", "handle")
+    LOCAL = ("detok", "stops", "generator", "grammar", "handle")
 
     def __getstate__(self):
         return {k: (None if k in self.LOCAL else v) for k, v in self.__dict__.items()}
@@ -104,6 +105,8 @@ class Sequence:
             return text, self.stops.flush(), "stop"
         client_text = self.stops.feed(text)
         stop = self.stop_reason(eos_seen, self.stops.found)
+        if self.grammar is not None and self.grammar.accept(token_id) and not stop:
+            stop = "stop"    # its grammar is complete: nothing may follow (vLLM's finish reason)
         if stop:
             client_text += self.stops.flush()
         return text, client_text, stop

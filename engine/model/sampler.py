@@ -6,7 +6,9 @@ change a batched op over the rows that ask for it (a batch where none asks uses 
 they are): `logit_bias` added; `repetition_penalty` (vLLM's, Hugging Face's) on every token of
 the prompt or the output, a positive logit divided by it, a negative one multiplied; then
 OpenAI's `frequency_penalty` times each token's count in the output and `presence_penalty` once
-for each token in it, subtracted. Greedy rows take the argmax of the changed logits.
+for each token in it, subtracted; then a constrained row's grammar mask (structured output,
+engine/model/structured.py): the tokens it rules out set to -inf. Greedy rows take the argmax
+of the changed logits.
 
 Every row that samples (temperature > 0) is handled in one batched pass: temperature, softmax,
 the min-p cut-off (vLLM's: tokens under min_p times the most likely one's probability dropped,
@@ -132,15 +134,16 @@ class RowsFailed(Exception):
         self.tokens, self.failed, self.odds = tokens, failed, odds
 
 
-def sample(logits, params_list, generators, want=None, guesses=None, seen=None):
+def sample(logits, params_list, generators, want=None, guesses=None, seen=None, masks=None):
     """One token per row of `logits` [rows, vocab]: the batched pass, or, if it raises, each row
     on its own (RowsFailed if some of them raise). With `want` (per row: how many candidates,
     or None for no odds) returns (tokens, Odds); `guesses` (per row: a token id whose odds are
     wanted too, or -1) is speculative decoding's; `seen` (per row: its (prompt ids, output ids)
-    so far, or None) is what a row's penalties read."""
+    so far, or None) is what a row's penalties read; `masks` (per row: the tokens its grammar allows,
+    a [vocab] bool tensor, or None) is structured output's (engine/model/structured.py)."""
     states = [None if g is None else g.get_state() for g in generators]
     try:
-        return _sample_batch(logits, params_list, generators, want, guesses, seen)
+        return _sample_batch(logits, params_list, generators, want, guesses, seen, masks)
     except Exception as batch_error:  # noqa: BLE001 -- find the rows at fault below
         for g, state in zip(generators, states):
             if g is not None:
@@ -150,7 +153,7 @@ def sample(logits, params_list, generators, want=None, guesses=None, seen=None):
             one = (None, None) if want is None else (want[i:i + 1], None if guesses is None else guesses[i:i + 1])
             try:
                 got = _sample_batch(logits[i:i + 1], params_list[i:i + 1], generators[i:i + 1], *one,
-                                    None if seen is None else seen[i:i + 1])
+                                    None if seen is None else seen[i:i + 1], None if masks is None else masks[i:i + 1])
             except Exception as e:  # noqa: BLE001 -- this request's fault, reported for it alone
                 tokens.append(None)
                 parts.append(None)
@@ -174,16 +177,17 @@ def _draw(generator, probs):
     return torch.rand(probs.shape[1], generator=generator, device=probs.device, dtype=probs.dtype)
 
 
-def verify(logits, params_list, generators, drafts, want=None, seen=None):
+def verify(logits, params_list, generators, drafts, want=None, seen=None, masks=None):
     """Each request's tokens from one forward: `logits` has len(draft) + 1 rows per request,
     in order (one for a request without guesses); `seen[i]`: request i's (prompt ids, output
-    ids) so far, which its penalties read (row j also sees the guesses before it). Returns
+    ids) so far, which its penalties read (row j also sees the guesses before it); `masks[i]`:
+    request i's allowed tokens (structured output; such a request never guesses). Returns
     (runs, failed, chances): runs[i] is the accepted guesses then the target's own token (None
     when its sampling raised), failed {request: the exception}, chances[i] one Chance per token
     of runs[i] (its own row's; the last one's `rejected` says what the guess it replaced had), or
     None where `want[i]` is None (all None without `want`). Raises what `sample` raises when
     every row fails."""
-    rows_p, rows_g, owner, rows_w, rows_guess, rows_seen = [], [], [], [], [], []
+    rows_p, rows_g, owner, rows_w, rows_guess, rows_seen, rows_m = [], [], [], [], [], [], []
     for i, (p, g, d) in enumerate(zip(params_list, generators, drafts)):
         if seen is not None and _penalises(p):
             prompt, output = seen[i]
@@ -195,14 +199,15 @@ def verify(logits, params_list, generators, drafts, want=None, seen=None):
         owner += [i] * (len(d) + 1)
         rows_w += [None if want is None else want[i]] * (len(d) + 1)
         rows_guess += list(d) + [-1]
+        rows_m += [None if masks is None else masks[i]] * (len(d) + 1)
     states = [None if g is None or not d else g.get_state() for g, d in zip(generators, drafts)]
     asked = want is not None and any(w is not None for w in want)
     odds = None
     try:
         if asked:
-            winners, odds = sample(logits, rows_p, rows_g, rows_w, rows_guess, rows_seen)
+            winners, odds = sample(logits, rows_p, rows_g, rows_w, rows_guess, rows_seen, rows_m)
         else:
-            winners = sample(logits, rows_p, rows_g, seen=rows_seen)
+            winners = sample(logits, rows_p, rows_g, seen=rows_seen, masks=rows_m)
         failed_rows = {}
     except RowsFailed as e:
         winners, failed_rows, odds = e.tokens, e.failed, e.odds
@@ -243,11 +248,13 @@ def _penalises(p):
     return p.presence_penalty != 0 or p.frequency_penalty != 0 or p.repetition_penalty != 1
 
 
-def _changed(logits, params_list, seen):
+def _changed(logits, params_list, seen, masks=None):
     """(the logits the rows are drawn from, the rows whose logits were changed): `logits`
     itself when no row asks for a change, else a copy with each asking row's logit bias, then
-    its penalties, applied (the module's docstring)."""
-    rows = [i for i, p in enumerate(params_list) if p.logit_bias or _penalises(p)]
+    its penalties, applied (the module's docstring), then the tokens its grammar rules out at
+    -inf (`masks`), so that what is drawn, and its `p`, is after all of them."""
+    masks = masks or [None] * len(params_list)
+    rows = [i for i, p in enumerate(params_list) if p.logit_bias or _penalises(p) or masks[i] is not None]
     if not rows:
         return logits, rows
     x = logits.clone()    # the model's own stay as they were: the odds' raw probabilities
@@ -261,6 +268,10 @@ def _changed(logits, params_list, seen):
         if seen is None or any(seen[i] is None for i in hit):
             raise ValueError("penalties need the tokens the row has seen")
         x[hit] = _penalise(x[hit], [params_list[i] for i in hit], [seen[i] for i in hit])
+    ruled = [i for i in rows if masks[i] is not None]
+    if ruled:
+        # torch.where, not masked_fill of the negation: measured 0.07 against 0.4 ms on 49,152 logits
+        x[ruled] = torch.where(torch.stack([masks[i] for i in ruled]), x[ruled], float("-inf"))
     return x, rows
 
 
@@ -286,12 +297,12 @@ def _penalise(x, params, seen):
     return x - column("frequency_penalty") * output - column("presence_penalty") * (output > 0)
 
 
-def _sample_batch(logits, params_list, generators, want=None, guesses=None, seen=None):
+def _sample_batch(logits, params_list, generators, want=None, guesses=None, seen=None, masks=None):
     """One token per row of `logits` [rows, vocab]; greedy rows are a single argmax (`max`'s
     indices: the first maximal one, as argmax's, in a third of its time on a CPU here). With
     `want`: (tokens, Odds)."""
     raw = logits
-    logits, changed = _changed(logits, params_list, seen)
+    logits, changed = _changed(logits, params_list, seen, masks)
     out = torch.max(logits, dim=-1).indices
     hot = [i for i, p in enumerate(params_list) if p.temperature > 0]
     probs = rows = None

@@ -23,6 +23,8 @@ def asked(f):
         return (3, 5)
     if f.kind == "token_bias":
         return {3: 1.5}
+    if f.kind == "structured":
+        return {"regex": "[ab]+"}
     if f.kind == "int":
         return 7 if f.default != 7 else 8
     return f.hi if f.hi is not None and f.hi != f.default else f.lo + 0.5
@@ -33,7 +35,7 @@ def test_the_setting_fields_are_the_sampling_settings():
     assert set(SETTING_FIELDS) == {f.name for f in fields(SamplingSettings)}
 
 
-@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
+@pytest.mark.parametrize("f", [f for f in FIELDS if f.role != "fanout"], ids=lambda f: f.name)
 def test_each_field_reaches_the_request_and_the_engines_parameters(f):
     value = asked(f)
     for kind, shape in (("chat", {"messages": [{"role": "user", "content": "hi"}]}), ("completion", {"prompt": "hi"})):
@@ -47,6 +49,21 @@ def test_each_field_reaches_the_request_and_the_engines_parameters(f):
     assert getattr(left, f.name) == (getattr(settings, f.name) if f.setting else f.default)
 
 
+def test_n_makes_as_many_requests_of_one_sample_each():
+    """`n` (the one "fanout" field) is read by no sampler: the API and the websocket queue its
+    samples (GenerateRequest.samples), and a request of several is refused by the engine."""
+    assert [f.name for f in FIELDS if f.role == "fanout"] == ["n"]
+    reqs = parse_request("completion", {"model": "m", "prompt": "hi", "n": 7, "seed": 5}, "m").requests
+    assert [(r.n, r.seed) for r in reqs] == [(1, 5 + i) for i in range(7)]
+    backend = Capture()
+    control.handle(backend, json.dumps({"type": "submit", "prompt": "hi", "n": 3}))
+    assert [r.n for r in backend.got] == [1, 1, 1]
+    with pytest.raises(SettingError) as e:
+        GenerateRequest(prompt="hi", n=3).sampling(SamplingSettings(max_new_tokens=9, temperature=0.5, top_p=0.5),
+                                                   4096, 400)
+    assert e.value.field == "n"
+
+
 class Capture:
     """A backend that keeps what `submit` was given."""
 
@@ -57,7 +74,7 @@ class Capture:
         self.got.append(request)
 
 
-@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
+@pytest.mark.parametrize("f", [f for f in FIELDS if f.role != "fanout"], ids=lambda f: f.name)
 def test_the_websockets_submit_takes_each_field_by_its_name(f):
     backend = Capture()
     assert control.handle(backend, json.dumps({"type": "submit", "prompt": "hi", f.name: asked(f)})) == []

@@ -152,7 +152,7 @@ def test_bad_requests_get_openai_shaped_errors(live, model):
         (chat, {"model": model, "messages": user, "stream": "yes"}, 400, "stream", None),
         (chat, {"model": model, "messages": user, "stream_options": {"include_usage": True}}, 400,
          "stream_options", None),
-        (chat, {"model": model, "messages": user, "n": 2}, 400, "n", None),
+        (chat, {"model": model, "messages": user, "n": 0}, 400, "n", None),
         (chat, {"model": model, "messages": user, "speculative_config": {"method": "eagle"}}, 400,
          "speculative_config", None),
         (chat, {"model": model, "messages": user, "priority": "urgent"}, 400, "priority", None),
