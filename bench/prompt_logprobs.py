@@ -15,11 +15,10 @@ log-softmax / top-k / rank turns those rows' logits into the prompt's odds), and
 alone (the `step` event's own clock reads). Medians, and the cost as a share of the plain prefill.
 """
 import argparse
-import json
 import statistics
 import time
 
-from bench import machine
+from bench import engine_cli, machine
 
 PROMPT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
           "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
@@ -72,22 +71,12 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=512, help="prompt tokens")
     ap.add_argument("--k", type=int, default=1, help="candidates per prompt token (lm-eval asks 1)")
     ap.add_argument("--repeats", type=int, default=8, help="prefills timed each way")
-    ap.add_argument("--threads", type=int, default=None, help="model threads (default: torch's)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=None, help="also write the figures as JSON here")
+    engine_cli.add_flags(ap)
     args = ap.parse_args(argv)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    from engine import Engine, EngineConfig
-    from engine.model import loading as model_mod
-    bundle = model_mod.load(device=args.device)
-    engine = Engine(bundle, EngineConfig(slots=2, kv_tokens=4096, max_context=1024))
+    engine = engine_cli.make_engine(args, slots=2, kv_tokens=4096, max_context=1024)
     r = measure(engine, args.tokens, args.k, args.repeats)
     report(r)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"machine": machine.processor(), "device": args.device, **r}, f, indent=1)
+    engine_cli.write(args, r)
 
 
 if __name__ == "__main__":

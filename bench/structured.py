@@ -11,10 +11,9 @@ own events. Medians over the tokens (sampling) and the requests (tpot); the cost
 the sampling stage's difference, and the ITL ratio is constrained tpot over plain tpot.
 """
 import argparse
-import json
 import statistics
 
-from bench import machine
+from bench import engine_cli, machine
 
 PROMPT = "Write a short story about a lighthouse keeper, as JSON."
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
@@ -64,21 +63,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per request at most")
     ap.add_argument("--repeats", type=int, default=4, help="requests each way")
-    ap.add_argument("--threads", type=int, default=None, help="model threads (default: torch's)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", default=None, help="also write the figures as JSON here")
+    engine_cli.add_flags(ap)
     args = ap.parse_args(argv)
-    if args.threads:
-        import torch
-        torch.set_num_threads(args.threads)
-    from engine import Engine, EngineConfig
-    from engine.model import loading as model_mod
-    engine = Engine(model_mod.load(device=args.device), EngineConfig(slots=2, kv_tokens=4096, max_context=1024))
+    engine = engine_cli.make_engine(args, slots=2, kv_tokens=4096, max_context=1024)
     r = measure(engine, args.tokens, args.repeats)
     report(r)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"machine": machine.processor(), "device": args.device, **r}, f, indent=1)
+    engine_cli.write(args, r)
 
 
 if __name__ == "__main__":

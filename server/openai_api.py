@@ -66,7 +66,7 @@ import time
 from engine.events import MAX_TOP, Finished, Rejected, Token
 from engine.core.fields import FIELDS
 from engine.core.request import GenerateRequest
-from engine.core.scheduler import MAX_WAITING
+from engine.core.queues import MAX_WAITING
 from engine.settings import SettingError, coerce
 from . import delivery
 from .errors import ApiError

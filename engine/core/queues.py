@@ -9,6 +9,9 @@ import bisect
 from collections import deque
 import itertools
 
+MAX_WAITING = 512   # requests a queue holds; more are refused (queue_full). Here, not in the scheduler:
+                    # the API checks n samples against it without loading the model code
+
 
 class FCFSQueue:
     """First come, first served (the default): nobody overtakes the head."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .connector import KVConnector
 from .policies import BY_SETTING, Blocked
-from .queues import create_request_queue
+from .queues import MAX_WAITING, create_request_queue
 from ..model.runner import Segment
 from .sequence import Status
 from ..settings import Policy
@@ -44,9 +44,6 @@ class Schedule:
     preempted: list = field(default_factory=list)
     refused: list = field(default_factory=list)     # (seq, reason): can never fit the live budget
     prefill_cap: int | None = None  # prompt tokens the step-time target allowed (None: no target)
-
-
-MAX_WAITING = 512   # requests the queue holds; more are refused (queue_full)
 
 
 class Scheduler:

@@ -14,7 +14,6 @@ the grammar is complete and nothing may follow, the request ends ("stop").
 import json
 
 import numpy as np
-import torch
 
 from ..settings import SettingError
 
@@ -143,6 +142,8 @@ def allowed(matchers, vocab, device):
     i % 8 of byte i // 8 is token i), unpacked by numpy for all rows at once (measured on a
     49,152-token vocabulary: 0.06 ms, against 0.37 ms for torch's shifts); ids past the
     tokenizer's (a model's padding) are never allowed."""
+    import torch   # here, not at the top: the request fields check constraints with this module,
+                   # and observe mode and the web layer load no torch (tests/server/test_observe.py)
     packed = np.frombuffer(b"".join(m.m.compute_bitmask() for m in matchers), dtype=np.uint8)
     mask = torch.from_numpy(np.unpackbits(packed, bitorder="little").reshape(len(matchers), -1)).bool()
     if mask.shape[1] < vocab:
