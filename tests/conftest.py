@@ -47,6 +47,17 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The tiny model saved as a model directory, for what takes a path: app.py's --model, the
+    benches' FIRST_TOKEN_BENCH_MODEL."""
+    d = tmp_path_factory.mktemp("tiny-model")
+    b = tiny_bundle()
+    b.model.save_pretrained(d)
+    b.tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
 def real():
     """The bundled SmolLM2-135M-Instruct (dequantised once, then loaded from the disk cache), on
     the CPU in fp32 unless FIRST_TOKEN_TEST_DEVICE / FIRST_TOKEN_TEST_DTYPE say otherwise

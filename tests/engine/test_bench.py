@@ -89,16 +89,7 @@ import shutil as _shutil
 import subprocess as _subprocess
 import sys as _sys
 
-from helpers import ROOT, tiny_bundle
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-model")
-    b = tiny_bundle()
-    b.model.save_pretrained(d)
-    b.tokenizer.save_pretrained(d)
-    return d
+from helpers import ROOT
 
 
 def bench(module, *args, model=None, timeout=300, env=None):

@@ -313,15 +313,16 @@ def test_second_page_sees_the_same_requests(browser, server, page):
         other.close()
 
 
-@pytest.mark.real_model   # starts the app on the bundled model itself, twice
-def test_reconnects_after_server_restart(browser):
-    srv = start_app()
+def test_reconnects_after_server_restart(browser, tiny_dir):
+    """`python app.py` stopped and started again on its port (the tiny model: the reconnect is the
+    page's, whatever the model; the bundled one cost ~20 s a start)."""
+    srv = start_app("--model", str(tiny_dir))
     try:
         p = Page(browser, srv.url + "/", 1280, 800)
         first_hello = p.js("firstToken.state.hello.server_time")
         srv.stop()
         p.wait("() => document.getElementById('conn').dataset.state === 'down'", timeout=15_000)
-        srv = start_app(port=srv.port)
+        srv = start_app("--model", str(tiny_dir), port=srv.port)
         p.wait_live(timeout=90_000)
         p.wait("t => firstToken.state.hello.server_time !== t", first_hello)
         assert p.js("firstToken.state.order.length") == 0   # the view was reset by the new hello
